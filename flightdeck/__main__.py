@@ -1,0 +1,5 @@
+"""`python -m flightdeck` is the `flightdeck` command."""
+
+from flightdeck.cli import main
+
+raise SystemExit(main())

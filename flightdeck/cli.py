@@ -1,0 +1,45 @@
+"""The `flightdeck` command: one entry point, subcommands loaded lazily.
+
+Each subcommand lives in its own module exposing `configure(parser)` and `run(args) -> int`, so
+`flightdeck analyze` never imports the server stack and the collector host never needs FastAPI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+#: subcommand -> (module, one-line help). Modules are imported only when their command runs.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "analyze": ("flightdeck.analyze_cmd", "diagnose a job from its flight-recorder dumps (offline)"),
+}
+
+
+def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
+    """Build the parser; only the chosen subcommand's module is imported."""
+    from flightdeck import __version__
+
+    parser = argparse.ArgumentParser(prog="flightdeck", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"flightdeck {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == chosen:
+            importlib.import_module(module).configure(p)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the `flightdeck` command line; returns the process exit code."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(args_list).parse_args(args_list)
+    module = importlib.import_module(COMMANDS[args.command][0])
+    code: int = module.run(args)
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,222 @@
+"""Typed, normalized flight-recorder records: the one shape every layer after the reader sees.
+
+The reader (`flightdeck.collector.frdump`) turns PyTorch's dump formats into these; the collector
+ships them (see `to_wire` / `from_wire`); the server stores them; the analysis consumes them.
+Nothing here knows about pickle, JSON dump quirks, files or databases.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+State = Literal["scheduled", "started", "completed"]
+SnapshotKind = Literal["periodic", "stall", "final", "dump"]
+
+#: Ops that PyTorch records under several names; one canonical name makes ranks comparable.
+OP_ALIASES: dict[str, str] = {
+    "_all_gather_base": "all_gather",
+    "_allgather_base": "all_gather",
+    "all_gather_into_tensor": "all_gather",
+    "allgather": "all_gather",
+    "_reduce_scatter_base": "reduce_scatter",
+    "reduce_scatter_tensor": "reduce_scatter",
+    "allreduce": "all_reduce",
+    "alltoall": "all_to_all",
+    "alltoall_base": "all_to_all",
+    "all_to_all_single": "all_to_all",
+    "allgather_coalesced": "all_gather_coalesced",
+    "allreduce_coalesced": "all_reduce_coalesced",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One Python (or C++) stack frame, innermost first in a stack."""
+
+    name: str
+    filename: str
+    line: int
+
+
+Stack = tuple[Frame, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupInfo:
+    """A process group as the job knows it: `name` is `process_group[0]`, the cross-rank identity."""
+
+    name: str
+    desc: str
+    #: Global ranks of the members, sorted; None when no source told us.
+    ranks: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One collective or point-to-point op as recorded by one rank."""
+
+    record_id: int
+    group: str
+    collective_seq_id: int
+    p2p_seq_id: int
+    op_id: int
+    backend: str
+    #: Canonical op name (see OP_ALIASES); `raw_op` keeps what the dump said.
+    op: str
+    raw_op: str
+    is_p2p: bool
+    input_sizes: tuple[tuple[int, ...], ...]
+    output_sizes: tuple[tuple[int, ...], ...]
+    input_dtypes: tuple[str, ...]
+    output_dtypes: tuple[str, ...]
+    state: State
+    #: True once the backend is done with the op (also on failure); gloo's only in-flight signal.
+    retired: bool
+    time_created_ns: int
+    time_started_ns: int | None = None
+    time_completed_ns: int | None = None
+    duration_ms: float | None = None
+    timeout_ms: int | None = None
+    thread_name: str = ""
+    #: For point-to-point ops: the peer's global rank when the dump names it, else None.
+    peer: int | None = None
+    frames: Stack = ()
+
+    @property
+    def finished(self) -> bool:
+        """Whether this rank is done with the op (completed, or retired by the backend)."""
+        return self.state == "completed" or self.retired
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadStack:
+    """The Python stack of one thread at snapshot time (taken while a collective is stuck)."""
+
+    thread_name: str
+    thread_id: int
+    frames: Stack
+
+
+@dataclass(slots=True)
+class RankDump:
+    """Everything one snapshot (or merged snapshots) of one rank tells us."""
+
+    rank: int
+    source: str
+    version: str
+    entries: list[Entry]
+    groups: dict[str, GroupInfo] = field(default_factory=dict)
+    job: str | None = None
+    attempt: int = 0
+    world_size: int | None = None
+    local_rank: int | None = None
+    host: str | None = None
+    pid: int | None = None
+    torch_version: str | None = None
+    backend: str | None = None
+    comm_lib_version: str | None = None
+    #: When the snapshot was taken (epoch ns); from metadata, else the file's mtime.
+    snapshot_time_ns: int | None = None
+    kind: SnapshotKind = "dump"
+    #: Seconds between periodic snapshots, when an agent took them.
+    interval_s: float | None = None
+    #: The exception a rank died with, when its final snapshot recorded one.
+    exception: str | None = None
+    thread_stacks: tuple[ThreadStack, ...] = ()
+    #: Whether the ring buffer had wrapped (older entries were overwritten).
+    wrapped: bool = False
+    warnings: tuple[str, ...] = ()
+
+
+# --- wire format -------------------------------------------------------------------------------
+# Plain JSON-able dicts with short keys; stacks are sent once per batch in a table and referenced
+# by index, since a ring buffer repeats the same few call sites thousands of times.
+
+WIRE_VERSION = 1
+
+
+def frames_to_wire(frames: Stack) -> list[list[Any]]:
+    """Encode a stack as `[[name, filename, line], ...]`."""
+    return [[f.name, f.filename, f.line] for f in frames]
+
+
+def frames_from_wire(raw: list[list[Any]]) -> Stack:
+    """Decode `frames_to_wire` output."""
+    return tuple(Frame(str(n), str(fn), int(ln)) for n, fn, ln in raw)
+
+
+def entry_to_wire(e: Entry, stack_index: int | None) -> dict[str, Any]:
+    """Encode an entry; `stack_index` points into the batch's stack table (None: no frames)."""
+    return {
+        "rid": e.record_id,
+        "g": e.group,
+        "seq": e.collective_seq_id,
+        "p2p": e.p2p_seq_id,
+        "opid": e.op_id,
+        "be": e.backend,
+        "op": e.raw_op,
+        "isp2p": e.is_p2p,
+        "isz": [list(s) for s in e.input_sizes],
+        "osz": [list(s) for s in e.output_sizes],
+        "idt": list(e.input_dtypes),
+        "odt": list(e.output_dtypes),
+        "st": e.state,
+        "ret": e.retired,
+        "tc": e.time_created_ns,
+        "ts": e.time_started_ns,
+        "td": e.time_completed_ns,
+        "dur": e.duration_ms,
+        "to": e.timeout_ms,
+        "thr": e.thread_name,
+        "peer": e.peer,
+        "stk": stack_index,
+    }
+
+
+def entry_from_wire(d: dict[str, Any], stacks: list[Stack]) -> Entry:
+    """Decode `entry_to_wire` output; raises KeyError/TypeError/ValueError/IndexError on bad input."""
+    stk = d.get("stk")
+    raw_op = str(d["op"])
+    return Entry(
+        record_id=int(d["rid"]),
+        group=str(d["g"]),
+        collective_seq_id=int(d["seq"]),
+        p2p_seq_id=int(d["p2p"]),
+        op_id=int(d["opid"]),
+        backend=str(d["be"]),
+        op=canonical_op(raw_op),
+        raw_op=raw_op,
+        is_p2p=bool(d["isp2p"]),
+        input_sizes=tuple(tuple(int(x) for x in s) for s in d["isz"]),
+        output_sizes=tuple(tuple(int(x) for x in s) for s in d["osz"]),
+        input_dtypes=tuple(str(x) for x in d["idt"]),
+        output_dtypes=tuple(str(x) for x in d["odt"]),
+        state=_state(d["st"]),
+        retired=bool(d["ret"]),
+        time_created_ns=int(d["tc"]),
+        time_started_ns=None if d.get("ts") is None else int(d["ts"]),
+        time_completed_ns=None if d.get("td") is None else int(d["td"]),
+        duration_ms=None if d.get("dur") is None else float(d["dur"]),
+        timeout_ms=None if d.get("to") is None else int(d["to"]),
+        thread_name=str(d.get("thr") or ""),
+        peer=None if d.get("peer") is None else int(d["peer"]),
+        frames=() if stk is None else stacks[int(stk)],
+    )
+
+
+def canonical_op(raw: str) -> str:
+    """Canonical op name: strip the backend prefix and peer suffix, resolve aliases."""
+    op = raw.split(":", 1)[1] if ":" in raw else raw
+    op = op.split(" ", 1)[0]
+    return OP_ALIASES.get(op, op)
+
+
+def _state(raw: object) -> State:
+    if raw == "completed":
+        return "completed"
+    if raw == "started":
+        return "started"
+    if raw == "scheduled":
+        return "scheduled"
+    raise ValueError(f"unknown entry state {raw!r}")
