@@ -14,6 +14,7 @@ from collections.abc import Sequence
 #: subcommand -> (module, one-line help). Modules are imported only when their command runs.
 COMMANDS: dict[str, tuple[str, str]] = {
     "analyze": ("flightdeck.analyze_cmd", "diagnose a job from its flight-recorder dumps (offline)"),
+    "dashboards": ("flightdeck.dashboards.cmd", "build the Grafana dashboards as JSON (dashboards/build/)"),
 }
 
 

@@ -1,0 +1,775 @@
+"""Cross-rank diagnosis: rank summaries in, findings out. Pure: no files, clock, env or database.
+
+The order of the questions matters, because one fault causes others. A rank that sent a tensor of
+the wrong size makes gloo abort the receiving rank, which then looks lost, and everybody else hangs;
+the answer is the size mismatch by the sending rank. So mismatches are found first, then lost ranks,
+then hangs, and each later finding that follows from an earlier one points back at it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from flightdeck.analysis.findings import (
+    MISMATCH_KINDS,
+    Finding,
+    FindingKind,
+    Options,
+    RankRef,
+    Report,
+    entry_json,
+)
+from flightdeck.analysis.summary import GroupTrack, RankSummary, Signature
+from flightdeck.records import Entry, Stack
+
+NS = 1_000_000_000
+#: Collectives looked at for arrival skew and stragglers (the most recent ones of the window).
+SKEW_WINDOW = 256
+
+
+@dataclass(frozen=True, slots=True)
+class _Group:
+    name: str
+    desc: str
+    members: tuple[int, ...]
+
+
+def diagnose(
+    summaries: Sequence[RankSummary],
+    *,
+    now_ns: int,
+    options: Options | None = None,
+    world_size: int | None = None,
+    job: str | None = None,
+) -> Report:
+    """Diagnose one job (one attempt) from the latest summary of each rank it has."""
+    opts = options or Options()
+    by_rank: dict[int, RankSummary] = {}
+    for s in summaries:
+        old = by_rank.get(s.rank)
+        if old is None or (s.snapshot_time_ns or 0) >= (old.snapshot_time_ns or 0):
+            by_rank[s.rank] = s
+    groups = _groups(by_rank, world_size)
+    expected = _expected_ranks(by_rank, world_size, groups)
+    without = [r for r in range(expected) if r not in by_rank]
+    report = Report(
+        expected_ranks=expected,
+        with_dump=sorted(by_rank),
+        without_dump=without,
+        findings=[],
+        job=job if job is not None else next((s.job for s in by_rank.values() if s.job), None),
+        now_s=now_ns / NS,
+    )
+    for s in by_rank.values():
+        report.warnings.extend(f"rank {s.rank}: {w}" for w in s.warnings)
+    if not by_rank:
+        report.findings.append(
+            Finding(kind="undecided", detail="No usable dump: there is nothing to diagnose.")
+        )
+        return report
+
+    findings: list[Finding] = []
+    for g in groups:
+        f = _mismatch(g, by_rank)
+        if f is not None:
+            findings.append(f)
+        findings.extend(_p2p(g, by_rank, now_ns, opts))
+    findings.extend(_lost(by_rank, now_ns, opts))
+    for g in groups:
+        f = _hang(g, by_rank, without, now_ns, opts)
+        if f is not None:
+            findings.append(f)
+    if without:
+        findings.append(_missing(without))
+    roots = _link_consequences(findings)
+    report.arrival_skew_s, stragglers = _stragglers(groups, by_rank, opts)
+    if not findings:
+        # A straggler is worth a finding on an otherwise healthy job; beside a fault it is noise.
+        findings.extend(stragglers)
+    _order(findings, roots)
+    report.findings = findings
+    if not report.findings and _nothing_compared(by_rank):
+        report.findings.append(
+            Finding(
+                kind="undecided",
+                detail="The dumps hold no collective entries (flight recorder off, TORCH_FR_BUFFER_SIZE=0, "
+                "or dumped before the first collective): nothing can be decided.",
+            )
+        )
+    return report
+
+
+# --- groups and ranks ----------------------------------------------------------------------------
+
+
+def _group_sort_key(name: str) -> tuple[int, int | str]:
+    return (0, int(name)) if name.isdigit() else (1, name)
+
+
+def _groups(by_rank: dict[int, RankSummary], world_size: int | None) -> list[_Group]:
+    """Every process group with its members: from metadata/pg_config, else from who recorded it."""
+    names: set[str] = set()
+    for s in by_rank.values():
+        names.update(s.tracks)
+        names.update(s.groups)
+    out: list[_Group] = []
+    for name in sorted(names, key=_group_sort_key):
+        declared: Counter[tuple[int, ...]] = Counter()
+        descs: Counter[str] = Counter()
+        for s in by_rank.values():
+            info = s.groups.get(name)
+            if info is not None:
+                if info.ranks:
+                    declared[info.ranks] += 1
+                if info.desc and info.desc != "undefined":
+                    descs[info.desc] += 1
+        recorded = tuple(sorted(r for r, s in by_rank.items() if name in s.tracks))
+        if declared:
+            members = declared.most_common(1)[0][0]
+        elif name == "0" or descs.get("default_pg"):
+            size = world_size or max((s.world_size or 0) for s in by_rank.values()) or (max(by_rank) + 1)
+            members = tuple(range(size))
+        else:
+            members = recorded
+        if not members:
+            continue
+        desc = descs.most_common(1)[0][0] if descs else ""
+        out.append(_Group(name, desc, members))
+    return out
+
+
+def _expected_ranks(by_rank: dict[int, RankSummary], world_size: int | None, groups: list[_Group]) -> int:
+    if world_size:
+        return world_size
+    sizes = [s.world_size for s in by_rank.values() if s.world_size]
+    if sizes:
+        return max(sizes)
+    top = max(by_rank)
+    for g in groups:
+        top = max(top, max(g.members))
+    return top + 1
+
+
+def _ref(s: RankSummary | None, rank: int) -> RankRef:
+    return RankRef(rank, s.host if s else None, s.pid if s else None)
+
+
+def _refs(ranks: Sequence[int], by_rank: dict[int, RankSummary]) -> list[RankRef]:
+    return [_ref(by_rank.get(r), r) for r in ranks]
+
+
+def _fmt_ranks(ranks: Sequence[int], by_rank: dict[int, RankSummary] | None = None, limit: int = 8) -> str:
+    """'rank 3 (host-a pid 42)' / 'ranks 0, 1, 2 … (+5 more)'."""
+    shown = list(ranks[:limit])
+    parts = []
+    for r in shown:
+        s = by_rank.get(r) if by_rank else None
+        where = ""
+        if s is not None and s.host:
+            where = f" ({s.host}" + (f" pid {s.pid})" if s.pid else ")")
+        parts.append(f"{r}{where}")
+    more = f" (+{len(ranks) - limit} more)" if len(ranks) > limit else ""
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(parts) + more
+
+
+def _group_label(g: _Group) -> str:
+    return f"group {g.name}" + (f" ({g.desc})" if g.desc else "")
+
+
+# --- mismatches ----------------------------------------------------------------------------------
+
+
+def _holds(track: GroupTrack, lo: int, hi: int) -> list[int] | None:
+    """The fingerprints for seqs lo..hi, when the track holds all of them contiguously."""
+    i = track.index_of(lo)
+    j = track.index_of(hi)
+    if i is None or j is None or j - i != hi - lo:
+        return None
+    return track.fps[i : j + 1]
+
+
+def _fp_at(track: GroupTrack, seq: int) -> int | None:
+    i = track.index_of(seq)
+    return None if i is None else track.fps[i]
+
+
+def _mismatch(g: _Group, by_rank: dict[int, RankSummary]) -> Finding | None:
+    """The first (group, seq) at which the member ranks recorded different collectives."""
+    holders = [r for r in g.members if r in by_rank and by_rank[r].tracks.get(g.name, GroupTrack()).seqs]
+    if len(holders) < 2:
+        return None
+    tracks = {r: by_rank[r].tracks[g.name] for r in holders}
+    # Entries older than what every rank still holds are not evidence (ring-buffer wrap).
+    lo = max(t.seqs[0] for t in tracks.values())
+    hi_common = min(t.seqs[-1] for t in tracks.values())
+    first_bad: int | None = None
+    if lo <= hi_common:
+        slices = {r: _holds(t, lo, hi_common) for r, t in tracks.items()}
+        if all(v is not None for v in slices.values()):
+            classes: dict[tuple[int, ...], int] = {}
+            for r, sl in slices.items():
+                assert sl is not None
+                classes.setdefault(tuple(sl), r)
+            if len(classes) > 1:
+                reps = list(classes)
+                for k in range(hi_common - lo + 1):
+                    if len({rep[k] for rep in reps}) > 1:
+                        first_bad = lo + k
+                        break
+        else:
+            first_bad = _scan(tracks, lo, hi_common)
+    if first_bad is None:
+        hi_all = max(t.seqs[-1] for t in tracks.values())
+        first_bad = _scan(tracks, max(lo, hi_common + 1), hi_all)
+    if first_bad is None:
+        return None
+    return _mismatch_at(g, first_bad, tracks, by_rank)
+
+
+def _scan(tracks: dict[int, GroupTrack], lo: int, hi: int) -> int | None:
+    for seq in range(lo, hi + 1):
+        fps = {fp for t in tracks.values() if (fp := _fp_at(t, seq)) is not None}
+        if len(fps) > 1:
+            return seq
+    return None
+
+
+def _sig_view(sig: Signature) -> dict[str, object]:
+    return {
+        "op": sig[0],
+        "input_sizes": [list(s) for s in sig[1]],
+        "output_sizes": [list(s) for s in sig[2]],
+        "input_dtypes": list(sig[3]),
+        "output_dtypes": list(sig[4]),
+    }
+
+
+def _kind(ref: Signature, other: Signature) -> FindingKind:
+    if ref[0] != other[0]:
+        return "collective_type_mismatch"
+    if ref[1] != other[1] or ref[2] != other[2]:
+        return "size_mismatch"
+    return "dtype_mismatch"
+
+
+def _mismatch_at(
+    g: _Group, seq: int, tracks: dict[int, GroupTrack], by_rank: dict[int, RankSummary]
+) -> Finding:
+    votes: dict[int, list[int]] = {}
+    for r, t in tracks.items():
+        fp = _fp_at(t, seq)
+        if fp is not None:
+            votes.setdefault(fp, []).append(r)
+    ranked = sorted(votes.items(), key=lambda kv: (-len(kv[1]), kv[1][0]))
+    top_fp, top_ranks = ranked[0]
+    tie = len(ranked) > 1 and len(ranked[1][1]) == len(top_ranks)
+    ref_sig = by_rank[top_ranks[0]].sigs[top_fp]
+    if tie:
+        culprits = sorted(r for fp, rs in ranked for r in rs)
+        other_fp, other_ranks = ranked[1]
+        other_sig = by_rank[other_ranks[0]].sigs[other_fp]
+        kind = _kind(ref_sig, other_sig)
+        sides = "; ".join(
+            f"{_fmt_ranks(rs)} recorded {_describe(by_rank[rs[0]].sigs[fp])}" for fp, rs in ranked
+        )
+        detail = (
+            f"{_kind_words(kind).capitalize()} in {_group_label(g)} at collective_seq_id {seq}: {sides}. "
+            "The ranks split evenly, so which side diverged cannot be told from the dumps alone; "
+            "compare the call sites below."
+        )
+        return Finding(
+            kind=kind,
+            detail=detail,
+            process_group=g.name,
+            process_group_desc=g.desc,
+            collective_seq_id=seq,
+            op=ref_sig[0],
+            culprit_ranks=culprits,
+            culprits=_refs(culprits, by_rank),
+            expected=_sig_view(ref_sig),
+            actual=_sig_view(other_sig),
+            culprit_frames=by_rank[other_ranks[0]].sig_frames.get(other_fp, ()),
+            waiting_frames=by_rank[top_ranks[0]].sig_frames.get(top_fp, ()),
+        )
+    culprits = sorted(r for fp, rs in ranked[1:] for r in rs)
+    # The worst disagreement names the finding: a different op explains any size difference.
+    kinds = sorted(
+        ((_kind(ref_sig, by_rank[rs[0]].sigs[fp]), fp, rs) for fp, rs in ranked[1:]),
+        key=lambda x: ("collective_type_mismatch", "size_mismatch", "dtype_mismatch").index(x[0]),
+    )
+    kind, bad_fp, bad_ranks = kinds[0]
+    bad_sig = by_rank[bad_ranks[0]].sigs[bad_fp]
+    detail = (
+        f"{_kind_words(kind).capitalize()} in {_group_label(g)} at collective_seq_id {seq}: "
+        f"{_fmt_ranks(culprits, by_rank)} recorded {_describe(bad_sig)} where the other "
+        f"{len(top_ranks)} rank{'s' if len(top_ranks) != 1 else ''} recorded {_describe(ref_sig)}."
+    )
+    if kind == "dtype_mismatch" and _nbytes_equal(ref_sig, bad_sig):
+        detail += " The element sizes are equal, so gloo completes the collective silently with wrong data."
+    return Finding(
+        kind=kind,
+        detail=detail,
+        process_group=g.name,
+        process_group_desc=g.desc,
+        collective_seq_id=seq,
+        op=ref_sig[0],
+        culprit_ranks=culprits,
+        waiting_ranks=[],
+        culprits=_refs(culprits, by_rank),
+        expected=_sig_view(ref_sig),
+        actual=_sig_view(bad_sig),
+        culprit_frames=by_rank[bad_ranks[0]].sig_frames.get(bad_fp, ()),
+        waiting_frames=by_rank[top_ranks[0]].sig_frames.get(top_fp, ()),
+    )
+
+
+_DTYPE_BYTES = {
+    "Float": 4, "Int": 4, "UInt32": 4, "Double": 8, "Long": 8, "UInt64": 8, "Half": 2, "BFloat16": 2,
+    "Short": 2, "UInt16": 2, "Byte": 1, "Char": 1, "Bool": 1, "ComplexFloat": 8, "ComplexDouble": 16,
+    "Float8_e4m3fn": 1, "Float8_e5m2": 1,
+}  # fmt: skip
+
+
+def _nbytes_equal(a: Signature, b: Signature) -> bool:
+    da = [_DTYPE_BYTES.get(d) for d in a[3]]
+    db = [_DTYPE_BYTES.get(d) for d in b[3]]
+    return None not in da and da == db
+
+
+def _kind_words(kind: str) -> str:
+    return {
+        "collective_type_mismatch": "collective type mismatch",
+        "size_mismatch": "size mismatch",
+        "dtype_mismatch": "dtype mismatch",
+        "p2p_mismatch": "point-to-point mismatch",
+    }.get(kind, kind)
+
+
+def _describe(sig: Signature) -> str:
+    op, ins, outs, idt, _odt = sig
+    sizes = ",".join("x".join(str(d) for d in s) or "scalar" for s in ins) or (
+        ",".join("x".join(str(d) for d in s) for s in outs)
+    )
+    dtypes = ",".join(idt)
+    bits = " ".join(b for b in (sizes and f"[{sizes}]", dtypes) if b)
+    return f"{op} {bits}".strip()
+
+
+# --- point-to-point ------------------------------------------------------------------------------
+
+
+def _p2p(g: _Group, by_rank: dict[int, RankSummary], now_ns: int, opts: Options) -> list[Finding]:
+    """Match the k-th send src->dst with the k-th recv dst<-src (NCCL records both; gloo neither)."""
+    sends: dict[tuple[int, int], list[Entry]] = {}
+    recvs: dict[tuple[int, int], list[Entry]] = {}
+    for r in g.members:
+        s = by_rank.get(r)
+        if s is None or s.wrapped:
+            continue
+        track = s.tracks.get(g.name)
+        if track is None:
+            continue
+        for e in track.p2p:
+            if e.peer is None:
+                continue
+            peer = g.members[e.peer] if e.peer < len(g.members) else e.peer
+            if e.op == "send":
+                sends.setdefault((r, peer), []).append(e)
+            elif e.op == "recv":
+                recvs.setdefault((peer, r), []).append(e)
+    out: list[Finding] = []
+    for pair in sorted(set(sends) | set(recvs)):
+        src, dst = pair
+        if src not in by_rank or dst not in by_rank:
+            continue
+        ss, rr = sends.get(pair, []), recvs.get(pair, [])
+        for k in range(max(len(ss), len(rr))):
+            se = ss[k] if k < len(ss) else None
+            re_ = rr[k] if k < len(rr) else None
+            if se is not None and re_ is not None:
+                if se.input_sizes != re_.output_sizes or se.input_dtypes != re_.output_dtypes:
+                    out.append(
+                        Finding(
+                            kind="p2p_mismatch",
+                            detail=(
+                                f"Point-to-point mismatch in {_group_label(g)}: send #{k + 1} from rank {src} "
+                                f"to rank {dst} carries {_sizes(se.input_sizes)} {','.join(se.input_dtypes)} "
+                                f"but the matching recv expects {_sizes(re_.output_sizes)} "
+                                f"{','.join(re_.output_dtypes)}."
+                            ),
+                            process_group=g.name,
+                            process_group_desc=g.desc,
+                            collective_seq_id=None,
+                            op="send/recv",
+                            culprit_ranks=[src, dst],
+                            culprits=_refs([src, dst], by_rank),
+                            culprit_frames=se.frames,
+                            waiting_frames=re_.frames,
+                        )
+                    )
+                    break
+                continue
+            lone = se or re_
+            assert lone is not None
+            elapsed = (now_ns - lone.time_created_ns) / NS
+            if lone.finished or elapsed < opts.stall_after_s:
+                continue
+            waiting, missing = (src, dst) if se is not None else (dst, src)
+            verb = "recv from" if se is not None else "send to"
+            out.append(
+                Finding(
+                    kind="hang",
+                    detail=(
+                        f"Point-to-point hang in {_group_label(g)}: rank {waiting} has waited {elapsed:.1f} s "
+                        f"in {lone.op} #{k + 1} with rank {missing}, which never posted the matching "
+                        f"{verb} rank {waiting}."
+                    ),
+                    process_group=g.name,
+                    process_group_desc=g.desc,
+                    op=lone.op,
+                    culprit_ranks=[missing],
+                    waiting_ranks=[waiting],
+                    elapsed_s=elapsed,
+                    culprits=_refs([missing], by_rank),
+                    waiting_frames=lone.frames,
+                )
+            )
+            break
+    return out
+
+
+def _sizes(sizes: tuple[tuple[int, ...], ...]) -> str:
+    return "[" + ",".join("x".join(str(d) for d in s) for s in sizes) + "]"
+
+
+# --- lost ranks ----------------------------------------------------------------------------------
+
+
+def _lost(by_rank: dict[int, RankSummary], now_ns: int, opts: Options) -> list[Finding]:
+    """Ranks that stopped reporting while others went on, or died without a final snapshot."""
+    times = {r: s.snapshot_time_ns for r, s in by_rank.items() if s.snapshot_time_ns is not None}
+    if len(times) < 2:
+        return []
+    finals = {r for r, s in by_rank.items() if s.kind == "final"}
+    lost: list[int] = []
+    reasons: dict[int, str] = {}
+    for r, t in times.items():
+        s = by_rank[r]
+        if s.kind == "dump":
+            continue  # a plain PyTorch dump says nothing about liveness
+        interval = s.interval_s
+        threshold_ns = int((opts.lost_after_intervals * interval if interval else opts.lost_after_s) * NS)
+        later = [r2 for r2, t2 in times.items() if r2 != r and t2 - t > threshold_ns]
+        if s.kind != "final" and finals and len(finals) + 1 >= 2 and len(finals) >= len(by_rank) // 2:
+            lost.append(r)
+            reasons[r] = "it left no final snapshot while the other ranks wrote theirs on exit"
+        elif s.kind != "final" and later and len(later) >= max(1, (len(times) - 1) // 2):
+            lost.append(r)
+            reasons[r] = f"its snapshots stopped {(max(times.values()) - t) / NS:.1f} s before the others'"
+    out: list[Finding] = []
+    for r in sorted(lost):
+        s = by_rank[r]
+        last = _last_entry(s)
+        where = ""
+        if last is not None:
+            where = (
+                f" Its last recorded collective was {last.op} (group {last.group}, collective_seq_id "
+                f"{last.collective_seq_id}, {'finished' if last.finished else 'unfinished'})."
+            )
+        t = s.snapshot_time_ns or now_ns
+        out.append(
+            Finding(
+                kind="rank_lost",
+                detail=f"{_fmt_ranks([r], by_rank).capitalize()} is lost: {reasons[r]}.{where}",
+                process_group=last.group if last else None,
+                process_group_desc=s.group_desc(last.group) if last else "",
+                collective_seq_id=last.collective_seq_id if last else None,
+                op=last.op if last else None,
+                culprit_ranks=[r],
+                elapsed_s=max(0.0, (now_ns - t) / NS),
+                culprits=_refs([r], by_rank),
+                culprit_frames=_main_stack(s) or (last.frames if last else ()),
+                culprit_last_entry=entry_json(last) if last else None,
+            )
+        )
+    return out
+
+
+def _last_entry(s: RankSummary) -> Entry | None:
+    best: Entry | None = None
+    for t in s.tracks.values():
+        for e in (t.tail[-1:] if t.tail else []) + t.p2p[-1:]:
+            if best is None or e.record_id > best.record_id:
+                best = e
+    return best
+
+
+def _main_stack(s: RankSummary) -> Stack:
+    """The main thread's Python stack from the rank's stall/final snapshot, when it has one."""
+    for t in s.thread_stacks:
+        if t.thread_name == "MainThread":
+            return t.frames
+    return s.thread_stacks[0].frames if s.thread_stacks else ()
+
+
+# --- hangs ---------------------------------------------------------------------------------------
+
+
+def _hang(
+    g: _Group,
+    by_rank: dict[int, RankSummary],
+    without: list[int],
+    now_ns: int,
+    opts: Options,
+) -> Finding | None:
+    """The oldest collective of the group that is not finished on every member rank."""
+    last: dict[int, int] = {}
+    for r in g.members:
+        s = by_rank.get(r)
+        if s is None:
+            continue
+        track = s.tracks.get(g.name)
+        if track is None or not track.seqs:
+            if s.wrapped:
+                continue  # its ring no longer holds this group: position unknown
+            last[r] = 0
+        else:
+            last[r] = track.last_seq
+    if not last or max(last.values()) == 0:
+        return None
+    low = min(last.values())
+    high = max(last.values())
+    missing_members = [r for r in g.members if r in without]
+    if low < high:
+        seq = low + 1
+        culprits = sorted(r for r, v in last.items() if v < seq)
+    else:
+        seq = high
+        culprits = list(missing_members)
+    entered = sorted(r for r, v in last.items() if v >= seq)
+    stuck: dict[int, Entry] = {}
+    for r in entered:
+        e = by_rank[r].entry_at(g.name, seq)
+        if e is not None and not e.finished:
+            stuck[r] = e
+    if not stuck:
+        return None
+    first = min(stuck.values(), key=lambda e: e.time_created_ns)
+    elapsed = (now_ns - first.time_created_ns) / NS
+    if elapsed < opts.stall_after_s:
+        return None
+    waiting = sorted(stuck)
+    finished_here = [r for r in entered if r not in stuck]
+    label = _group_label(g)
+    what = f"{first.op} {_sizes(first.input_sizes)} {','.join(first.input_dtypes)}".rstrip()
+    kind: FindingKind = "hang"
+    if culprits and low < high:
+        detail = (
+            f"Hang in {label} at collective_seq_id {seq} ({what}): {_fmt_ranks(culprits, by_rank)} never "
+            f"entered it; {_fmt_ranks(waiting)} have waited {elapsed:.1f} s."
+        )
+    elif culprits:
+        detail = (
+            f"Hang in {label} at collective_seq_id {seq} ({what}): every rank with a dump entered it and "
+            f"has waited {elapsed:.1f} s; {_fmt_ranks(culprits)} left no dump and must be the one missing."
+        )
+    elif finished_here:
+        kind = "state_mismatch"
+        culprits = waiting
+        detail = (
+            f"State mismatch in {label} at collective_seq_id {seq} ({what}): finished on "
+            f"{_fmt_ranks(finished_here)} but still pending on {_fmt_ranks(waiting)} after {elapsed:.1f} s."
+        )
+    else:
+        not_started = [r for r, e in stuck.items() if e.state == "scheduled"]
+        started = [r for r, e in stuck.items() if e.state == "started"]
+        if started and not_started:
+            culprits = sorted(not_started)
+            detail = (
+                f"Hang in {label} at collective_seq_id {seq} ({what}): all member ranks entered it, but "
+                f"{_fmt_ranks(culprits, by_rank)} never started it on the device while the others did; "
+                f"waited {elapsed:.1f} s."
+            )
+        else:
+            detail = (
+                f"Hang in {label} at collective_seq_id {seq} ({what}): all {len(waiting)} member ranks "
+                f"entered it and none finished in {elapsed:.1f} s. No rank is behind in this group: either "
+                "the ranks disagree on what this collective is, or the transport between them is stuck."
+            )
+    finding = Finding(
+        kind=kind,
+        detail=detail,
+        process_group=g.name,
+        process_group_desc=g.desc,
+        collective_seq_id=seq,
+        op=first.op,
+        culprit_ranks=culprits,
+        waiting_ranks=waiting,
+        elapsed_s=elapsed,
+        culprits=_refs(culprits, by_rank),
+        expected={
+            "op": first.op,
+            "input_sizes": [list(s) for s in first.input_sizes],
+            "output_sizes": [list(s) for s in first.output_sizes],
+            "input_dtypes": list(first.input_dtypes),
+            "output_dtypes": list(first.output_dtypes),
+        },
+        waiting_frames=first.frames or _main_stack(by_rank[waiting[0]]),
+    )
+    if len(culprits) >= 1 and culprits[0] in by_rank:
+        cs = by_rank[culprits[0]]
+        last_e = _last_entry(cs)
+        finding.culprit_frames = _main_stack(cs) or (last_e.frames if last_e else ())
+        if last_e is not None:
+            finding.culprit_last_entry = entry_json(last_e)
+            if last_e.group != g.name or last_e.collective_seq_id < seq:
+                finding.detail += (
+                    f" {_fmt_ranks(culprits[:1])} is instead at {last_e.op} (group {last_e.group}, "
+                    f"collective_seq_id {last_e.collective_seq_id}, "
+                    f"{'finished' if last_e.finished else 'unfinished'})."
+                )
+    return finding
+
+
+def _missing(without: list[int]) -> Finding:
+    return Finding(
+        kind="missing_dump",
+        detail=(
+            f"No dump from {_fmt_ranks(without)}: the diagnosis uses the other ranks; where these ranks "
+            "are is inferred from what the others wait for."
+        ),
+        culprit_ranks=list(without),
+    )
+
+
+# --- how findings relate -------------------------------------------------------------------------
+
+
+def _link_consequences(findings: list[Finding]) -> dict[int, Finding]:
+    """Find the findings that follow from another one: id(consequence) -> its root cause."""
+    roots: dict[int, Finding] = {}
+    mismatches = [f for f in findings if f.kind in MISMATCH_KINDS]
+    lost = [f for f in findings if f.kind == "rank_lost"]
+    hangs = sorted(
+        (f for f in findings if f.kind in ("hang", "state_mismatch")), key=lambda f: -(f.elapsed_s or 0)
+    )
+    for f in findings:
+        if f.kind in MISMATCH_KINDS:
+            continue
+        for m in mismatches:
+            same_group_later = f.process_group == m.process_group and (
+                f.collective_seq_id is None or (m.collective_seq_id or 0) <= f.collective_seq_id
+            )
+            if same_group_later or f.kind in ("rank_lost", "missing_dump"):
+                roots[id(f)] = m
+                f.detail += (
+                    f" This follows from the {_kind_words(m.kind)} at collective_seq_id "
+                    f"{m.collective_seq_id} in group {m.process_group}."
+                )
+                break
+        if id(f) in roots or f.kind != "hang" or not f.culprit_ranks:
+            continue
+        dead = next(
+            (
+                x
+                for x in lost
+                if set(f.culprit_ranks) <= set(x.culprit_ranks) or x.culprit_ranks[0] in f.culprit_ranks
+            ),
+            None,
+        )
+        if dead is not None:
+            roots[id(f)] = dead
+            continue
+        # A hang whose culprits are themselves waiting in an older hang follows from that one.
+        for older in hangs:
+            if older is f or (older.elapsed_s or 0) < (f.elapsed_s or 0) or id(older) in roots:
+                continue
+            if set(f.culprit_ranks) & set(older.waiting_ranks):
+                roots[id(f)] = older
+                f.detail += (
+                    f" The culprit is itself blocked in the older hang in group {older.process_group} "
+                    f"(collective_seq_id {older.collective_seq_id})."
+                )
+                break
+    return roots
+
+
+def _order(findings: list[Finding], roots: dict[int, Finding]) -> None:
+    """Sort root causes first and point each consequence at its root's position."""
+    for f in findings:
+        f.consequence_of = 0 if id(f) in roots else None  # only its truthiness matters for sorting
+    findings.sort(key=Finding.sort_key)
+    pos = {id(f): i for i, f in enumerate(findings)}
+    for f in findings:
+        root = roots.get(id(f))
+        f.consequence_of = None if root is None else pos[id(root)]
+
+
+# --- arrival skew and stragglers -----------------------------------------------------------------
+
+
+def _stragglers(
+    groups: list[_Group], by_rank: dict[int, RankSummary], opts: Options
+) -> tuple[dict[str, list[float]], list[Finding]]:
+    skews: dict[str, list[float]] = {}
+    last_count: Counter[int] = Counter()
+    lags: dict[int, list[float]] = {}
+    samples = 0
+    for g in groups:
+        tracks = {
+            r: by_rank[r].tracks[g.name]
+            for r in g.members
+            if r in by_rank and g.name in by_rank[r].tracks and by_rank[r].tracks[g.name].seqs
+        }
+        if len(tracks) < 2 or len(tracks) < len(g.members):
+            continue
+        lo = max(t.seqs[0] for t in tracks.values())
+        hi = min(t.seqs[-1] for t in tracks.values())
+        if hi < lo:
+            continue
+        lo = max(lo, hi - SKEW_WINDOW + 1)
+        rows: dict[int, list[int]] = {}
+        for r, t in tracks.items():
+            i, j = t.index_of(lo), t.index_of(hi)
+            if i is None or j is None or j - i != hi - lo:
+                break
+            rows[r] = t.created_ns[i : j + 1]
+        else:
+            ranks = list(rows)
+            g_skews: list[float] = []
+            for k in range(hi - lo + 1):
+                col = [rows[r][k] for r in ranks]
+                tmin = min(col)
+                tmax = max(col)
+                g_skews.append((tmax - tmin) / NS)
+                last_count[ranks[col.index(tmax)]] += 1
+                for r, t in zip(ranks, col, strict=True):
+                    lags.setdefault(r, []).append((t - tmin) / NS)
+            samples += hi - lo + 1
+            skews[g.name] = g_skews
+    found: list[Finding] = []
+    if samples >= opts.straggler_min_samples:
+        for r, n in last_count.most_common(3):
+            share = n / samples
+            lag = statistics.median(lags[r])
+            if share >= opts.straggler_min_share and lag >= opts.straggler_min_lag_s:
+                found.append(
+                    Finding(
+                        kind="straggler",
+                        detail=(
+                            f"Straggler: {_fmt_ranks([r], by_rank)} arrived last at {share:.0%} of {samples} "
+                            f"recent collectives, {lag * 1000:.1f} ms after the first rank (median)."
+                        ),
+                        culprit_ranks=[r],
+                        culprits=_refs([r], by_rank),
+                        elapsed_s=lag,
+                    )
+                )
+    return skews, found
+
+
+def _nothing_compared(by_rank: dict[int, RankSummary]) -> bool:
+    return all(not t.seqs and not t.p2p for s in by_rank.values() for t in s.tracks.values())

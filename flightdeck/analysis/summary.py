@@ -1,0 +1,330 @@
+"""Per-rank summaries: the compact view of one rank's ring buffer that the diagnosis works on.
+
+A summary keeps, per process group, the sequence ids the rank holds, a 64-bit fingerprint of each
+collective's comparable signature (op, sizes, dtypes) and its enqueue time, plus the last few
+entries in full (with frames). That is a few bytes per entry instead of a few hundred, so 1,024
+ranks x 2,000 entries fit in memory, compare fast (identical windows compare as one hash), and
+can be built next to the file (in a worker process, in the collector) and shipped as plain data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from flightdeck.records import Entry, Frame, GroupInfo, RankDump, Stack, ThreadStack
+
+#: Entries kept in full per group (the frontier: where each rank is and what it waits on).
+TAIL = 4
+
+#: Canonical ops whose per-rank sizes may legitimately differ (uneven splits, root-only buffers).
+_SIZES_FREE = frozenset({"all_to_all", "all_to_allv"})
+_INPUT_ONLY = frozenset({"gather"})
+_OUTPUT_ONLY = frozenset({"scatter"})
+
+Signature = tuple[
+    str, tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...], tuple[str, ...], tuple[str, ...]
+]
+
+
+def signature(e: Entry) -> Signature:
+    """The part of an entry that must agree across the ranks of one collective."""
+    ins: tuple[tuple[int, ...], ...] = e.input_sizes
+    outs: tuple[tuple[int, ...], ...] = e.output_sizes
+    if e.op in _SIZES_FREE:
+        ins, outs = (), ()
+    elif e.op in _INPUT_ONLY:
+        outs = ()
+    elif e.op in _OUTPUT_ONLY:
+        ins = ()
+    return (e.op, ins, outs, e.input_dtypes, e.output_dtypes)
+
+
+_fp_cache: dict[Signature, int] = {}
+
+
+def fingerprint(sig: Signature) -> int:
+    """A stable 63-bit fingerprint of a signature (same value in every process, unlike hash())."""
+    fp = _fp_cache.get(sig)
+    if fp is None:
+        fp = int.from_bytes(hashlib.blake2b(repr(sig).encode(), digest_size=8).digest(), "big") >> 1
+        if len(_fp_cache) < 100_000:
+            _fp_cache[sig] = fp
+    return fp
+
+
+@dataclass(slots=True)
+class GroupTrack:
+    """What one rank holds of one process group's collectives, oldest first."""
+
+    seqs: list[int] = field(default_factory=list)
+    fps: list[int] = field(default_factory=list)
+    created_ns: list[int] = field(default_factory=list)
+    #: The last TAIL collective entries in full, oldest first.
+    tail: list[Entry] = field(default_factory=list)
+    #: Point-to-point entries (NCCL records them; gloo does not), oldest first.
+    p2p: list[Entry] = field(default_factory=list)
+
+    @property
+    def last_seq(self) -> int:
+        """Highest collective sequence id held (0 when none)."""
+        return self.seqs[-1] if self.seqs else 0
+
+    def index_of(self, seq: int) -> int | None:
+        """Position of `seq` in this track, or None when the rank does not hold it."""
+        if not self.seqs or seq < self.seqs[0] or seq > self.seqs[-1]:
+            return None
+        # Sequence ids are contiguous within a group unless the ring dropped some; try the fast path.
+        guess = seq - self.seqs[0]
+        if guess < len(self.seqs) and self.seqs[guess] == seq:
+            return guess
+        lo, hi = 0, len(self.seqs)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.seqs[mid] < seq:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo if lo < len(self.seqs) and self.seqs[lo] == seq else None
+
+
+@dataclass(slots=True)
+class RankSummary:
+    """Everything the diagnosis needs from one rank."""
+
+    rank: int
+    source: str
+    job: str | None = None
+    attempt: int = 0
+    world_size: int | None = None
+    host: str | None = None
+    pid: int | None = None
+    backend: str | None = None
+    version: str = ""
+    snapshot_time_ns: int | None = None
+    kind: str = "dump"
+    interval_s: float | None = None
+    exception: str | None = None
+    wrapped: bool = False
+    groups: dict[str, GroupInfo] = field(default_factory=dict)
+    tracks: dict[str, GroupTrack] = field(default_factory=dict)
+    #: fingerprint -> signature, for the fingerprints this rank uses.
+    sigs: dict[int, Signature] = field(default_factory=dict)
+    #: fingerprint -> the most recent stack seen for it (where in the code this kind of call is).
+    sig_frames: dict[int, Stack] = field(default_factory=dict)
+    thread_stacks: tuple[ThreadStack, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+    def group_desc(self, group: str) -> str:
+        """The group's description as this rank knows it ("" when unknown)."""
+        info = self.groups.get(group)
+        return info.desc if info else ""
+
+    def entry_at(self, group: str, seq: int) -> Entry | None:
+        """The full entry at (group, seq) when it is among the kept tail entries."""
+        track = self.tracks.get(group)
+        if track is None:
+            return None
+        for e in track.tail:
+            if e.collective_seq_id == seq:
+                return e
+        return None
+
+
+def summarize(dump: RankDump) -> RankSummary:
+    """Build the summary of one rank's (merged) dump."""
+    s = RankSummary(
+        rank=dump.rank,
+        source=dump.source,
+        job=dump.job,
+        attempt=dump.attempt,
+        world_size=dump.world_size,
+        host=dump.host,
+        pid=dump.pid,
+        backend=dump.backend,
+        version=dump.version,
+        snapshot_time_ns=dump.snapshot_time_ns,
+        kind=dump.kind,
+        interval_s=dump.interval_s,
+        exception=dump.exception,
+        wrapped=dump.wrapped,
+        groups=dict(dump.groups),
+        thread_stacks=dump.thread_stacks,
+        warnings=dump.warnings,
+    )
+    add_entries(s, dump.entries)
+    return s
+
+
+def add_entries(s: RankSummary, entries: Iterable[Entry]) -> None:
+    """Fold entries (oldest first, by record id) into the summary's tracks."""
+    tracks = s.tracks
+    sigs = s.sigs
+    sig_frames = s.sig_frames
+    for e in entries:
+        track = tracks.get(e.group)
+        if track is None:
+            track = tracks[e.group] = GroupTrack()
+        if e.is_p2p:
+            track.p2p.append(e)
+            continue
+        sig = signature(e)
+        fp = fingerprint(sig)
+        if fp not in sigs:
+            sigs[fp] = sig
+        if e.frames:
+            sig_frames[fp] = e.frames
+        seq = e.collective_seq_id
+        if track.seqs and seq <= track.seqs[-1]:
+            # Out of order or repeated (merged snapshots): replace in place.
+            i = track.index_of(seq)
+            if i is not None:
+                track.fps[i] = fp
+                track.created_ns[i] = e.time_created_ns
+                _replace_tail(track, e)
+                continue
+        track.seqs.append(seq)
+        track.fps.append(fp)
+        track.created_ns.append(e.time_created_ns)
+        track.tail.append(e)
+        if len(track.tail) > TAIL:
+            del track.tail[0]
+
+
+def _replace_tail(track: GroupTrack, e: Entry) -> None:
+    for i, old in enumerate(track.tail):
+        if old.collective_seq_id == e.collective_seq_id:
+            track.tail[i] = e
+            return
+
+
+# --- plain-data form (JSON-able), for storing summaries and shipping them between processes ---
+
+
+def _entry_dict(e: Entry) -> dict[str, Any]:
+    from flightdeck.records import entry_to_wire, frames_to_wire
+
+    d = entry_to_wire(e, None)
+    d["frames"] = frames_to_wire(e.frames)
+    return d
+
+
+def _entry_from(d: dict[str, Any]) -> Entry:
+    from dataclasses import replace
+
+    from flightdeck.records import entry_from_wire, frames_from_wire
+
+    e = entry_from_wire(d, [])
+    return replace(e, frames=frames_from_wire(d.get("frames") or []))
+
+
+def summary_to_dict(s: RankSummary) -> dict[str, Any]:
+    """Encode a summary as plain JSON-able data."""
+    return {
+        "rank": s.rank,
+        "source": s.source,
+        "job": s.job,
+        "attempt": s.attempt,
+        "world_size": s.world_size,
+        "host": s.host,
+        "pid": s.pid,
+        "backend": s.backend,
+        "version": s.version,
+        "snapshot_time_ns": s.snapshot_time_ns,
+        "kind": s.kind,
+        "interval_s": s.interval_s,
+        "exception": s.exception,
+        "wrapped": s.wrapped,
+        "groups": {
+            k: {"desc": g.desc, "ranks": None if g.ranks is None else list(g.ranks)}
+            for k, g in s.groups.items()
+        },
+        "tracks": {
+            k: {
+                "seqs": t.seqs,
+                "fps": t.fps,
+                "created_ns": t.created_ns,
+                "tail": [_entry_dict(e) for e in t.tail],
+                "p2p": [_entry_dict(e) for e in t.p2p],
+            }
+            for k, t in s.tracks.items()
+        },
+        "sigs": {
+            str(fp): [
+                sig[0],
+                [list(x) for x in sig[1]],
+                [list(x) for x in sig[2]],
+                list(sig[3]),
+                list(sig[4]),
+            ]
+            for fp, sig in s.sigs.items()
+        },
+        "sig_frames": {
+            str(fp): [[f.name, f.filename, f.line] for f in st] for fp, st in s.sig_frames.items()
+        },
+        "thread_stacks": [
+            {
+                "thread_name": t.thread_name,
+                "thread_id": t.thread_id,
+                "frames": [[f.name, f.filename, f.line] for f in t.frames],
+            }
+            for t in s.thread_stacks
+        ],
+        "warnings": list(s.warnings),
+    }
+
+
+def _stack(raw: list[list[Any]]) -> Stack:
+    return tuple(Frame(str(a), str(b), int(c)) for a, b, c in raw)
+
+
+def summary_from_dict(d: dict[str, Any]) -> RankSummary:
+    """Decode `summary_to_dict` output."""
+    sigs: dict[int, Signature] = {}
+    for k, v in d["sigs"].items():
+        sigs[int(k)] = (
+            str(v[0]),
+            tuple(tuple(int(x) for x in s) for s in v[1]),
+            tuple(tuple(int(x) for x in s) for s in v[2]),
+            tuple(str(x) for x in v[3]),
+            tuple(str(x) for x in v[4]),
+        )
+    return RankSummary(
+        rank=int(d["rank"]),
+        source=str(d["source"]),
+        job=d.get("job"),
+        attempt=int(d.get("attempt") or 0),
+        world_size=d.get("world_size"),
+        host=d.get("host"),
+        pid=d.get("pid"),
+        backend=d.get("backend"),
+        version=str(d.get("version") or ""),
+        snapshot_time_ns=d.get("snapshot_time_ns"),
+        kind=str(d.get("kind") or "dump"),
+        interval_s=d.get("interval_s"),
+        exception=d.get("exception"),
+        wrapped=bool(d.get("wrapped")),
+        groups={
+            k: GroupInfo(k, str(g["desc"]), None if g["ranks"] is None else tuple(g["ranks"]))
+            for k, g in d["groups"].items()
+        },
+        tracks={
+            k: GroupTrack(
+                seqs=list(t["seqs"]),
+                fps=list(t["fps"]),
+                created_ns=list(t["created_ns"]),
+                tail=[_entry_from(e) for e in t["tail"]],
+                p2p=[_entry_from(e) for e in t["p2p"]],
+            )
+            for k, t in d["tracks"].items()
+        },
+        sigs=sigs,
+        sig_frames={int(k): _stack(v) for k, v in d["sig_frames"].items()},
+        thread_stacks=tuple(
+            ThreadStack(str(t["thread_name"]), int(t["thread_id"]), _stack(t["frames"]))
+            for t in d["thread_stacks"]
+        ),
+        warnings=tuple(d.get("warnings") or ()),
+    )

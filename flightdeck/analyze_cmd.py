@@ -1,0 +1,289 @@
+"""`flightdeck analyze PATH...`: diagnose a job offline from its flight-recorder dumps.
+
+Exit codes: 0 healthy, 1 a fault was found, 2 the input was unusable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from flightdeck.analysis import Options, RankSummary, Report, diagnose, summarize
+from flightdeck.analysis.findings import Finding
+from flightdeck.collector.frdump import DumpError, discover, merge, rank_from_name, read_dump_file, read_meta
+from flightdeck.records import Stack
+
+#: Frames from these paths are PyTorch's plumbing, not the user's code; hidden in text output.
+_LIBRARY_MARKERS = (
+    "/torch/distributed/",
+    "/torch/nn/parallel/",
+    "/threading.py",
+    "/runpy.py",
+    "/multiprocessing/",
+    "/flightdeck/agent",
+)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Declare the arguments of `flightdeck analyze`."""
+    parser.add_argument(
+        "paths", nargs="+", type=Path, help="dump files or directories (searched recursively)"
+    )
+    parser.add_argument("--format", choices=("text", "json"), default="text", help="output format")
+    parser.add_argument(
+        "--now",
+        type=float,
+        default=None,
+        help="the moment to judge elapsed times at (epoch seconds); default: the newest snapshot's time",
+    )
+    parser.add_argument(
+        "--stall-after",
+        type=float,
+        default=Options().stall_after_s,
+        help="seconds a collective must be unfinished to count as a hang (default %(default)s)",
+    )
+    parser.add_argument("--world-size", type=int, default=None, help="expected number of ranks, if known")
+    parser.add_argument("--job", default=None, help="which job to analyze when the paths hold several")
+    parser.add_argument("--workers", type=int, default=None, help="parallel reader processes (default: CPUs)")
+    parser.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress bar on stderr (default: when stderr is a terminal and input is large)",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _RankFiles:
+    job: str | None
+    attempt: int
+    rank: int
+    paths: tuple[str, ...]
+
+
+def _load_rank(item: _RankFiles) -> tuple[RankSummary | None, list[tuple[str, str]]]:
+    """Read, merge and summarize one rank's files (runs in a worker process)."""
+    dumps = []
+    errors: list[tuple[str, str]] = []
+    for p in item.paths:
+        try:
+            dumps.append(read_dump_file(Path(p)))
+        except DumpError as exc:
+            errors.append((p, f"{type(exc).__name__}: {exc}"))
+    if not dumps:
+        return None, errors
+    return summarize(merge(dumps)), errors
+
+
+def load_summaries(
+    paths: Sequence[Path],
+    *,
+    workers: int | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> tuple[dict[tuple[str | None, int], list[RankSummary]], list[tuple[str, str]]]:
+    """Read every dump under `paths`: summaries per (job, attempt), and (path, reason) per bad file."""
+    groups: dict[tuple[str | None, int, int], list[str]] = defaultdict(list)
+    errors: list[tuple[str, str]] = []
+    for p in discover(paths):
+        meta = read_meta(p)
+        rank = meta.get("rank") if meta else None
+        if not isinstance(rank, int):
+            rank = rank_from_name(p.name)
+        if rank is None:
+            errors.append((str(p), "NotADumpError: no rank in the file name and no metadata sidecar"))
+            continue
+        job = str(meta["job"]) if meta and meta.get("job") is not None else None
+        attempt = int(meta.get("attempt") or 0) if meta else 0
+        groups[(job, attempt, rank)].append(str(p))
+    items = [_RankFiles(j, a, r, tuple(ps)) for (j, a, r), ps in sorted(groups.items(), key=_key)]
+    out: dict[tuple[str | None, int], list[RankSummary]] = defaultdict(list)
+    n_workers = workers if workers is not None else min(os.cpu_count() or 1, 8)
+    results: Sequence[tuple[RankSummary | None, list[tuple[str, str]]]]
+    if n_workers > 1 and len(items) >= 16:
+        # fork: workers inherit the imported modules, so start-up costs milliseconds.
+        ctx = multiprocessing.get_context("fork")
+        with ProcessPoolExecutor(max_workers=n_workers, mp_context=ctx) as pool:
+            results = []
+            for i, res in enumerate(
+                pool.map(_load_rank, items, chunksize=max(1, len(items) // (n_workers * 8)))
+            ):
+                results.append(res)
+                if on_progress:
+                    on_progress(i + 1, len(items))
+    else:
+        results = []
+        for i, item in enumerate(items):
+            results.append(_load_rank(item))
+            if on_progress:
+                on_progress(i + 1, len(items))
+    for item, (summary, errs) in zip(items, results, strict=True):
+        errors.extend(errs)
+        if summary is not None:
+            out[(item.job, item.attempt)].append(summary)
+    return out, errors
+
+
+def _key(kv: tuple[tuple[str | None, int, int], list[str]]) -> tuple[str, int, int]:
+    (job, attempt, rank), _ = kv
+    return (job or "", attempt, rank)
+
+
+def _progress_bar(stream: TextIO) -> Callable[[int, int], None]:
+    def show(done: int, total: int) -> None:
+        width = 30
+        filled = width * done // total
+        stream.write(f"\rreading dumps [{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
+        if done == total:
+            stream.write("\n")
+        stream.flush()
+
+    return show
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run `flightdeck analyze`; returns the exit code."""
+    started = time.monotonic()
+    try:
+        candidates = list(discover(args.paths))
+    except FileNotFoundError as exc:
+        print(f"flightdeck: no such file or directory: {exc}", file=sys.stderr)
+        return 2
+    show = args.progress if args.progress is not None else (sys.stderr.isatty() and len(candidates) >= 64)
+    by_job, errors = load_summaries(
+        args.paths, workers=args.workers, on_progress=_progress_bar(sys.stderr) if show else None
+    )
+    for path, reason in errors:
+        print(f"flightdeck: {path}: {reason}", file=sys.stderr)
+    if not by_job:
+        print("flightdeck: no usable flight-recorder dump found", file=sys.stderr)
+        return 2
+    jobs = sorted({j for j, _ in by_job}, key=lambda j: j or "")
+    if args.job is not None:
+        jobs = [j for j in jobs if j == args.job]
+        if not jobs:
+            print(f"flightdeck: no dumps of job {args.job!r}", file=sys.stderr)
+            return 2
+    if len(jobs) > 1:
+        names = ", ".join(repr(j) for j in jobs)
+        print(
+            f"flightdeck: the paths hold dumps of several jobs ({names}); pick one with --job",
+            file=sys.stderr,
+        )
+        return 2
+    job = jobs[0]
+    attempt = max(a for j, a in by_job if j == job)
+    summaries = by_job[(job, attempt)]
+    older = sorted(a for j, a in by_job if j == job and a != attempt)
+    now_ns = int(args.now * 1e9) if args.now is not None else _newest(summaries)
+    try:
+        options = Options(stall_after_s=args.stall_after)
+    except ValueError as exc:
+        print(f"flightdeck: {exc}", file=sys.stderr)
+        return 2
+    report = diagnose(summaries, now_ns=now_ns, options=options, world_size=args.world_size, job=job)
+    if older:
+        report.warnings.append(f"dumps of earlier attempts {older} ignored; analyzed attempt {attempt}")
+    if args.format == "json":
+        json.dump(report.to_json(), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(render_text(report, attempt=attempt, seconds=time.monotonic() - started))
+    return 0 if report.healthy else 1
+
+
+def _newest(summaries: Sequence[RankSummary]) -> int:
+    times = [s.snapshot_time_ns for s in summaries if s.snapshot_time_ns]
+    return max(times) if times else time.time_ns()
+
+
+def user_frames(frames: Stack, limit: int = 6) -> list[str]:
+    """The user's own frames of a stack (library plumbing hidden), innermost first, as text."""
+    own = [f for f in frames if not any(m in f.filename for m in _LIBRARY_MARKERS)] or list(frames)
+    return [f"{f.filename}:{f.line} in {f.name}" for f in own[:limit]]
+
+
+_TITLES = {
+    "hang": "HANG",
+    "collective_type_mismatch": "COLLECTIVE TYPE MISMATCH",
+    "size_mismatch": "SIZE MISMATCH",
+    "dtype_mismatch": "DTYPE MISMATCH",
+    "state_mismatch": "STATE MISMATCH",
+    "p2p_mismatch": "P2P MISMATCH",
+    "rank_lost": "RANK LOST",
+    "missing_dump": "MISSING DUMPS",
+    "straggler": "STRAGGLER",
+    "undecided": "UNDECIDED",
+}
+
+
+def render_text(report: Report, *, attempt: int = 0, seconds: float | None = None) -> str:
+    """The verdict a person reads in five seconds: the root cause first, then what follows from it."""
+    lines: list[str] = []
+    job = f"job {report.job}" if report.job else "job"
+    lines.append(
+        f"{job} (attempt {attempt}): {report.expected_ranks} ranks expected, {len(report.with_dump)} with dumps"
+        + (f", none from {_short(report.without_dump)}" if report.without_dump else "")
+    )
+    if report.healthy:
+        lines.append("HEALTHY: every group's collectives agree across ranks and none is stuck.")
+    for i, f in enumerate(report.findings):
+        lines.append("")
+        lines.append(_headline(i, f))
+        lines.append(f"  {f.detail}")
+        if f.culprits:
+            who = ", ".join(
+                f"{c.rank}" + (f" on {c.host}" if c.host else "") + (f" pid {c.pid}" if c.pid else "")
+                for c in f.culprits[:8]
+            )
+            lines.append(
+                f"  culprit: {who}" + (f" (+{len(f.culprits) - 8} more)" if len(f.culprits) > 8 else "")
+            )
+        if f.waiting_ranks:
+            lines.append(f"  waiting: {_short(f.waiting_ranks)}")
+        if f.waiting_frames and f.kind != "straggler":
+            label = (
+                "waiting ranks are in" if f.kind in ("hang", "state_mismatch") else "the other ranks called"
+            )
+            lines.append(f"  {label}:")
+            lines.extend(f"    {x}" for x in user_frames(f.waiting_frames))
+        if f.culprit_frames:
+            lines.append("  culprit is at:" if f.kind in ("hang", "rank_lost") else "  culprit called:")
+            lines.extend(f"    {x}" for x in user_frames(f.culprit_frames))
+    for w in report.warnings:
+        lines.append(f"warning: {w}")
+    if seconds is not None:
+        lines.append("")
+        lines.append(f"({seconds:.2f} s)")
+    return "\n".join(lines) + "\n"
+
+
+def _headline(i: int, f: Finding) -> str:
+    where = []
+    if f.process_group is not None:
+        where.append(
+            f"group {f.process_group}" + (f" ({f.process_group_desc})" if f.process_group_desc else "")
+        )
+    if f.collective_seq_id is not None:
+        where.append(f"seq {f.collective_seq_id}")
+    if f.op:
+        where.append(f.op)
+    if f.elapsed_s is not None and f.kind in ("hang", "rank_lost", "state_mismatch"):
+        where.append(f"{f.elapsed_s:.1f} s")
+    prefix = "ROOT CAUSE " if i == 0 and f.consequence_of is None and f.kind != "straggler" else ""
+    after = f"  [follows from #{f.consequence_of + 1}]" if f.consequence_of is not None else ""
+    return f"#{i + 1} {prefix}{_TITLES[f.kind]}: " + ", ".join(where) + after
+
+
+def _short(ranks: Sequence[int], limit: int = 16) -> str:
+    shown = ", ".join(str(r) for r in ranks[:limit])
+    return shown + (f" (+{len(ranks) - limit} more)" if len(ranks) > limit else "")

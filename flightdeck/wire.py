@@ -1,0 +1,295 @@
+"""The batch a collector pushes to `POST /api/v1/ingest`: one JSON document (gzip on the wire).
+
+    {"wire_version": 1,
+     "batch_id": "<idempotency key, unique per batch>",
+     "collector": {"host": "gpu-node-7", "version": "0.1.0"},
+     "sent_at_ns": 1796033427488321090,
+     "stacks": [[[name, filename, line], ...], ...],      # each distinct stack once
+     "snapshots": [{...one per rank snapshot, see `Snapshot`...}],
+     "nixl": [{...flightdeck.nixl_records wire dicts...}]}
+
+A snapshot carries only the entries that are new or changed since the collector's last push of
+that rank (entries change state: the server upserts by (job, attempt, rank, record_id)), plus
+`oldest_record_id`, the oldest entry the rank's ring still holds. Decoding validates everything
+and raises `WireError` with a message that names the bad field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from flightdeck.records import (
+    WIRE_VERSION,
+    Entry,
+    GroupInfo,
+    RankDump,
+    Stack,
+    ThreadStack,
+    entry_from_wire,
+    entry_to_wire,
+    frames_from_wire,
+    frames_to_wire,
+)
+
+SNAPSHOT_KINDS = ("periodic", "stall", "final", "dump")
+
+
+class WireError(ValueError):
+    """A batch that does not match the wire format; the message names the field."""
+
+
+@dataclass(slots=True)
+class Snapshot:
+    """One rank's snapshot as shipped: identity, metadata and the changed entries."""
+
+    job: str
+    attempt: int
+    rank: int
+    snapshot_time_ns: int
+    kind: str = "periodic"
+    world_size: int | None = None
+    local_rank: int | None = None
+    host: str | None = None
+    pid: int | None = None
+    torch_version: str | None = None
+    backend: str | None = None
+    version: str = ""
+    interval_s: float | None = None
+    exception: str | None = None
+    wrapped: bool = False
+    #: Oldest record id the rank's ring still holds (entries below it were overwritten).
+    oldest_record_id: int | None = None
+    groups: dict[str, GroupInfo] = field(default_factory=dict)
+    thread_stacks: tuple[ThreadStack, ...] = ()
+    entries: list[Entry] = field(default_factory=list)
+    source: str = ""
+
+
+@dataclass(slots=True)
+class Batch:
+    """A decoded ingest batch."""
+
+    batch_id: str
+    collector_host: str
+    collector_version: str
+    sent_at_ns: int
+    snapshots: list[Snapshot]
+    #: NIXL samples, still as wire dicts: `flightdeck.nixl_records` decodes them.
+    nixl: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def entry_count(self) -> int:
+        """Entries across all snapshots."""
+        return sum(len(s.entries) for s in self.snapshots)
+
+
+def encode_batch(batch: Batch) -> dict[str, Any]:
+    """Encode a batch as plain JSON-able data, each distinct stack once."""
+    stacks: list[Stack] = []
+    index: dict[Stack, int] = {}
+
+    def ref(st: Stack) -> int | None:
+        if not st:
+            return None
+        i = index.get(st)
+        if i is None:
+            i = index[st] = len(stacks)
+            stacks.append(st)
+        return i
+
+    snaps = []
+    for s in batch.snapshots:
+        snaps.append(
+            {
+                "job": s.job,
+                "attempt": s.attempt,
+                "rank": s.rank,
+                "snapshot_time_ns": s.snapshot_time_ns,
+                "kind": s.kind,
+                "world_size": s.world_size,
+                "local_rank": s.local_rank,
+                "host": s.host,
+                "pid": s.pid,
+                "torch_version": s.torch_version,
+                "backend": s.backend,
+                "version": s.version,
+                "interval_s": s.interval_s,
+                "exception": s.exception,
+                "wrapped": s.wrapped,
+                "oldest_record_id": s.oldest_record_id,
+                "groups": {
+                    k: {"desc": g.desc, "ranks": None if g.ranks is None else list(g.ranks)}
+                    for k, g in s.groups.items()
+                },
+                "thread_stacks": [
+                    {"thread_name": t.thread_name, "thread_id": t.thread_id, "stk": ref(t.frames)}
+                    for t in s.thread_stacks
+                ],
+                "entries": [entry_to_wire(e, ref(e.frames)) for e in s.entries],
+                "source": s.source,
+            }
+        )
+    return {
+        "wire_version": WIRE_VERSION,
+        "batch_id": batch.batch_id,
+        "collector": {"host": batch.collector_host, "version": batch.collector_version},
+        "sent_at_ns": batch.sent_at_ns,
+        "stacks": [frames_to_wire(st) for st in stacks],
+        "snapshots": snaps,
+        "nixl": batch.nixl,
+    }
+
+
+def _req(d: dict[str, Any], key: str, typ: type | tuple[type, ...], where: str) -> Any:
+    if key not in d:
+        raise WireError(f"{where}: missing field {key!r}")
+    v = d[key]
+    if not isinstance(v, typ) or (isinstance(v, bool) and typ in (int, (int, float))):
+        raise WireError(f"{where}.{key}: expected {getattr(typ, '__name__', typ)}, got {type(v).__name__}")
+    return v
+
+
+def _opt(d: dict[str, Any], key: str, typ: type | tuple[type, ...], where: str) -> Any:
+    v = d.get(key)
+    if v is None:
+        return None
+    if not isinstance(v, typ) or (isinstance(v, bool) and typ is int):
+        raise WireError(
+            f"{where}.{key}: expected {getattr(typ, '__name__', typ)} or null, got {type(v).__name__}"
+        )
+    return v
+
+
+def decode_batch(doc: object) -> Batch:
+    """Validate and decode a batch document; raises WireError naming the first bad field."""
+    if not isinstance(doc, dict):
+        raise WireError("batch: expected a JSON object")
+    version = _req(doc, "wire_version", int, "batch")
+    if version != WIRE_VERSION:
+        raise WireError(f"batch.wire_version: {version} is not supported (this server speaks {WIRE_VERSION})")
+    batch_id = _req(doc, "batch_id", str, "batch")
+    if not 1 <= len(batch_id) <= 128:
+        raise WireError("batch.batch_id: must be 1-128 characters")
+    coll = _req(doc, "collector", dict, "batch")
+    host = _req(coll, "host", str, "batch.collector")
+    cver = _opt(coll, "version", str, "batch.collector") or ""
+    sent = _req(doc, "sent_at_ns", int, "batch")
+    raw_stacks = _req(doc, "stacks", list, "batch")
+    stacks: list[Stack] = []
+    for i, st in enumerate(raw_stacks):
+        try:
+            stacks.append(frames_from_wire(st))
+        except (TypeError, ValueError) as exc:
+            raise WireError(f"batch.stacks[{i}]: expected [[name, filename, line], ...] ({exc})") from None
+    snaps = []
+    for i, s in enumerate(_req(doc, "snapshots", list, "batch")):
+        snaps.append(_decode_snapshot(s, stacks, f"batch.snapshots[{i}]"))
+    nixl = doc.get("nixl") or []
+    if not isinstance(nixl, list) or not all(isinstance(x, dict) for x in nixl):
+        raise WireError("batch.nixl: expected a list of objects")
+    return Batch(batch_id, host, cver, sent, snaps, nixl)
+
+
+def _decode_snapshot(s: object, stacks: list[Stack], where: str) -> Snapshot:
+    if not isinstance(s, dict):
+        raise WireError(f"{where}: expected an object")
+    job = _req(s, "job", str, where)
+    if not 1 <= len(job) <= 256:
+        raise WireError(f"{where}.job: must be 1-256 characters")
+    kind = _req(s, "kind", str, where)
+    if kind not in SNAPSHOT_KINDS:
+        raise WireError(f"{where}.kind: {kind!r} is not one of {', '.join(SNAPSHOT_KINDS)}")
+    rank = _req(s, "rank", int, where)
+    if rank < 0:
+        raise WireError(f"{where}.rank: must be >= 0")
+    groups: dict[str, GroupInfo] = {}
+    raw_groups = _opt(s, "groups", dict, where) or {}
+    for name, g in raw_groups.items():
+        if not isinstance(g, dict):
+            raise WireError(f"{where}.groups[{name!r}]: expected an object")
+        ranks = g.get("ranks")
+        if ranks is not None and (not isinstance(ranks, list) or not all(isinstance(r, int) for r in ranks)):
+            raise WireError(f"{where}.groups[{name!r}].ranks: expected a list of ints or null")
+        groups[str(name)] = GroupInfo(
+            str(name), str(g.get("desc") or ""), None if ranks is None else tuple(ranks)
+        )
+    threads = []
+    for j, t in enumerate(_opt(s, "thread_stacks", list, where) or []):
+        tw = f"{where}.thread_stacks[{j}]"
+        if not isinstance(t, dict):
+            raise WireError(f"{tw}: expected an object")
+        stk = _opt(t, "stk", int, tw)
+        if stk is not None and not 0 <= stk < len(stacks):
+            raise WireError(f"{tw}.stk: {stk} is not an index into batch.stacks")
+        threads.append(
+            ThreadStack(
+                str(t.get("thread_name") or ""),
+                int(t.get("thread_id") or 0),
+                () if stk is None else stacks[stk],
+            )
+        )
+    entries = []
+    for j, e in enumerate(_req(s, "entries", list, where)):
+        ew = f"{where}.entries[{j}]"
+        if not isinstance(e, dict):
+            raise WireError(f"{ew}: expected an object")
+        try:
+            entries.append(entry_from_wire(e, stacks))
+        except KeyError as exc:
+            raise WireError(f"{ew}: missing field {exc.args[0]!r}") from None
+        except IndexError:
+            raise WireError(f"{ew}.stk: not an index into batch.stacks") from None
+        except (TypeError, ValueError) as exc:
+            raise WireError(f"{ew}: {exc}") from None
+    iv = _opt(s, "interval_s", (int, float), where)
+    return Snapshot(
+        job=job,
+        attempt=_opt(s, "attempt", int, where) or 0,
+        rank=rank,
+        snapshot_time_ns=_req(s, "snapshot_time_ns", int, where),
+        kind=kind,
+        world_size=_opt(s, "world_size", int, where),
+        local_rank=_opt(s, "local_rank", int, where),
+        host=_opt(s, "host", str, where),
+        pid=_opt(s, "pid", int, where),
+        torch_version=_opt(s, "torch_version", str, where),
+        backend=_opt(s, "backend", str, where),
+        version=_opt(s, "version", str, where) or "",
+        interval_s=None if iv is None else float(iv),
+        exception=_opt(s, "exception", str, where),
+        wrapped=bool(s.get("wrapped")),
+        oldest_record_id=_opt(s, "oldest_record_id", int, where),
+        groups=groups,
+        thread_stacks=tuple(threads),
+        entries=entries,
+        source=_opt(s, "source", str, where) or "",
+    )
+
+
+def snapshot_from_dump(
+    dump: RankDump, *, entries: list[Entry] | None = None, job: str | None = None
+) -> Snapshot:
+    """A snapshot of a parsed dump; `entries` narrows it to the changed ones (default: all)."""
+    return Snapshot(
+        job=job or dump.job or "unknown",
+        attempt=dump.attempt,
+        rank=dump.rank,
+        snapshot_time_ns=dump.snapshot_time_ns or 0,
+        kind=dump.kind,
+        world_size=dump.world_size,
+        local_rank=dump.local_rank,
+        host=dump.host,
+        pid=dump.pid,
+        torch_version=dump.torch_version,
+        backend=dump.backend,
+        version=dump.version,
+        interval_s=dump.interval_s,
+        exception=dump.exception,
+        wrapped=dump.wrapped,
+        oldest_record_id=dump.entries[0].record_id if dump.entries else None,
+        groups=dict(dump.groups),
+        thread_stacks=dump.thread_stacks,
+        entries=list(dump.entries if entries is None else entries),
+        source=dump.source,
+    )
