@@ -170,6 +170,7 @@ class _Ctx:
     stacks: dict[tuple[tuple[str, str, int], ...], Stack] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     unknown_backends: set[str] = field(default_factory=set)
+    ops: dict[str, tuple[str, str, int | None]] = field(default_factory=dict)
 
     def warn(self, msg: str) -> None:
         if msg not in self.warnings:
@@ -226,7 +227,84 @@ def _strs(v: object) -> tuple[str, ...]:
 _STATES: dict[object, State] = {"scheduled": "scheduled", "started": "started", "completed": "completed"}
 
 
+def _op_info(prof: str, ctx: _Ctx) -> tuple[str, str, int | None]:
+    """(backend, canonical op, p2p peer) of a profiling name, cached per file (few distinct names)."""
+    info = ctx.ops.get(prof)
+    if info is None:
+        backend = prof.split(":", 1)[0] if ":" in prof else ""
+        if backend and backend not in KNOWN_BACKENDS and backend not in ctx.unknown_backends:
+            ctx.unknown_backends.add(backend)
+            ctx.warn(f"unknown backend {backend!r}: entries read as generic collectives")
+        m = _P2P_RE.search(prof)
+        # "send 0->1" and "recv 0<-1" both name this rank first and the peer second.
+        peer = int(m.group(3)) if m else None
+        info = ctx.ops[prof] = (backend, canonical_op(prof) if prof else "unknown", peer)
+    return info
+
+
 def _entry(raw: dict[str, Any], ctx: _Ctx, rank: int) -> Entry:
+    """Normalize one raw entry: a fast path for well-formed dumps, a forgiving one for the rest."""
+    try:
+        prof = raw["profiling_name"]
+        backend, op, peer = _op_info(prof, ctx)
+        rid = raw["record_id"]
+        seq = raw["collective_seq_id"]
+        created = raw["time_created_ns"]
+        isz = tuple(map(tuple, raw["input_sizes"]))
+        osz = tuple(map(tuple, raw["output_sizes"]))
+        if type(rid) is not int or type(seq) is not int or type(created) is not int:
+            raise TypeError("not an int")
+        for s in isz + osz:
+            for d in s:
+                if type(d) is not int:
+                    raise TypeError("size is not an int")
+        fr = raw.get("frames")
+        is_p2p = raw["is_p2p"]
+        dur = raw.get("duration_ms")
+        return Entry(
+            rid,
+            str(raw["process_group"][0]),
+            seq,
+            int(raw["p2p_seq_id"]),
+            int(raw["op_id"]),
+            backend,
+            op,
+            prof,
+            bool(is_p2p),
+            isz,
+            osz,
+            tuple(map(str, raw["input_dtypes"])),
+            tuple(map(str, raw["output_dtypes"])),
+            _STATES[raw["state"]],
+            bool(raw["retired"]),
+            created,
+            raw.get("time_discovered_started_ns") or None,
+            raw.get("time_discovered_completed_ns") or None,
+            float(dur) if dur is not None else None,
+            raw.get("timeout_ms"),
+            str(raw.get("thread_name") or ""),
+            peer if is_p2p else None,
+            _frames_fast(fr, ctx) if fr else (),
+        )
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError):
+        return _entry_slow(raw, ctx, rank)
+
+
+def _frames_fast(raw: list[dict[str, Any]], ctx: _Ctx) -> Stack:
+    try:
+        key = tuple([(f["name"], f["filename"], f["line"]) for f in raw])
+        st = ctx.stacks.get(key)
+        if st is None:
+            for n, fn, ln in key:
+                if type(n) is not str or type(fn) is not str or type(ln) is not int:
+                    raise TypeError("bad frame")
+            st = ctx.stacks[key] = tuple(Frame(n, fn, ln) for n, fn, ln in key)
+        return st
+    except (KeyError, TypeError):
+        return _stack(raw, ctx)
+
+
+def _entry_slow(raw: dict[str, Any], ctx: _Ctx, rank: int) -> Entry:
     pg = raw.get("process_group")
     if isinstance(pg, list | tuple) and pg:
         group = str(pg[0])
@@ -234,23 +312,12 @@ def _entry(raw: dict[str, Any], ctx: _Ctx, rank: int) -> Entry:
         group = str(raw.get("pg_id", "?"))
         ctx.warn("entries without process_group: group identity falls back to the per-process pg_id")
     prof = str(raw.get("profiling_name") or "")
-    backend = prof.split(":", 1)[0] if ":" in prof else ""
-    if backend and backend not in KNOWN_BACKENDS and backend not in ctx.unknown_backends:
-        ctx.unknown_backends.add(backend)
-        ctx.warn(f"unknown backend {backend!r}: entries read as generic collectives")
+    backend, op, peer = _op_info(prof, ctx)
     state = _STATES.get(raw.get("state"))
     if state is None:
         ctx.warn(f"unknown entry state {raw.get('state')!r}: treated as scheduled")
         state = "scheduled"
     is_p2p = bool(raw.get("is_p2p", False))
-    peer: int | None = None
-    if is_p2p:
-        m = _P2P_RE.search(prof)
-        if m:
-            a, arrow, b = int(m.group(1)), m.group(2), int(m.group(3))
-            # "send 0->1" names the sender first; "recv 1<-0" names the receiver first.
-            peer = b
-            del a, arrow
     dur = raw.get("duration_ms")
     timeout = raw.get("timeout_ms")
     return Entry(
@@ -260,7 +327,7 @@ def _entry(raw: dict[str, Any], ctx: _Ctx, rank: int) -> Entry:
         p2p_seq_id=_int(raw.get("p2p_seq_id"), 0),
         op_id=_int(raw.get("op_id"), 0),
         backend=backend,
-        op=canonical_op(prof) if prof else "unknown",
+        op=op,
         raw_op=prof,
         is_p2p=is_p2p,
         input_sizes=_sizes(raw.get("input_sizes")),
@@ -275,7 +342,7 @@ def _entry(raw: dict[str, Any], ctx: _Ctx, rank: int) -> Entry:
         duration_ms=float(dur) if isinstance(dur, int | float) and not isinstance(dur, bool) else None,
         timeout_ms=_int(timeout, 0) if timeout is not None else None,
         thread_name=str(raw.get("thread_name") or ""),
-        peer=peer,
+        peer=peer if is_p2p else None,
         frames=_stack(raw.get("frames"), ctx),
     )
 

@@ -14,7 +14,13 @@ from collections.abc import Sequence
 #: subcommand -> (module, one-line help). Modules are imported only when their command runs.
 COMMANDS: dict[str, tuple[str, str]] = {
     "analyze": ("flightdeck.analyze_cmd", "diagnose a job from its flight-recorder dumps (offline)"),
+    "collector": (
+        "flightdeck.collector.cmd",
+        "per-node daemon: ship flight-recorder snapshots and NIXL telemetry",
+    ),
     "dashboards": ("flightdeck.dashboards.cmd", "build the Grafana dashboards as JSON (dashboards/build/)"),
+    "server": ("flightdeck.server.cmd", "run the control plane: ingest, live diagnosis, API, /metrics"),
+    "token": ("flightdeck.server.token_cmd", "create, revoke or list collector tokens"),
 }
 
 

@@ -52,9 +52,13 @@ class GroupInfo:
     ranks: tuple[int, ...] | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Entry:
-    """One collective or point-to-point op as recorded by one rank."""
+    """One collective or point-to-point op as recorded by one rank.
+
+    Treat as immutable (use `dataclasses.replace`); not frozen only because a frozen dataclass
+    costs 5x more to build, and readers build millions of these.
+    """
 
     record_id: int
     group: str

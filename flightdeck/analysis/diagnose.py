@@ -479,6 +479,20 @@ def _lost(by_rank: dict[int, RankSummary], now_ns: int, opts: Options) -> list[F
                 f" Its last recorded collective was {last.op} (group {last.group}, collective_seq_id "
                 f"{last.collective_seq_id}, {'finished' if last.finished else 'unfinished'})."
             )
+            others = [
+                e
+                for r2, s2 in by_rank.items()
+                if r2 != r and (e := s2.entry_at(last.group, s2.tracks[last.group].last_seq)) is not None
+            ] if last.group else []
+            ahead = [e for e in others if e.collective_seq_id > last.collective_seq_id]
+            if ahead:
+                e0 = max(ahead, key=lambda e: e.collective_seq_id)
+                where += (
+                    f" The other ranks had reached {e0.op} {_sizes(e0.input_sizes)} "
+                    f"{','.join(e0.input_dtypes)} (collective_seq_id {e0.collective_seq_id}) when it died; "
+                    "the collectives in between completed, so it died inside that one. Unless it was killed from "
+                    "outside, suspect gloo's abort (SIGABRT) on a size or dtype it did not expect there."
+                )
         t = s.snapshot_time_ns or now_ns
         out.append(
             Finding(
@@ -509,10 +523,12 @@ def _last_entry(s: RankSummary) -> Entry | None:
 
 def _main_stack(s: RankSummary) -> Stack:
     """The main thread's Python stack from the rank's stall/final snapshot, when it has one."""
-    for t in s.thread_stacks:
-        if t.thread_name == "MainThread":
-            return t.frames
-    return s.thread_stacks[0].frames if s.thread_stacks else ()
+    main = next((t for t in s.thread_stacks if t.thread_name == "MainThread"), None)
+    if main is None:
+        return ()
+    # Drop the agent's own frames (a final snapshot is taken from an exit hook on the main thread):
+    # what is left is where the user's code is, or nothing when the interpreter was shutting down.
+    return tuple(f for f in main.frames if "/flightdeck/agent" not in f.filename)
 
 
 # --- hangs ---------------------------------------------------------------------------------------
@@ -553,7 +569,12 @@ def _hang(
     stuck: dict[int, Entry] = {}
     for r in entered:
         e = by_rank[r].entry_at(g.name, seq)
-        if e is not None and not e.finished:
+        if e is None:
+            continue
+        # With a member that never entered, the collective cannot have succeeded anywhere: gloo marks
+        # it retired when it fails (timeout, peer gone), which is not completion. Ranks that moved
+        # past it (async ops) are the exception.
+        if not e.finished or (culprits and last[r] == seq):
             stuck[r] = e
     if not stuck:
         return None
@@ -627,10 +648,14 @@ def _hang(
             finding.culprit_last_entry = entry_json(last_e)
             if last_e.group != g.name or last_e.collective_seq_id < seq:
                 finding.detail += (
-                    f" {_fmt_ranks(culprits[:1])} is instead at {last_e.op} (group {last_e.group}, "
-                    f"collective_seq_id {last_e.collective_seq_id}, "
+                    f" {_fmt_ranks(culprits[:1]).capitalize()} is instead at {last_e.op} (group "
+                    f"{last_e.group}, collective_seq_id {last_e.collective_seq_id}, "
                     f"{'finished' if last_e.finished else 'unfinished'})."
                 )
+        if cs.kind == "final":
+            finding.detail += (
+                f" It then exited with {cs.exception}." if cs.exception else " It then exited without an error."
+            )
     return finding
 
 
