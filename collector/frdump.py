@@ -95,7 +95,7 @@ class SafeUnpickler(pickle.Unpickler):
 def safe_loads(data: bytes) -> Any:
     """Unpickle untrusted bytes into plain data, or raise a `DumpError`."""
     # BufferedReader gives the C unpickler peek(), which makes it ~4x faster than a bare BytesIO.
-    reader = io.BufferedReader(io.BytesIO(data), buffer_size=1 << 20)  # type: ignore[arg-type]
+    reader = io.BufferedReader(io.BytesIO(data), buffer_size=1 << 20)
     gc_was_on = gc.isenabled()
     gc.disable()  # the loader makes millions of small containers; collection cycles only cost time
     try:
@@ -539,9 +539,9 @@ def merge(dumps: list[RankDump]) -> RankDump:
     groups: dict[str, GroupInfo] = {}
     for d in ordered:
         for name, g in d.groups.items():
-            old = groups.get(name)
+            prev = groups.get(name)
             groups[name] = GroupInfo(
-                name, g.desc or (old.desc if old else ""), g.ranks or (old.ranks if old else None)
+                name, g.desc or (prev.desc if prev else ""), g.ranks or (prev.ranks if prev else None)
             )
     stacks = next((d.thread_stacks for d in reversed(ordered) if d.thread_stacks), ())
     exception = next((d.exception for d in reversed(ordered) if d.exception), None)

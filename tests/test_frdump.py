@@ -107,9 +107,9 @@ def test_json_and_pickle_of_the_same_buffer_agree(tmp_path: Path) -> None:
     jpath.write_text(json.dumps(jraw))
     a = parse_dump(raw, rank=3, source="p")
     b = read_dump_file(jpath)
-    assert [(e.record_id, e.group, e.collective_seq_id, e.op, e.input_sizes, e.retired) for e in a.entries] == [
-        (e.record_id, e.group, e.collective_seq_id, e.op, e.input_sizes, e.retired) for e in b.entries
-    ]
+    assert [
+        (e.record_id, e.group, e.collective_seq_id, e.op, e.input_sizes, e.retired) for e in a.entries
+    ] == [(e.record_id, e.group, e.collective_seq_id, e.op, e.input_sizes, e.retired) for e in b.entries]
     assert all(e.time_started_ns is None for e in b.entries)
     assert all(not e.frames for e in b.entries)
 

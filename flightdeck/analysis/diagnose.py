@@ -479,11 +479,15 @@ def _lost(by_rank: dict[int, RankSummary], now_ns: int, opts: Options) -> list[F
                 f" Its last recorded collective was {last.op} (group {last.group}, collective_seq_id "
                 f"{last.collective_seq_id}, {'finished' if last.finished else 'unfinished'})."
             )
-            others = [
-                e
-                for r2, s2 in by_rank.items()
-                if r2 != r and (e := s2.entry_at(last.group, s2.tracks[last.group].last_seq)) is not None
-            ] if last.group else []
+            others = (
+                [
+                    e
+                    for r2, s2 in by_rank.items()
+                    if r2 != r and (e := s2.entry_at(last.group, s2.tracks[last.group].last_seq)) is not None
+                ]
+                if last.group
+                else []
+            )
             ahead = [e for e in others if e.collective_seq_id > last.collective_seq_id]
             if ahead:
                 e0 = max(ahead, key=lambda e: e.collective_seq_id)
@@ -654,7 +658,9 @@ def _hang(
                 )
         if cs.kind == "final":
             finding.detail += (
-                f" It then exited with {cs.exception}." if cs.exception else " It then exited without an error."
+                f" It then exited with {cs.exception}."
+                if cs.exception
+                else " It then exited without an error."
             )
     return finding
 
@@ -771,8 +777,8 @@ def _stragglers(
                 tmax = max(col)
                 g_skews.append((tmax - tmin) / NS)
                 last_count[ranks[col.index(tmax)]] += 1
-                for r, t in zip(ranks, col, strict=True):
-                    lags.setdefault(r, []).append((t - tmin) / NS)
+                for r, t_ns in zip(ranks, col, strict=True):
+                    lags.setdefault(r, []).append((t_ns - tmin) / NS)
             samples += hi - lo + 1
             skews[g.name] = g_skews
     found: list[Finding] = []

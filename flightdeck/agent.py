@@ -1,0 +1,741 @@
+"""The in-job agent: periodic flight-recorder snapshots written to a spool directory.
+
+Gloo never dumps its flight recorder by itself, and a rank that dies keeps nothing, so the only way
+to see what a job was doing is to take snapshots from inside every rank while it runs. This module
+does that from one daemon thread, using nothing but the standard library and torch:
+
+    import flightdeck.agent; flightdeck.agent.start()     # one line after init_process_group
+
+or, without touching the training script:
+
+    torchrun --nproc-per-node 8 -m flightdeck.agent train.py --lr 3e-4
+    python -m flightdeck.agent -m my_pkg.train --lr 3e-4
+
+File contract (the collector and reader depend on it exactly), in `<spool_dir>/<job>/<attempt>/`:
+
+- `rank_<R>.pkl`        latest periodic snapshot, without frames, overwritten every `interval_s`;
+- `rank_<R>.stall.pkl`  once per stall episode, with frames: no collective finished for
+                        `stall_after_s` while one was pending;
+- `rank_<R>.final.pkl`  at interpreter exit or on an uncaught exception, with frames;
+- `X.meta.json`         the sidecar of every dump file `X`, written before `X` is renamed into place.
+
+Every file is written to a hidden temporary name (`.<name>.<pid>.tmp`) in the same directory,
+fsynced and renamed, so a reader never sees a partial file. The agent never breaks or slows the job:
+every failure is logged once (logger `flightdeck.agent`) and the job goes on.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import json
+import logging
+import os
+import pickle
+import re
+import runpy
+import socket
+import sys
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import Any, Literal
+
+logger = logging.getLogger("flightdeck.agent")
+
+SnapshotKind = Literal["periodic", "stall", "final"]
+#: A flight-recorder dump function: `fn(include_stack_traces) -> pickle bytes`.
+DumpFn = Callable[[bool], bytes]
+
+ENV_PREFIX = "FLIGHTDECK_"
+#: Environment variables read by `AgentConfig.from_env`, with what they set.
+ENV_VARS: dict[str, str] = {
+    "FLIGHTDECK_AGENT": "enabled (0/false/no/off disables the agent, 1 or unset enables it)",
+    "FLIGHTDECK_SPOOL_DIR": "spool_dir",
+    "FLIGHTDECK_INTERVAL_S": "interval_s",
+    "FLIGHTDECK_STALL_AFTER_S": "stall_after_s",
+    "FLIGHTDECK_JOB": "job",
+}
+#: The collector watches this root by default (collector/settings.py `spool_dirs`).
+DEFAULT_SPOOL_DIR = "/var/spool/flightdeck"
+SIDECAR_VERSION = 1
+#: The c10d store key through which rank 0 hands its job id to the others when no launcher set one.
+STORE_JOB_KEY = "flightdeck/job_id"
+_FALSE = {"0", "false", "no", "off"}
+_TRUE = {"1", "true", "yes", "on", ""}
+_JOB_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    """Settings of the in-job agent; `from_env` reads them from `FLIGHTDECK_*` variables."""
+
+    spool_dir: Path = Path(DEFAULT_SPOOL_DIR)
+    """Root of the spool; files go to `<spool_dir>/<job>/<attempt>/` (FLIGHTDECK_SPOOL_DIR)."""
+
+    interval_s: float = 2.0
+    """Seconds between periodic snapshots (FLIGHTDECK_INTERVAL_S); at least 0.05."""
+
+    stall_after_s: float = 30.0
+    """Seconds without any collective finishing, while one is pending, before a stall snapshot is
+    written (FLIGHTDECK_STALL_AFTER_S); at least `interval_s`, since stalls are seen at snapshots."""
+
+    job: str | None = None
+    """Job id (FLIGHTDECK_JOB); None: TORCHELASTIC_RUN_ID, SLURM_JOB_ID, else agreed across ranks
+    through the c10d store. Characters other than letters, digits, `.`, `_`, `-` become `_`."""
+
+    enabled: bool = True
+    """False turns `start()` and the launcher into no-ops (FLIGHTDECK_AGENT=0)."""
+
+    def __post_init__(self) -> None:
+        if not self.interval_s >= 0.05:  # also rejects NaN
+            raise ValueError(f"interval_s must be >= 0.05 seconds, got {self.interval_s}")
+        if not self.stall_after_s >= self.interval_s:
+            raise ValueError(
+                f"stall_after_s ({self.stall_after_s}) must be >= interval_s ({self.interval_s}): "
+                "a stall is only noticed at a snapshot"
+            )
+        if self.job is not None and not _JOB_SAFE.sub("_", self.job).strip("._"):
+            raise ValueError(f"job must contain a letter or digit, got {self.job!r}")
+        if not str(self.spool_dir):
+            raise ValueError("spool_dir must not be empty")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> AgentConfig:
+        """Build the config from `FLIGHTDECK_*` variables; keyword overrides win over the env."""
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        if "FLIGHTDECK_AGENT" in env:
+            values["enabled"] = _parse_bool("FLIGHTDECK_AGENT", env["FLIGHTDECK_AGENT"])
+        if env.get("FLIGHTDECK_SPOOL_DIR"):
+            values["spool_dir"] = Path(env["FLIGHTDECK_SPOOL_DIR"])
+        for name, key in (
+            ("interval_s", "FLIGHTDECK_INTERVAL_S"),
+            ("stall_after_s", "FLIGHTDECK_STALL_AFTER_S"),
+        ):
+            if env.get(key):
+                try:
+                    values[name] = float(env[key])
+                except ValueError:
+                    raise ValueError(f"{key} must be a number of seconds, got {env[key]!r}") from None
+        if env.get("FLIGHTDECK_JOB"):
+            values["job"] = env["FLIGHTDECK_JOB"]
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(overrides) - known
+        if unknown:
+            raise ValueError(f"unknown agent setting(s): {', '.join(sorted(unknown))}")
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        if "spool_dir" in values:
+            values["spool_dir"] = Path(values["spool_dir"])
+        if "interval_s" in values:
+            values["interval_s"] = float(values["interval_s"])
+        if "stall_after_s" in values:
+            values["stall_after_s"] = float(values["stall_after_s"])
+        return cls(**values)
+
+
+def _parse_bool(key: str, raw: str) -> bool:
+    low = raw.strip().lower()
+    if low in _FALSE:
+        return False
+    if low in _TRUE:
+        return True
+    raise ValueError(f"{key} must be 0 or 1, got {raw!r}")
+
+
+def sanitize_job(job: str) -> str:
+    """The job id as used in paths and sidecars: unsafe characters become `_`."""
+    return _JOB_SAFE.sub("_", job).strip("._") or "job"
+
+
+# --- torch access (every call here is feature-detected; nothing branches on version numbers) -------
+
+
+def default_dump_fn() -> DumpFn:
+    """The flight-recorder dump of this torch build, dumping every backend ring in use.
+
+    `_dump_fr_trace` (torch >= 2.5, all backends) is preferred over the older NCCL-only
+    `_dump_nccl_trace`. When the function accepts `backend=` (torch 2.15: NCCL2 records into its own
+    ring), the rings of the extra backends in use are dumped too and merged into one dump.
+    """
+    import torch
+
+    c10d = torch._C._distributed_c10d
+    fn = getattr(c10d, "_dump_fr_trace", None) or getattr(c10d, "_dump_nccl_trace", None)
+    if fn is None:
+        raise RuntimeError("this torch build has no flight-recorder dump function")
+    return _BackendMergingDump(fn)
+
+
+class _BackendMergingDump:
+    """Calls the dump function once for the default ring and once per extra backend ring."""
+
+    def __init__(self, fn: Callable[..., bytes]) -> None:
+        self._fn = fn
+        #: None until known; False once a call with `backend=` raised TypeError.
+        self._backend_kwarg: bool | None = None
+        self._failed_backends: set[str] = set()
+
+    def __call__(self, include_stack_traces: bool) -> bytes:
+        kwargs = {"includeCollectives": True, "includeStackTraces": include_stack_traces, "onlyActive": False}
+        base = self._fn(**kwargs)
+        extras = [b for b in _extra_backends() if b not in self._failed_backends]
+        if self._backend_kwarg is False or not extras:
+            return base
+        merged: dict[str, Any] | None = None
+        for backend in extras:
+            try:
+                raw = self._fn(**kwargs, backend=backend)
+            except TypeError:
+                # pybind11 raises TypeError for an unknown keyword: this build has one ring only.
+                self._backend_kwarg = False
+                return base
+            except Exception:
+                self._failed_backends.add(backend)
+                logger.warning(
+                    "flight-recorder dump of backend %r failed; skipping it", backend, exc_info=True
+                )
+                continue
+            self._backend_kwarg = True
+            if merged is None:
+                merged = pickle.loads(base)  # noqa: S301 - bytes produced by this very process
+            _merge_dump(merged, pickle.loads(raw))  # noqa: S301 - bytes produced by this very process
+        return base if merged is None else pickle.dumps(merged, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _extra_backends() -> list[str]:
+    """Backends in use whose flight recorder may live in a ring of its own (torch 2.15 `nccl2`)."""
+    names: set[str] = set()
+    try:
+        from torch.distributed import distributed_c10d as c10d
+
+        for value in list(c10d._world.pg_map.values()):
+            # Values are (backend string, store); the string may read "cpu:gloo,cuda:nccl".
+            for part in str(value[0]).split(","):
+                names.add(part.split(":")[-1].strip().lower())
+    except Exception:
+        return []
+    extras = {n for n in names if n and n not in ("gloo", "undefined", "nccl-legacy")}
+    if extras & {"nccl", "nccl2"}:
+        extras.discard("nccl")
+        extras.add("nccl2")
+    return sorted(extras)
+
+
+def _merge_dump(into: dict[str, Any], other: dict[str, Any]) -> None:
+    """Append `other`'s entries and groups to `into`, skipping entries already present."""
+
+    def key(e: Mapping[str, Any]) -> tuple[Any, ...]:
+        pg = e.get("process_group") or ("",)
+        fields = ("collective_seq_id", "p2p_seq_id", "op_id", "profiling_name", "time_created_ns")
+        return (pg[0], *(e.get(f) for f in fields))
+
+    entries = into.setdefault("entries", [])
+    seen = {key(e) for e in entries}
+    entries.extend(e for e in other.get("entries", []) if key(e) not in seen)
+    entries.sort(key=lambda e: int(e.get("time_created_ns") or 0))
+    for section in ("pg_config", "pg_status"):
+        if isinstance(other.get(section), dict):
+            into.setdefault(section, {}).update(
+                {k: v for k, v in other[section].items() if k not in into.get(section, {})}
+            )
+
+
+def _dist_groups() -> dict[str, dict[str, Any]]:
+    """The real name, description and member ranks of every group this rank belongs to.
+
+    Gloo registers a group with the flight recorder before Python names it, so its dump's
+    `pg_config` is empty; `_world` knows the names (`process_group[0]` in entries) and the ranks.
+    """
+    from torch.distributed import distributed_c10d as c10d
+
+    groups: dict[str, dict[str, Any]] = {}
+    world = c10d._world
+    for pg, name in list(world.pg_names.items()):
+        members = world.pg_group_ranks.get(pg) or {}
+        groups[str(name)] = {
+            "desc": str(getattr(pg, "group_desc", "") or ""),
+            "ranks": sorted(int(r) for r in members),
+        }
+    return groups
+
+
+def _agree_job_id(rank: int, timeout_s: float) -> str:
+    """A job id shared by all ranks, agreed through the default c10d store (never a collective:
+    that would add a flight-recorder entry and shift every `collective_seq_id`)."""
+    from torch.distributed import distributed_c10d as c10d
+
+    store = c10d._get_default_store()
+    if rank == 0:
+        value = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
+        store.set(STORE_JOB_KEY, value)
+        return value
+    store.wait([STORE_JOB_KEY], timedelta(seconds=timeout_s))
+    got: bytes = store.get(STORE_JOB_KEY)
+    return got.decode()
+
+
+# --- snapshot helpers ----------------------------------------------------------------------------
+
+
+def thread_stacks(
+    replace: Mapping[int, TracebackType] | None = None,
+) -> list[dict[str, Any]]:
+    """Every thread's Python stack, innermost first; `replace` maps a thread id to a traceback to
+    show instead (the stack where an exception was raised, rather than the hook's)."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    out: list[dict[str, Any]] = []
+    for tid, frame in sys._current_frames().items():
+        tb = (replace or {}).get(tid)
+        frames = _tb_frames(tb) if tb is not None else _frame_chain(frame)
+        out.append({"thread_name": names.get(tid, f"thread-{tid}"), "thread_id": tid, "frames": frames})
+    return sorted(out, key=lambda s: (s["thread_name"] != "MainThread", s["thread_id"]))
+
+
+def _frame_chain(frame: FrameType | None) -> list[dict[str, Any]]:
+    frames = []
+    while frame is not None:
+        code = frame.f_code
+        frames.append({"name": code.co_name, "filename": code.co_filename, "line": frame.f_lineno or 0})
+        frame = frame.f_back
+    return frames
+
+
+def _tb_frames(tb: TracebackType) -> list[dict[str, Any]]:
+    summary = traceback.extract_tb(tb)
+    return [{"name": f.name, "filename": f.filename, "line": f.lineno or 0} for f in reversed(summary)]
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+@dataclass(slots=True)
+class _Progress:
+    """What the agent knows about this rank's progress, from its own dumps."""
+
+    #: Highest record_id of a finished entry; record ids only grow, even after the ring wraps.
+    marker: int = -1
+    last_progress_ns: int | None = None
+    stalled: bool = False
+
+
+def progress_of(dump: Mapping[str, Any]) -> tuple[int, int | None]:
+    """(highest finished record_id or -1, creation time of the oldest pending entry or None).
+
+    An entry is finished when its state is `completed` or `retired` is True (on gloo, where state
+    stays `scheduled`, `retired` is the only signal).
+    """
+    marker = -1
+    oldest_pending: int | None = None
+    for e in dump.get("entries") or ():
+        if e.get("state") == "completed" or e.get("retired"):
+            marker = max(marker, int(e.get("record_id", -1)))
+        else:
+            created = int(e.get("time_created_ns") or 0)
+            oldest_pending = created if oldest_pending is None else min(oldest_pending, created)
+    return marker, oldest_pending
+
+
+# --- the agent -----------------------------------------------------------------------------------
+
+
+class Agent:
+    """Takes flight-recorder snapshots of this rank from a daemon thread.
+
+    `dump_fn`, `clock_ns` and `dist_info` are injectable for tests; by default they use torch.
+    """
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        *,
+        dump_fn: DumpFn | None = None,
+        clock_ns: Callable[[], int] = time.time_ns,
+    ) -> None:
+        self.config = config
+        self._dump_fn = dump_fn
+        self._clock_ns = clock_ns
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        # Serializes dumps and writes: the agent thread, atexit and the exception hooks all write.
+        self._io_lock = threading.Lock()
+        # One identity lookup at a time: rank 0 must publish a single job id to the store.
+        self._ident_lock = threading.Lock()
+        self._logged: set[str] = set()
+        self._progress = _Progress()
+        self._groups: dict[str, dict[str, Any]] = {}
+        self._ident: dict[str, Any] | None = None
+        self._dir: Path | None = None
+        self._exception: str | None = None
+        self._final_done = False
+        self._prev_excepthook: Callable[..., Any] | None = None
+        self._prev_threading_excepthook: Callable[..., Any] | None = None
+        self.snapshots_written = 0
+
+    # -- lifecycle --
+
+    def start(self) -> None:
+        """Start the snapshot thread and install the exit and exception hooks (idempotent)."""
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="flightdeck-agent", daemon=True)
+        self._thread.start()
+        atexit.register(self._on_exit)
+        self._prev_excepthook = sys.excepthook
+        sys.excepthook = self._excepthook
+        self._prev_threading_excepthook = threading.excepthook
+        threading.excepthook = self._threading_excepthook
+
+    def stop(self, *, final: bool = False, timeout_s: float = 10.0) -> None:
+        """Stop the thread and remove the hooks; with `final`, write a final snapshot first."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)
+        if final:
+            self.snapshot("final")
+        atexit.unregister(self._on_exit)
+        if sys.excepthook == self._excepthook and self._prev_excepthook is not None:
+            sys.excepthook = self._prev_excepthook
+        if threading.excepthook == self._threading_excepthook and self._prev_threading_excepthook:
+            threading.excepthook = self._prev_threading_excepthook
+
+    @property
+    def directory(self) -> Path | None:
+        """`<spool_dir>/<job>/<attempt>/` once known (after the first snapshot)."""
+        return self._dir
+
+    # -- the thread --
+
+    def _run(self) -> None:
+        # First snapshot at once, so even a job that dies in its first seconds leaves one.
+        while not self._stop.is_set():
+            try:
+                self.tick()
+            except Exception:  # tick already guards; this keeps the thread alive whatever happens
+                self._log_once("tick", "flightdeck agent: snapshot failed")
+            self._stop.wait(self.config.interval_s)
+
+    def tick(self) -> None:
+        """One periodic snapshot, then a stall snapshot if this rank looks stuck."""
+        if not self._ensure_identity(store_timeout_s=300.0):
+            return
+        raw = self._guarded("dump", lambda: self._dump(False))
+        if raw is None:
+            return
+        now = self._clock_ns()
+        try:
+            dump = pickle.loads(raw)  # noqa: S301 - bytes produced by this very process
+            marker, oldest_pending = progress_of(dump)
+        except Exception:
+            self._log_once("parse", "flightdeck agent: could not parse own dump; stall detection off")
+            marker, oldest_pending = self._progress.marker, None
+        p = self._progress
+        if marker != p.marker or p.last_progress_ns is None:
+            p.marker, p.last_progress_ns, p.stalled = marker, now, False
+        self._guarded("write-periodic", lambda: self._write("periodic", raw, now))
+        if oldest_pending is None or p.stalled:
+            return
+        # Measure from the later of the last progress and the oldest pending op's creation, so a
+        # collective issued after a long compute-only phase is not taken for a stall.
+        since = max(p.last_progress_ns, oldest_pending)
+        if now - since >= self.config.stall_after_s * 1e9:
+            p.stalled = True  # once per episode; progress (a new finished op) starts a new one
+            stacks = thread_stacks()  # first: the blocked thread's stack is what matters most
+            logger.warning(
+                "flightdeck agent: no collective finished for %.1f s; writing a stall snapshot",
+                (now - since) / 1e9,
+            )
+            self._guarded("stall", lambda: self._write("stall", self._dump(True), self._clock_ns(), stacks))
+
+    # -- snapshots --
+
+    def snapshot(
+        self,
+        kind: SnapshotKind,
+        *,
+        stacks: list[dict[str, Any]] | None = None,
+    ) -> None:
+        """Take and write one snapshot now; never raises (failures are logged once)."""
+        if not self._ensure_identity():
+            return
+        with_frames = kind != "periodic"
+        if with_frames and stacks is None:
+            stacks = thread_stacks()
+        self._guarded(kind, lambda: self._write(kind, self._dump(with_frames), self._clock_ns(), stacks))
+
+    def _dump(self, include_stack_traces: bool) -> bytes:
+        # Periodic, stall and final snapshots share one dump function: one log line for all.
+        try:
+            if self._dump_fn is None:
+                self._dump_fn = default_dump_fn()
+            return self._dump_fn(include_stack_traces)
+        except Exception:
+            self._log_once("dump", "flightdeck agent: flight-recorder dump failed; the job goes on")
+            raise _AlreadyLogged from None
+
+    def _write(
+        self, kind: SnapshotKind, raw: bytes, when_ns: int, stacks: list[dict[str, Any]] | None = None
+    ) -> None:
+        assert self._ident is not None and self._dir is not None
+        groups = self._guarded("groups", _dist_groups)
+        if groups:
+            # Keep groups seen before: after destroy_process_group `_world` is empty, but the
+            # final snapshot still holds their entries.
+            self._groups.update(groups)
+        rank = self._ident["rank"]
+        suffix = {"periodic": "", "stall": ".stall", "final": ".final"}[kind]
+        path = self._dir / f"rank_{rank}{suffix}.pkl"
+        meta = {
+            "flightdeck_snapshot": SIDECAR_VERSION,
+            "kind": kind,
+            **self._ident,
+            "snapshot_time_ns": when_ns,
+            "interval_s": self.config.interval_s,
+            "stall_after_s": self.config.stall_after_s,
+            "groups": self._groups,
+            "exception": self._exception if kind == "final" else None,
+            "thread_stacks": stacks if kind != "periodic" else None,
+            "last_progress_ns": self._progress.last_progress_ns,
+        }
+        with self._io_lock:
+            self._dir.mkdir(parents=True, exist_ok=True)
+            # Sidecar first: whoever sees the dump file can rely on its sidecar being there.
+            _write_atomic(path.with_name(path.name + ".meta.json"), json.dumps(meta, sort_keys=True).encode())
+            _write_atomic(path, raw)
+            self.snapshots_written += 1
+
+    def _ensure_identity(self, store_timeout_s: float = 5.0) -> bool:
+        """Learn rank, world size and job once torch.distributed is initialized.
+
+        Only the agent thread waits long for rank 0's job id; exit and exception paths give up
+        soon, so a job whose rank 0 died is not held at exit.
+        """
+        if self._ident is not None:
+            return True
+        if not self._ident_lock.acquire(timeout=store_timeout_s):
+            return False
+        try:
+            return self._learn_identity(store_timeout_s)
+        finally:
+            self._ident_lock.release()
+
+    def _learn_identity(self, store_timeout_s: float) -> bool:
+        if self._ident is not None:
+            return True
+        try:
+            import torch
+            import torch.distributed as dist
+
+            if not dist.is_available() or not dist.is_initialized():
+                return False
+            rank, world = dist.get_rank(), dist.get_world_size()
+            job = self.config.job or os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("SLURM_JOB_ID")
+            if not job:
+                job = _agree_job_id(rank, store_timeout_s)
+            local = os.environ.get("LOCAL_RANK")
+            ident: dict[str, Any] = {
+                "job": sanitize_job(job),
+                "attempt": int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0),
+                "rank": rank,
+                "world_size": world,
+                "local_rank": int(local) if local and local.isdigit() else None,
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "torch_version": str(torch.__version__),
+                "backend": str(dist.get_backend()),
+            }
+        except Exception:
+            self._log_once("identity", "flightdeck agent: could not learn rank/job; no snapshots")
+            return False
+        self._dir = self.config.spool_dir / ident["job"] / str(ident["attempt"])
+        self._ident = ident
+        return True
+
+    # -- exit and exception hooks --
+
+    def _on_exit(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+        if not self._final_done:
+            self._final_done = True
+            self.snapshot("final")
+
+    def _excepthook(self, etype: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+        try:
+            self._exception = _describe(etype, value)
+            self._stop.set()
+            stacks = thread_stacks({threading.main_thread().ident or 0: tb} if tb is not None else None)
+            self._final_done = True  # the process is going down; atexit must not overwrite this one
+            self.snapshot("final", stacks=stacks)
+        finally:
+            (self._prev_excepthook or sys.__excepthook__)(etype, value, tb)
+
+    def _threading_excepthook(self, args: threading.ExceptHookArgs) -> None:
+        try:
+            if args.thread is not self._thread:
+                self._exception = _describe(args.exc_type, args.exc_value)
+                tid = args.thread.ident if args.thread is not None else None
+                tb = args.exc_traceback
+                self.snapshot("final", stacks=thread_stacks({tid: tb} if tid and tb else None))
+        finally:
+            (self._prev_threading_excepthook or threading.__excepthook__)(args)
+
+    # -- failure handling --
+
+    def _guarded(self, what: str, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except _AlreadyLogged:
+            return None
+        except Exception:
+            self._log_once(what, f"flightdeck agent: {what} failed; the job goes on")
+            return None
+
+    def _log_once(self, key: str, message: str) -> None:
+        if key in self._logged:
+            logger.debug(message, exc_info=True)
+        else:
+            self._logged.add(key)
+            logger.warning(message + " (logged once)", exc_info=True)
+
+
+class _AlreadyLogged(Exception):
+    """A failure that has been logged already; unwinds to the guard without another line."""
+
+
+def _describe(etype: type[BaseException] | None, value: BaseException | None) -> str:
+    return "".join(traceback.format_exception_only(etype or BaseException, value)).strip()
+
+
+# --- module-level API ----------------------------------------------------------------------------
+
+_agent: Agent | None = None
+_agent_lock = threading.Lock()
+
+
+def start(
+    *,
+    spool_dir: str | os.PathLike[str] | None = None,
+    interval_s: float | None = None,
+    stall_after_s: float | None = None,
+    job: str | None = None,
+) -> Agent | None:
+    """Start the agent for this process (idempotent); keyword arguments override the environment.
+
+    Call it after `init_process_group`. Returns the running agent, or None when disabled
+    (FLIGHTDECK_AGENT=0) or misconfigured (logged; the job goes on).
+    """
+    global _agent
+    with _agent_lock:
+        if _agent is not None:
+            return _agent
+        try:
+            cfg = AgentConfig.from_env(
+                spool_dir=spool_dir, interval_s=interval_s, stall_after_s=stall_after_s, job=job
+            )
+        except ValueError:
+            logger.warning("flightdeck agent: bad configuration; agent not started", exc_info=True)
+            return None
+        if not cfg.enabled:
+            return None
+        _agent = Agent(cfg)
+        _agent.start()
+        return _agent
+
+
+def stop(*, final: bool = False) -> None:
+    """Stop the process-wide agent started by `start()` (for tests)."""
+    global _agent
+    with _agent_lock:
+        if _agent is not None:
+            _agent.stop(final=final)
+            _agent = None
+
+
+# --- the launcher: python -m flightdeck.agent script.py args... ----------------------------------
+
+
+def install_init_hook() -> None:
+    """Wrap `torch.distributed.init_process_group` so that the agent starts right after it returns."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+
+    original = distributed_c10d.init_process_group
+    if getattr(original, "__flightdeck_wrapped__", False):
+        return
+
+    def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        try:
+            start()
+        except Exception:  # start() guards itself; belt and braces: never fail the user's init
+            logger.warning("flightdeck agent: start failed", exc_info=True)
+        return result
+
+    init_process_group.__flightdeck_wrapped__ = True  # type: ignore[attr-defined]
+    init_process_group.__doc__ = original.__doc__
+    init_process_group.__wrapped__ = original  # type: ignore[attr-defined]
+    # Modules that imported the function by name before us keep the original; patch those loaded.
+    for module in (dist, distributed_c10d, *_modules_binding(original)):
+        if getattr(module, "init_process_group", None) is original:
+            module.init_process_group = init_process_group
+
+
+def _modules_binding(fn: object) -> Iterator[Any]:
+    for name, module in list(sys.modules.items()):
+        if name.startswith("torch.") and getattr(module, "init_process_group", None) is fn:
+            yield module
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m flightdeck.agent [-m module | script.py] args...`: run the training program with
+    the agent started right after its `init_process_group`."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(
+            "usage: python -m flightdeck.agent (SCRIPT | -m MODULE) [ARGS...]\n\n" + __doc__.split("\n\n")[0]
+        )
+        return 0 if args else 2
+    try:
+        enabled = AgentConfig.from_env().enabled
+    except ValueError as exc:
+        logger.warning("flightdeck agent: bad configuration (%s); running without it", exc)
+        enabled = False
+    if enabled:
+        os.environ["FLIGHTDECK_AGENT"] = "1"  # so child interpreters can tell the agent is wanted
+        try:
+            install_init_hook()
+        except Exception:
+            logger.warning("flightdeck agent: could not hook init_process_group", exc_info=True)
+    if args[0] == "-m":
+        if len(args) < 2:
+            print("flightdeck.agent: -m needs a module name", file=sys.stderr)
+            return 2
+        sys.argv = [args[1], *args[2:]]
+        runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = list(args)
+        # Like `python script.py`: the script's directory comes first on sys.path.
+        sys.path.insert(0, str(Path(args[0]).resolve().parent))
+        runpy.run_path(args[0], run_name="__main__")
+    return 0
+
+
+if __name__ == "__main__":
+    # Delegate to the importable module so that start() and stop() share one agent singleton.
+    from flightdeck.agent import main as _main
+
+    raise SystemExit(_main())

@@ -1,0 +1,147 @@
+"""Regenerate the committed sample dumps: `python -m tests.fr_jobs.generate [--out DIR] [SCENARIO...]`.
+
+For each scenario: run the real gloo job with the agent, copy the spool files unmodified into
+`<out>/<scenario>/`, write `scenario.json` (the definition, its expected verdict, and what was
+observed), check the definition's seq counting against a healthy rank's dump, and store PyTorch's
+own analyzer output (on raw copies and on copies whose pg_config was rebuilt from the sidecars).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pickle
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from flightdeck.records import canonical_op
+from tests.fr_jobs.dumps import latest_per_rank, load_dump, load_sidecar, rank_files
+from tests.fr_jobs.runner import REPO_ROOT, JobResult, run_job
+from tests.fr_jobs.scenarios import SCENARIOS, Scenario
+
+DEFAULT_OUT = REPO_ROOT / "tests" / "data" / "fr"
+#: Fixed scratch path, so that the command recorded in torchfrtrace.txt does not change run to run.
+FRTRACE_SCRATCH = Path("/tmp/flightdeck-frtrace")
+
+
+def generate(scenario: Scenario, out: Path) -> dict[str, Any]:
+    """Run one scenario and write its directory; returns its scenario.json document."""
+    with tempfile.TemporaryDirectory(prefix="fd-spool-") as tmp:
+        result = run_job(scenario, Path(tmp))
+        target = out / scenario.name
+        shutil.rmtree(target, ignore_errors=True)
+        target.mkdir(parents=True)
+        for path in sorted(result.spool.glob("rank_*")):
+            shutil.copy2(path, target / path.name)
+    doc = scenario.to_json()
+    doc["observed"] = observed(result, target)
+    problems = check_definition(scenario, target)
+    if problems:
+        doc["observed"]["definition_check"] = problems
+    (target / "scenario.json").write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    (target / "torchfrtrace.txt").write_text(run_torchfrtrace(scenario.name, target))
+    return doc
+
+
+def observed(result: JobResult, directory: Path) -> dict[str, Any]:
+    """What actually happened: exit codes, which snapshots each rank left, exceptions."""
+    files = rank_files(directory)
+    exceptions = {}
+    for rank, paths in files.items():
+        finals = [p for p in paths if p.name.endswith(".final.pkl")]
+        if finals:
+            exceptions[str(rank)] = load_sidecar(finals[0]).get("exception")
+    return {
+        "exit_codes": {str(r): c for r, c in sorted(result.returncodes.items())},
+        "snapshots": {str(r): sorted(p.name for p in ps) for r, ps in sorted(files.items())},
+        "exceptions": exceptions,
+    }
+
+
+def check_definition(scenario: Scenario, directory: Path) -> list[str]:
+    """Cross-check the seq counting in `Scenario.expected` against the dumps of non-culprit ranks.
+
+    This validates our own bookkeeping (one FR entry per program op), not a verdict.
+    """
+    exp = scenario.expected()
+    if exp["collective_seq_id"] is None:
+        return []
+    culprits = set(exp["culprit_ranks"])
+    seen: list[str] = []
+    for rank, paths in rank_files(directory).items():
+        if rank in culprits:
+            continue
+        for path in paths:
+            for e in load_dump(path).get("entries", []):
+                if (
+                    e["process_group"][0] == exp["process_group"]
+                    and e["collective_seq_id"] == exp["collective_seq_id"]
+                ):
+                    op = canonical_op(e["profiling_name"])
+                    if op == exp["op"]:
+                        return []
+                    seen.append(f"rank {rank} {path.name}: {op}")
+    return [f"no non-culprit dump has {exp['op']} at seq {exp['collective_seq_id']}; saw {seen or 'nothing'}"]
+
+
+def run_torchfrtrace(name: str, directory: Path) -> str:
+    """PyTorch's analyzer on the latest dump per rank: raw copies, then pg_config-repaired copies."""
+    scratch = FRTRACE_SCRATCH / name
+    shutil.rmtree(scratch, ignore_errors=True)
+    raw_dir, fixed_dir = scratch / "raw", scratch / "repaired"
+    raw_dir.mkdir(parents=True)
+    fixed_dir.mkdir()
+    latest = latest_per_rank(directory)
+    groups: dict[str, dict[str, Any]] = {}
+    for path in latest.values():
+        groups.update(load_sidecar(path)["groups"])
+    pg_config = {
+        g: {"name": g, "desc": v["desc"], "ranks": str(v["ranks"])} for g, v in sorted(groups.items())
+    }
+    for rank, path in sorted(latest.items()):
+        shutil.copyfile(path, raw_dir / f"rank_{rank}")
+        dump = load_dump(path)
+        dump["pg_config"] = pg_config
+        (fixed_dir / f"rank_{rank}").write_bytes(pickle.dumps(dump))
+    chosen = ", ".join(f"rank {r}: {p.name}" for r, p in sorted(latest.items()))
+    parts = []
+    for label, d in (
+        ("raw gloo dumps", raw_dir),
+        ("pg_config repaired from the sidecars' groups", fixed_dir),
+    ):
+        cmd = [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", "-p", "rank_", str(d)]
+        shown = " ".join(["python", *cmd[1:]])
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO_ROOT, check=False)
+        parts.append(
+            f"{shown}\n# input: {label}; latest dump per rank ({chosen}); exit code {proc.returncode}\n"
+            f"{proc.stdout}{proc.stderr}"
+        )
+    shutil.rmtree(scratch, ignore_errors=True)
+    return "\n".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Regenerate the chosen scenarios (all by default)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("scenarios", nargs="*", choices=[[], *SCENARIOS], metavar="SCENARIO")
+    args = parser.parse_args(argv)
+    names = args.scenarios or list(SCENARIOS)
+    failed = 0
+    for name in names:
+        doc = generate(SCENARIOS[name], args.out)
+        check = doc["observed"].get("definition_check")
+        failed += bool(check)
+        print(
+            f"{name}: exit codes {doc['observed']['exit_codes']}"
+            + (f"; DEFINITION CHECK: {check}" if check else "")
+        )
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

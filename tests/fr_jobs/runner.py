@@ -1,0 +1,117 @@
+"""Start the ranks of a scenario job as separate interpreters and wait for them, within a deadline.
+
+Separate interpreters (not torch.multiprocessing) because multiprocessing children leave through
+`os._exit`, which skips atexit, and so would never write the agent's final snapshot.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.fr_jobs.scenarios import Scenario
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True, slots=True)
+class JobResult:
+    """What the ranks did: exit codes (negative: killed by that signal; None: killed by us)."""
+
+    returncodes: dict[int, int | None]
+    stderr: dict[int, str]
+    wall_s: float
+    spool: Path
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def run_job(
+    scenario: Scenario,
+    spool_dir: Path,
+    *,
+    interval_s: float = 0.4,
+    stall_after_s: float = 2.0,
+    pg_timeout_s: float = 6.0,
+    leave_s: float | None = None,
+    compute_s: float = 0.03,
+    deadline_s: float = 45.0,
+    agent: str = "launcher",
+    extra_env: Mapping[str, str] | None = None,
+) -> JobResult:
+    """Run every rank of `scenario` with the agent spooling into `spool_dir/<scenario>/0/`."""
+    port = free_port()
+    base_env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("FLIGHTDECK_", "TORCHELASTIC_", "SLURM_"))
+    }
+    base_env.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        WORLD_SIZE=str(scenario.world_size),
+        TORCH_FR_BUFFER_SIZE=str(scenario.fr_buffer_size),
+        FLIGHTDECK_SPOOL_DIR=str(spool_dir),
+        FLIGHTDECK_JOB=scenario.name,
+        FLIGHTDECK_INTERVAL_S=str(interval_s),
+        FLIGHTDECK_STALL_AFTER_S=str(stall_after_s),
+        PYTHONPATH=str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        OMP_NUM_THREADS="1",
+    )
+    base_env.update(extra_env or {})
+    worker = [
+        "-m",
+        "tests.fr_jobs.worker",
+        "--scenario",
+        scenario.name,
+        "--pg-timeout-s",
+        str(pg_timeout_s),
+        "--leave-s",
+        str(leave_s if leave_s is not None else pg_timeout_s + 3.0),
+        "--compute-s",
+        str(compute_s),
+        "--agent",
+        agent,
+    ]
+    cmd = [sys.executable, *(["-m", "flightdeck.agent"] if agent == "launcher" else []), *worker]
+    procs: dict[int, subprocess.Popen[bytes]] = {}
+    logs: dict[int, tempfile._TemporaryFileWrapper[bytes]] = {}
+    start = time.monotonic()
+    try:
+        for rank in range(scenario.world_size):
+            env = dict(base_env, RANK=str(rank), LOCAL_RANK=str(rank))
+            logs[rank] = tempfile.NamedTemporaryFile(prefix=f"rank{rank}-", suffix=".log")  # noqa: SIM115
+            procs[rank] = subprocess.Popen(
+                cmd, env=env, cwd=REPO_ROOT, stdout=logs[rank], stderr=subprocess.STDOUT
+            )
+        codes: dict[int, int | None] = {}
+        for rank, proc in procs.items():
+            left = deadline_s - (time.monotonic() - start)
+            try:
+                codes[rank] = proc.wait(timeout=max(left, 0.1))
+            except subprocess.TimeoutExpired:
+                codes[rank] = None
+        stderr = {}
+        for rank, log in logs.items():
+            log.seek(0)
+            stderr[rank] = log.read().decode(errors="replace")
+        return JobResult(codes, stderr, time.monotonic() - start, spool_dir / scenario.name / "0")
+    finally:
+        for proc in procs.values():  # stragglers past the deadline: only the processes we started
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+        for log in logs.values():
+            log.close()

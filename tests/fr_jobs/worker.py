@@ -1,0 +1,171 @@
+"""One rank of a scenario job: `python -m tests.fr_jobs.worker --scenario NAME` (env:// rendezvous).
+
+Run it under the agent's launcher (`python -m flightdeck.agent -m tests.fr_jobs.worker ...`), as a
+torchrun user would, or with `--agent inject-failing` to start an agent whose dump function always
+fails. The call sites are nested like a real training loop (train_step -> sync_grads ->
+all_reduce) so that the frames in the dumps look like the ones users will see.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from tests.fr_jobs.scenarios import PAIRS, Fault, Op, Scenario, get
+
+_DTYPES = {"float32": torch.float32, "float64": torch.float64, "int32": torch.int32}
+
+
+class Job:
+    """The state of one rank: its groups and the model-ish tensors it computes with."""
+
+    def __init__(self, scenario: Scenario, rank: int, compute_s: float, leave_s: float) -> None:
+        self.scenario = scenario
+        self.rank = rank
+        self.compute_s = compute_s
+        self.leave_s = leave_s
+        self.weights = torch.randn(32, 32)
+        self.pairs: dict[str, Any] = {}
+
+    # -- the "model" --
+
+    def forward_backward(self) -> None:
+        """A little real compute, then a pause standing in for the rest of the step."""
+        x = torch.randn(16, 32)
+        for _ in range(4):
+            x = torch.tanh(x @ self.weights)
+        time.sleep(self.compute_s)
+
+    def group(self, op: Op) -> Any:
+        """The process group an op runs in on this rank (None: the default group)."""
+        if op.group == "world":
+            return None
+        for desc, members in PAIRS:
+            if self.rank in members:
+                return self.pairs[desc]
+        raise ValueError(f"rank {self.rank} is in no pair")
+
+    # -- nested call sites --
+
+    def train_step(self, index: int, op: Op) -> None:
+        """One program op: compute, then the collective through a realistic call chain."""
+        self.forward_backward()
+        delay = self.scenario.straggler_delay_s.get(self.rank)
+        if delay:
+            time.sleep(delay)  # the straggler is late to every collective
+        group = self.group(op)
+        if op.kind == "all_reduce":
+            self.sync_grads(op, group)
+        elif op.kind == "broadcast":
+            self.broadcast_params(op, group)
+        elif op.kind == "all_gather":
+            self.gather_metrics(op, group)
+        else:
+            self.checkpoint_barrier(group)
+
+    def sync_grads(self, op: Op, group: Any) -> None:
+        """Average a gradient bucket across the group."""
+        bucket = torch.ones(op.numel, dtype=_DTYPES[op.dtype])
+        reduce_bucket(bucket, group)
+
+    def broadcast_params(self, op: Op, group: Any) -> None:
+        """Broadcast parameters from the group's first member."""
+        params = torch.zeros(op.numel, dtype=_DTYPES[op.dtype])
+        src = 0 if group is None else min(dist.get_process_group_ranks(group))
+        dist.broadcast(params, src=src, group=group)
+
+    def gather_metrics(self, op: Op, group: Any) -> None:
+        """Gather per-rank metrics into one tensor."""
+        size = dist.get_world_size(group)
+        local = torch.full((op.numel,), float(self.rank), dtype=_DTYPES[op.dtype])
+        out = torch.empty(size * op.numel, dtype=_DTYPES[op.dtype])
+        dist.all_gather_into_tensor(out, local, group=group)
+
+    def checkpoint_barrier(self, group: Any) -> None:
+        """Wait for every rank before a (pretend) checkpoint."""
+        dist.barrier(group=group)
+
+    # -- the program --
+
+    def run(self) -> bool:
+        """Run the scenario's program with this rank's faults; False when this rank left early."""
+        faults = {f.at: f for f in self.scenario.faults if f.rank == self.rank}
+        for index, op in enumerate(self.scenario.ops):
+            fault = faults.get(index)
+            if fault is None:
+                self.train_step(index, op)
+            elif self.commit(index, op, fault):
+                return False
+        return True
+
+    def commit(self, index: int, op: Op, fault: Fault) -> bool:
+        """Do the faulty thing instead of op `index`; True when this rank leaves the program."""
+        print(f"rank {self.rank}: fault {fault.action} at op {index}", file=sys.stderr, flush=True)
+        if fault.action == "skip":
+            # A rank that skipped a collective usually goes on with something else; staying away
+            # past the group timeout makes the others hang until they time out.
+            time.sleep(self.leave_s)
+            return True
+        if fault.action == "sigkill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if fault.action == "op":
+            op = Op(str(fault.value), op.group, op.numel, op.dtype)  # type: ignore[arg-type]
+        elif fault.action == "numel":
+            op = Op(op.kind, op.group, int(fault.value or 0), op.dtype)
+        elif fault.action == "dtype":
+            op = Op(op.kind, op.group, op.numel, str(fault.value))
+        self.train_step(index, op)
+        return False
+
+
+def reduce_bucket(bucket: torch.Tensor, group: Any) -> None:
+    """All-reduce one gradient bucket (the innermost user frame of most entries)."""
+    dist.all_reduce(bucket, group=group)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Join the job (env://), create the scenario's groups, run its program."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--scenario", required=True)
+    parser.add_argument("--compute-s", type=float, default=0.01)
+    parser.add_argument("--leave-s", type=float, default=10.0)
+    parser.add_argument("--pg-timeout-s", type=float, default=6.0)
+    parser.add_argument("--agent", choices=["launcher", "inject-failing", "none"], default="launcher")
+    args = parser.parse_args(argv)
+    scenario = get(args.scenario)
+    torch.set_num_threads(1)
+    timeout = timedelta(seconds=args.pg_timeout_s)
+    dist.init_process_group("gloo", timeout=timeout)
+    rank = dist.get_rank()
+    if args.agent == "inject-failing":
+        from flightdeck.agent import Agent, AgentConfig
+
+        def failing_dump(include_stack_traces: bool) -> bytes:
+            raise RuntimeError("injected dump failure")
+
+        agent = Agent(AgentConfig.from_env(), dump_fn=failing_dump)
+        agent.start()
+    job = Job(scenario, rank, args.compute_s, args.leave_s)
+    if scenario.pairs:
+        # Every rank creates every group, in the same order (new_group's contract); new_group does
+        # not inherit the init_process_group timeout, so pass it.
+        for desc, members in PAIRS:
+            job.pairs[desc] = dist.new_group(list(members), timeout=timeout, group_desc=desc)
+    finished = job.run()
+    if args.agent == "inject-failing":
+        print(f"rank {rank}: agent snapshots written: {agent.snapshots_written}", file=sys.stderr, flush=True)
+    if finished:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,229 @@
+"""The in-job agent: config, progress detection, and real gloo jobs spooling real snapshots."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flightdeck import agent as agent_mod
+from flightdeck.agent import AgentConfig, progress_of
+from tests.fr_jobs.dumps import load_dump, load_sidecar
+from tests.fr_jobs.runner import JobResult, run_job
+from tests.fr_jobs.scenarios import TEST_SCENARIOS
+
+SIDECAR_TYPES: dict[str, Any] = {
+    "flightdeck_snapshot": int,
+    "kind": str,
+    "job": str,
+    "attempt": int,
+    "rank": int,
+    "world_size": int,
+    "local_rank": (int, type(None)),
+    "host": str,
+    "pid": int,
+    "torch_version": str,
+    "backend": str,
+    "snapshot_time_ns": int,
+    "interval_s": float,
+    "stall_after_s": float,
+    "groups": dict,
+    "exception": (str, type(None)),
+    "thread_stacks": (list, type(None)),
+    "last_progress_ns": (int, type(None)),
+}
+
+
+def check_sidecar(path: Path, *, kind: str, rank: int, job: str, world_size: int) -> dict[str, Any]:
+    """Assert the sidecar of dump `path` follows the file contract; return it."""
+    meta = load_sidecar(path)
+    assert set(meta) == set(SIDECAR_TYPES), sorted(set(meta) ^ set(SIDECAR_TYPES))
+    for key, typ in SIDECAR_TYPES.items():
+        assert isinstance(meta[key], typ), (key, meta[key])
+    assert meta["flightdeck_snapshot"] == 1
+    assert (meta["kind"], meta["rank"], meta["job"], meta["world_size"]) == (kind, rank, job, world_size)
+    assert meta["attempt"] == 0 and meta["backend"] == "gloo" and meta["local_rank"] == rank
+    assert meta["groups"]["0"] == {"desc": "default_pg", "ranks": list(range(world_size))}
+    assert (meta["thread_stacks"] is None) == (kind == "periodic")
+    return meta
+
+
+def main_stack(meta: dict[str, Any]) -> list[str]:
+    """Function names on the main thread's stack, innermost first."""
+    stacks = meta["thread_stacks"] or []
+    main = next(s for s in stacks if s["thread_name"] == "MainThread")
+    return [f["name"] for f in main["frames"]]
+
+
+# --- config and progress (fast) -------------------------------------------------------------------
+
+
+def test_config_from_env_and_overrides() -> None:
+    env = {"FLIGHTDECK_SPOOL_DIR": "/x", "FLIGHTDECK_INTERVAL_S": "0.5", "FLIGHTDECK_STALL_AFTER_S": "1"}
+    cfg = AgentConfig.from_env(env, job="j1")
+    assert cfg == AgentConfig(spool_dir=Path("/x"), interval_s=0.5, stall_after_s=1.0, job="j1")
+    assert AgentConfig.from_env({}) == AgentConfig()
+    assert not AgentConfig.from_env({"FLIGHTDECK_AGENT": "0"}).enabled
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"FLIGHTDECK_INTERVAL_S": "fast"},
+        {"FLIGHTDECK_INTERVAL_S": "0"},
+        {"FLIGHTDECK_INTERVAL_S": "nan"},
+        {"FLIGHTDECK_INTERVAL_S": "5", "FLIGHTDECK_STALL_AFTER_S": "1"},
+        {"FLIGHTDECK_AGENT": "maybe"},
+        {"FLIGHTDECK_JOB": "///"},
+    ],
+)
+def test_config_rejects_bad_values(env: dict[str, str]) -> None:
+    with pytest.raises(ValueError):
+        AgentConfig.from_env(env)
+
+
+def test_progress_uses_retired_and_completed() -> None:
+    entries = [
+        {"record_id": 0, "state": "scheduled", "retired": True, "time_created_ns": 10},
+        {"record_id": 1, "state": "completed", "retired": False, "time_created_ns": 20},
+        {"record_id": 2, "state": "scheduled", "retired": False, "time_created_ns": 30},
+        {"record_id": 3, "state": "started", "retired": False, "time_created_ns": 40},
+    ]
+    assert progress_of({"entries": entries}) == (1, 30)
+    assert progress_of({"entries": entries[:2]}) == (1, None)
+    assert progress_of({}) == (-1, None)
+
+
+def test_start_is_idempotent_and_stop_restores_hooks(tmp_path: Path) -> None:
+    hook = sys.excepthook
+    first = agent_mod.start(spool_dir=tmp_path, interval_s=0.05, stall_after_s=1.0)
+    try:
+        assert first is not None
+        assert agent_mod.start(spool_dir=tmp_path / "other") is first
+        assert sys.excepthook != hook
+    finally:
+        agent_mod.stop()
+    assert sys.excepthook == hook
+    # torch.distributed is not initialized in this process: the agent waits and writes nothing.
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- real gloo jobs (slow) ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def healthy_job(tmp_path_factory: pytest.TempPathFactory) -> JobResult:
+    spool = tmp_path_factory.mktemp("spool")
+    return run_job(
+        TEST_SCENARIOS["t_healthy"], spool, interval_s=0.2, stall_after_s=1.0, compute_s=0.05, deadline_s=30
+    )
+
+
+@pytest.fixture(scope="module")
+def hung_job(tmp_path_factory: pytest.TempPathFactory) -> JobResult:
+    spool = tmp_path_factory.mktemp("spool")
+    return run_job(
+        TEST_SCENARIOS["t_skip"],
+        spool,
+        interval_s=0.2,
+        stall_after_s=1.0,
+        pg_timeout_s=4.0,
+        leave_s=5.0,
+        deadline_s=30,
+    )
+
+
+@pytest.mark.slow
+def test_healthy_job_spools_periodic_and_final_snapshots(healthy_job: JobResult) -> None:
+    assert healthy_job.returncodes == {0: 0, 1: 0}, healthy_job.stderr
+    names = sorted(p.name for p in healthy_job.spool.iterdir())
+    expected = []
+    for r in (0, 1):
+        expected += [
+            f"rank_{r}.final.pkl",
+            f"rank_{r}.final.pkl.meta.json",
+            f"rank_{r}.pkl",
+            f"rank_{r}.pkl.meta.json",
+        ]
+    assert names == sorted(expected)  # no stall file, no leftover temporary file
+    n_ops = len(TEST_SCENARIOS["t_healthy"].ops)
+    for r in (0, 1):
+        periodic = healthy_job.spool / f"rank_{r}.pkl"
+        check_sidecar(periodic, kind="periodic", rank=r, job="t_healthy", world_size=2)
+        assert all("frames" not in e for e in load_dump(periodic)["entries"])
+        final = healthy_job.spool / f"rank_{r}.final.pkl"
+        meta = check_sidecar(final, kind="final", rank=r, job="t_healthy", world_size=2)
+        assert meta["exception"] is None
+        entries = load_dump(final)["entries"]
+        # Every program op is one entry, all retired; frames show the worker's call chain.
+        assert [e["collective_seq_id"] for e in entries] == list(range(1, n_ops + 1))
+        assert all(e["retired"] for e in entries)
+        assert all(e["process_group"] == ("0", "default_pg") for e in entries)
+        first_reduce = next(e for e in entries if e["profiling_name"] == "gloo:all_reduce")
+        names_in_stack = [f["name"] for f in first_reduce["frames"]]
+        assert (
+            names_in_stack.index("reduce_bucket")
+            < names_in_stack.index("sync_grads")
+            < names_in_stack.index("train_step")
+        )
+
+
+@pytest.mark.slow
+def test_blocked_rank_writes_stall_snapshot_with_stacks(hung_job: JobResult) -> None:
+    # Rank 1 skipped the 4th all_reduce and left; rank 0 blocked in it until the 4 s timeout.
+    assert hung_job.returncodes == {0: 1, 1: 0}, hung_job.stderr
+    stall = hung_job.spool / "rank_0.stall.pkl"
+    meta = check_sidecar(stall, kind="stall", rank=0, job="t_skip", world_size=2)
+    stack = main_stack(meta)
+    # Taken while the main thread was still inside the collective.
+    assert stack[:3] == ["all_reduce", "wrapper", "reduce_bucket"], stack
+    assert meta["last_progress_ns"] is not None
+    assert meta["snapshot_time_ns"] - meta["last_progress_ns"] >= 1.0e9
+    pending = [e for e in load_dump(stall)["entries"] if not e["retired"]]
+    assert len(pending) == 1 and pending[0]["frames"], pending
+    assert pending[0]["collective_seq_id"] == TEST_SCENARIOS["t_skip"].expected()["collective_seq_id"]
+    # The rank that left has nothing pending: no stall snapshot.
+    assert not (hung_job.spool / "rank_1.stall.pkl").exists()
+
+
+@pytest.mark.slow
+def test_final_snapshot_carries_the_exception(hung_job: JobResult) -> None:
+    final = hung_job.spool / "rank_0.final.pkl"
+    meta = check_sidecar(final, kind="final", rank=0, job="t_skip", world_size=2)
+    assert meta["exception"] is not None
+    assert meta["exception"].startswith("RuntimeError") and "Timed out" in meta["exception"]
+    # The main thread's stack is where the exception was raised, not the hook's.
+    assert "reduce_bucket" in main_stack(meta)
+    assert meta["snapshot_time_ns"] > load_sidecar(hung_job.spool / "rank_0.stall.pkl")["snapshot_time_ns"]
+    assert all(e["retired"] for e in load_dump(final)["entries"])  # a failed op is retired too
+    left = check_sidecar(
+        hung_job.spool / "rank_1.final.pkl", kind="final", rank=1, job="t_skip", world_size=2
+    )
+    assert left["exception"] is None
+
+
+@pytest.mark.slow
+def test_failing_dump_function_never_breaks_the_job(tmp_path: Path) -> None:
+    result = run_job(
+        TEST_SCENARIOS["t_healthy"], tmp_path, interval_s=0.1, stall_after_s=1.0, agent="inject-failing"
+    )
+    assert result.returncodes == {0: 0, 1: 0}, result.stderr
+    for rank in (0, 1):
+        log = result.stderr[rank]
+        # The failure is logged once, although the agent retried every 0.1 s and at exit.
+        assert log.count("RuntimeError: injected dump failure") == 1, log
+        assert log.count("(logged once)") == 1, log
+        assert f"rank {rank}: agent snapshots written: 0" in log
+    assert not result.spool.exists() or not any(result.spool.glob("*.pkl"))
+
+
+def test_sidecar_json_is_sorted_and_plain() -> None:
+    # The committed samples are produced by the agent; their sidecars must parse as plain JSON.
+    sample = Path(__file__).parent / "data" / "fr" / "skip" / "rank_0.stall.pkl.meta.json"
+    if not sample.exists():
+        pytest.skip("sample data not generated")
+    text = sample.read_text()
+    assert text == json.dumps(json.loads(text), sort_keys=True)
