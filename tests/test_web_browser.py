@@ -1,0 +1,190 @@
+"""The pages in a real headless Chromium against a real uvicorn server on 127.0.0.1.
+
+Data: the real `skip` dumps (rank 2 skips an all_reduce, the others hang), the same scaled to
+1,024 ranks by replication, and the same with a hostile frame and job name. Screenshots land in
+test-artifacts/web/ (gitignored).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+import uvicorn
+from fastapi import FastAPI
+from playwright.sync_api import Browser, Dialog, Page, expect, sync_playwright
+
+from flightdeck.analysis import Options
+from flightdeck.collector.frdump import discover, merge, read_dump_file
+from flightdeck.records import Frame, RankDump
+from flightdeck.web.dump_data import DumpData, replicate_dumps
+from flightdeck.web.routes import SecurityHeadersMiddleware, make_router
+
+pytestmark = pytest.mark.slow
+
+
+REPO = Path(__file__).resolve().parents[1]
+FR = REPO / "tests" / "data" / "fr"
+ARTIFACTS = REPO / "test-artifacts" / "web"
+CHROMIUM = Path("/usr/bin/chromium")
+ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
+#: As in test_web_render: judge the hang as a live server saw it (see OPTIONS there).
+OPTIONS = Options(stall_after_s=2.0, lost_after_intervals=20)
+XSS = "<script>alert(1)</script>"
+XSS_JOB = "<img src=x onerror=alert(2)>"
+
+
+def live_dumps(scenario: str) -> list[RankDump]:
+    """Merged dumps per rank, final snapshots left out."""
+    by_rank: dict[int, list[RankDump]] = defaultdict(list)
+    for p in discover([FR / scenario]):
+        if ".final." not in p.name:
+            d = read_dump_file(p)
+            by_rank[d.rank].append(d)
+    return [merge(ds) for _, ds in sorted(by_rank.items())]
+
+
+def poisoned(dumps: list[RankDump]) -> list[RankDump]:
+    """A hostile innermost frame on every entry and stack."""
+    evil = Frame(XSS, "/home/u/train.py", 7)
+    return [
+        replace(
+            d,
+            entries=[replace(e, frames=(evil, *e.frames)) for e in d.entries],
+            thread_stacks=tuple(replace(s, frames=(evil, *s.frames)) for s in d.thread_stacks),
+        )
+        for d in dumps
+    ]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@pytest.fixture(scope="module")
+def base_url() -> Iterator[str]:
+    if not (FR / "skip").is_dir():
+        pytest.skip("real dumps not generated yet")
+    if not CHROMIUM.exists():
+        pytest.skip("no /usr/bin/chromium")
+    dumps = live_dumps("skip")
+    data = DumpData.from_dumps(
+        {"skip": dumps, "big": replicate_dumps(dumps, 1024), XSS_JOB: poisoned(dumps)},
+        options=OPTIONS,
+        active=["skip"],  # one live job, so the page polls as it would during an incident
+    )
+    app = FastAPI()
+    app.add_middleware(SecurityHeadersMiddleware)
+    app.include_router(make_router(data))
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.02)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=10)
+    assert not thread.is_alive(), "uvicorn thread leaked"
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture()
+def page(browser: Browser) -> Iterator[Page]:
+    ctx = browser.new_context(viewport={"width": 1440, "height": 900})
+    pg = ctx.new_page()
+    errors: list[str] = []
+    # A CSP violation (inline script/style, eval in htmx) shows up as a console error.
+    pg.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    pg.on("pageerror", lambda e: errors.append(str(e)))
+    yield pg
+    ctx.close()
+    assert errors == [], errors
+
+
+def test_hang_banner_and_stuck_cell(page: Page, base_url: str) -> None:
+    pg = page
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    pg.goto(f"{base_url}/jobs/skip")
+    banner = pg.locator("#banner")
+    expect(banner).to_contain_text("Hang in group 0")
+    expect(banner.locator(".culprit")).to_contain_text("rank 2 on vm pid")
+    pg.screenshot(path=str(ARTIFACTS / "hang-job.png"), full_page=True)
+    # The stuck cell of the waiting ranks' row (folded: ranks 0-1, 3) -> its stack, beside the culprit.
+    cell = pg.locator("#c-0-12")
+    expect(cell).to_have_attribute("aria-label", "ranks 0–1, 3, seq 12 all_reduce: in flight")
+    cell.focus()
+    pg.keyboard.press("Enter")
+    detail = pg.locator("#cell-detail")
+    expect(detail).to_contain_text("reduce_bucket")
+    expect(detail).to_contain_text("culprit 2")
+    expect(detail).to_contain_text("never entered")
+    expect(pg.locator("#cell-heading")).to_be_focused()
+    pg.screenshot(path=str(ARTIFACTS / "hang-cell.png"), full_page=True)
+    # Still polling (the job is active), and the detail survives a refresh of the live block.
+    with pg.expect_response(lambda r: "/jobs/skip" in r.url and "cell" not in r.url):
+        pass
+    expect(detail).to_contain_text("reduce_bucket")
+
+
+def test_folded_rows_expand_on_click(page: Page, base_url: str) -> None:
+    pg = page
+    pg.goto(f"{base_url}/jobs/big")
+    rows = pg.locator("tr.fold")
+    assert rows.count() <= 4
+    assert pg.locator("tr.member").count() == 0
+    toggle = pg.locator("a.fold-toggle", has_text="×256")
+    toggle.click()
+    expect(pg.locator("tr.member")).to_have_count(256)
+    expect(pg.locator("a.fold-toggle", has_text="×256")).to_have_attribute("aria-expanded", "true")
+    assert "expand=" in pg.url
+    pg.screenshot(path=str(ARTIFACTS / "fold-1024-expanded.png"))
+
+
+def test_hostile_frame_is_inert(page: Page, base_url: str) -> None:
+    pg = page
+    dialogs: list[str] = []
+
+    def on_dialog(d: Dialog) -> None:
+        dialogs.append(d.message)
+        d.dismiss()
+
+    pg.on("dialog", on_dialog)
+    job = quote(XSS_JOB, safe="")
+    pg.goto(f"{base_url}/")
+    expect(pg.get_by_text(XSS_JOB)).to_be_visible()
+    pg.goto(f"{base_url}/jobs/{job}")
+    expect(pg.locator("#banner")).to_contain_text(XSS)
+    pg.locator("#c-0-12").click()
+    expect(pg.locator("#cell-detail")).to_contain_text(XSS)
+    pg.screenshot(path=str(ARTIFACTS / "xss-inert.png"), full_page=True)
+    assert dialogs == []
+    assert pg.locator("script:not([src])").count() == 0

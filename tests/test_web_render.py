@@ -1,0 +1,307 @@
+"""The web pages rendered from real flight-recorder dumps, through the real router, in process.
+
+Data path: tests/data/fr/<scenario>/ (dumps of real gloo jobs) -> frdump reader -> merge ->
+summarize -> diagnose (flightdeck.web.dump_data.DumpData) -> router -> HTML. Fragments are
+compared with golden files in tests/golden/web/; regenerate them with
+`FLIGHTDECK_UPDATE_GOLDEN=1 pytest tests/test_web_render.py` and review the diff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import re
+from collections import defaultdict
+from dataclasses import replace
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from flightdeck.analysis import Options
+from flightdeck.collector.frdump import discover, merge, read_dump_file
+from flightdeck.collector.nixl_mp import read_mp_dir
+from flightdeck.records import Frame, RankDump
+from flightdeck.web import views
+from flightdeck.web.dump_data import DumpData, replicate_dumps
+from flightdeck.web.routes import CSP, SecurityHeadersMiddleware, WebSettings, make_router
+
+REPO = Path(__file__).resolve().parents[1]
+FR = REPO / "tests" / "data" / "fr"
+NIXL_MP = REPO / "tests" / "data" / "nixl" / "mp-1.5.1"
+GOLDEN = REPO / "tests" / "golden" / "web"
+UPDATE = os.environ.get("FLIGHTDECK_UPDATE_GOLDEN") == "1"
+
+#: The committed dumps hold each rank's last periodic snapshot, taken after the waiting ranks died
+#: of the gloo timeout; judged at the culprit's last snapshot they would look "lost". The pages
+#: are about what a live server showed while the job hung, so: no final snapshots ("live"), the
+#: agent's stall threshold (2 s, from the sidecars), and a lost-rank threshold past that gap.
+OPTIONS = Options(stall_after_s=2.0, lost_after_intervals=20)
+#: hang: rank 2 skips an all_reduce; mismatch: rank 1 calls all_gather where the others
+#: all_reduce; healthy: 4 ranks, no fault.
+SCENARIOS = {"hang": "skip", "mismatch": "op_order", "healthy": "healthy_4"}
+
+XSS = "<script>alert(1)</script>"
+XSS_JOB = "<img src=x onerror=alert(2)>"
+
+
+def _need(*names: str) -> None:
+    missing = [n for n in names if not (FR / n).is_dir()]
+    if missing:
+        pytest.skip(f"real dumps not generated yet: {missing}")
+
+
+def live_dumps(scenario: str, *, final: bool = False) -> list[RankDump]:
+    """A scenario's merged dumps per rank, without final snapshots unless `final` (see OPTIONS).
+
+    A healthy job is read with its final snapshots: its periodic ones were taken at slightly
+    different moments, and the final ones show every rank done.
+    """
+    by_rank: dict[int, list[RankDump]] = defaultdict(list)
+    for p in discover([FR / scenario]):
+        if final or ".final." not in p.name:
+            d = read_dump_file(p)
+            by_rank[d.rank].append(d)
+    return [merge(ds) for _, ds in sorted(by_rank.items())]
+
+
+def poisoned(dumps: list[RankDump]) -> list[RankDump]:
+    """The dumps with a hostile innermost user frame on every entry and stack snapshot."""
+    evil = Frame(XSS, "/home/u/<b>train</b>.py", 7)
+    out = []
+    for d in dumps:
+        entries = [replace(e, frames=(evil, *e.frames)) for e in d.entries]
+        stacks = tuple(replace(s, frames=(evil, *s.frames)) for s in d.thread_stacks)
+        out.append(replace(d, entries=entries, thread_stacks=stacks, host="<i>host</i>"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def data() -> DumpData:
+    _need(*SCENARIOS.values())
+    nixl = read_mp_dir(NIXL_MP, host="nixl-host", clock=lambda: 1_800_000_000_000_000_000)[0]
+    jobs = {n: live_dumps(n, final=kind == "healthy") for kind, n in SCENARIOS.items()}
+    return DumpData.from_dumps(jobs, options=OPTIONS, nixl=[s.to_wire() for s in nixl])
+
+
+def client_get(app: FastAPI, url: str, headers: dict[str, str] | None = None) -> httpx.Response:
+    """One GET through the ASGI app (no socket)."""
+
+    async def go() -> httpx.Response:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as c:
+            return await c.get(url, headers=headers)
+
+    return asyncio.run(go())
+
+
+def app_for(data: DumpData, settings: WebSettings | None = None) -> FastAPI:
+    app = FastAPI()
+    app.add_middleware(SecurityHeadersMiddleware)
+    app.include_router(make_router(data, settings))
+    return app
+
+
+HX = {"HX-Request": "true", "HX-Target": "live"}
+
+
+def normalize(html: str) -> str:
+    """Drop what changes when the dumps are regenerated: clock times, dates, pids, repo path."""
+    html = html.replace(str(REPO), "$REPO")
+    html = re.sub(r"\d\d:\d\d:\d\d\.\d{3}", "HH:MM:SS.mmm", html)
+    html = re.sub(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", "DATE", html)
+    html = re.sub(r"pid \d+", "pid N", html)
+    html = re.sub(r"\b\d+(\.\d+)? (s|ms)\b", "T", html)
+    html = re.sub(r"site-packages/torch/([\w/]+)\.py:\d+", r"site-packages/torch/\1.py:L", html)
+    return html
+
+
+def check_golden(name: str, html: str) -> None:
+    path = GOLDEN / name
+    got = normalize(html)
+    if UPDATE or not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(got)
+        if not UPDATE:
+            pytest.fail(f"golden file {path} was missing and has been written; review and rerun")
+    assert got == path.read_text(), f"{name} differs from its golden file (FLIGHTDECK_UPDATE_GOLDEN=1)"
+
+
+@pytest.mark.parametrize("kind", sorted(SCENARIOS))
+def test_live_fragment_matches_golden(data: DumpData, kind: str) -> None:
+    r = client_get(app_for(data), f"/jobs/{SCENARIOS[kind]}", HX)
+    assert r.status_code == 200
+    assert r.text.startswith('<div id="live"')
+    check_golden(f"{kind}.live.html", r.text)
+
+
+def test_cell_fragment_matches_golden(data: DumpData) -> None:
+    r = client_get(
+        app_for(data),
+        "/jobs/skip/cell?group=0&seq=12&rank=2",
+        {"HX-Request": "true", "HX-Target": "cell-detail"},
+    )
+    assert r.status_code == 200
+    check_golden("hang.cell.html", r.text)
+
+
+def test_fragment_is_the_same_markup_as_in_the_page(data: DumpData) -> None:
+    app = app_for(data)
+    page = client_get(app, "/jobs/skip").text
+    fragment = client_get(app, "/jobs/skip", HX).text
+    assert fragment.strip() in page
+    assert "<html" not in fragment
+
+
+def test_hang_banner_names_culprit_with_host_and_pid(data: DumpData) -> None:
+    report = data.job_report("skip")
+    assert report is not None
+    culprit = report["findings"][0]["culprits"][0]
+    html = client_get(app_for(data), "/jobs/skip").text
+    banner = html[html.index('id="banner"') : html.index('id="timeline"')]
+    assert "Hang in group 0 (default_pg) at seq 12" in banner
+    assert f"rank {culprit['rank']}</a> on {culprit['host']} pid {culprit['pid']}" in banner
+    assert "Waiting</dt><dd>3 ranks: 0–1, 3" in banner
+    # The banner comes before the timeline.
+    assert html.index('id="banner"') < html.index('id="timeline"')
+
+
+def test_mismatch_marks_the_culprit_cell(data: DumpData) -> None:
+    r = client_get(app_for(data), "/jobs/op_order?format=json")
+    view = r.json()
+    assert view["banner"]["kind"] == "collective_type_mismatch"
+    stuck = [c for c in view["columns"] if c["stuck"]]
+    assert [c["seq"] for c in stuck] == [view["banner"]["seq"]]
+    states = {tuple(row["ranks"]): [c["state"] for c in row["cells"] if c["stuck"]] for row in view["rows"]}
+    assert states[(1,)] == ["mismatched"]
+
+
+def test_healthy_job_has_no_stuck_column(data: DumpData) -> None:
+    view = client_get(app_for(data), "/jobs/healthy_4?format=json").json()
+    assert view["healthy"] and view["banner"] is None
+    assert not any(c["stuck"] for c in view["columns"])
+    assert len(view["rows"]) == 1 and view["rows"][0]["ranks"] == [0, 1, 2, 3]
+
+
+def test_1024_ranks_fold_into_a_handful_of_rows() -> None:
+    """1,024 ranks made by replicating the real `skip` dumps (rank i copies real rank i % 4)."""
+    _need("skip")
+    big = DumpData.from_dumps({"big": replicate_dumps(live_dumps("skip"), 1024)}, options=OPTIONS)
+    app = app_for(big)
+    view = client_get(app, "/jobs/big?format=json").json()
+    assert view["shown_ranks"] == 1024
+    assert len(view["rows"]) <= 4
+    html = client_get(app, "/jobs/big", HX).text
+    assert html.count('<tr class="fold') == len(view["rows"])
+    assert '<tr class="member' not in html
+    culprit_row = next(r for r in view["rows"] if r["culprit"])
+    assert len(culprit_row["ranks"]) == 256
+    expanded = client_get(app, f"/jobs/big?expand={culprit_row['key']}", HX).text
+    assert expanded.count('<tr class="member') == 256
+    assert 'aria-expanded="true"' in expanded
+
+
+def test_hostile_strings_render_as_text() -> None:
+    _need("skip")
+    evil = DumpData.from_dumps({XSS_JOB: poisoned(live_dumps("skip"))}, options=OPTIONS)
+    app = app_for(evil)
+    quoted = httpx.URL("/jobs/").join(XSS_JOB.replace(" ", "%20")).raw_path.decode()
+    pages = [
+        client_get(app, "/").text,
+        client_get(app, quoted).text,
+        client_get(app, quoted + "/cell?group=0&seq=12&rank=0").text,
+        client_get(app, quoted + "/ranks/0").text,
+    ]
+    for html in pages:
+        assert "<script>alert" not in html and "<img src=x" not in html and "<b>train" not in html
+    assert "&lt;img src=x onerror=alert(2)&gt;" in pages[0]
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in pages[1]  # waiting ranks' stack, in the banner
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in pages[2]
+    assert "/home/u/&lt;b&gt;train&lt;/b&gt;.py:7" in pages[2]
+    assert "&lt;i&gt;host&lt;/i&gt;" in pages[3]
+
+
+def test_security_headers_everywhere(data: DumpData) -> None:
+    app = app_for(data)
+    for url, headers in [
+        ("/", None),
+        ("/jobs/skip", HX),
+        ("/static/htmx.min.js", None),
+        ("/jobs/nope", None),
+        ("/nixl", None),
+    ]:
+        r = client_get(app, url, headers)
+        assert r.headers["content-security-policy"] == CSP, url
+        assert r.headers["x-content-type-options"] == "nosniff", url
+    assert client_get(app, "/jobs/nope").status_code == 404
+    assert client_get(app, "/static/..%2Fviews.py").status_code == 404
+
+
+def test_pages_use_no_inline_script_or_style(data: DumpData) -> None:
+    # The CSP forbids them: one would silently do nothing in the browser.
+    app = app_for(data)
+    for url in ["/", "/jobs/skip", "/jobs/skip/cell?group=0&seq=12&rank=0", "/jobs/skip/ranks/0", "/nixl"]:
+        html = client_get(app, url).text
+        assert " style=" not in html and "<style" not in html, url
+        assert re.findall(r"<script(?![^>]*\bsrc=)", html) == [], url
+        assert " hx-on" not in html and "javascript:" not in html, url
+
+
+def test_login_when_configured(data: DumpData) -> None:
+    token = "s3cret-token-0123456789"
+    app = app_for(data, WebSettings(token=token, basic_user="ops", basic_password="pw-of-ops"))
+    assert client_get(app, "/").status_code == 401
+    assert client_get(app, "/", {"Authorization": "Bearer wrong-token-0123456789"}).status_code == 401
+    assert client_get(app, "/", {"Authorization": f"Bearer {token}"}).status_code == 200
+    basic = base64.b64encode(b"ops:pw-of-ops").decode()
+    assert client_get(app, "/static/web.css", {"Authorization": f"Basic {basic}"}).status_code == 200
+    r = client_get(app, "/jobs/skip")
+    assert r.status_code == 401 and r.headers["www-authenticate"].startswith("Basic")
+
+
+def test_settings_refuse_weak_token() -> None:
+    with pytest.raises(ValueError, match="token"):
+        WebSettings(token="short")
+
+
+def test_rank_page_lists_recent_collectives_and_stacks(data: DumpData) -> None:
+    html = client_get(app_for(data), "/jobs/skip/ranks/0").text
+    assert "Latest stack snapshot" in html and "thread " in html
+    assert "reduce_bucket" in html
+
+
+def test_nixl_page_from_real_store(data: DumpData) -> None:
+    view = client_get(app_for(data), "/nixl?format=json").json()
+    agents = {a["agent"]: a for h in view["hosts"] for a in h["agents"]}
+    assert set(agents) == {"initiator", "target"}
+    assert agents["initiator"]["errors"] == [["not_found", 1]]
+    assert agents["initiator"]["problem"] is True
+    assert agents["initiator"]["p50"] != "–" and agents["target"]["p50"] == "–"
+    html = client_get(app_for(data), "/nixl").text
+    assert "✗ not_found: 1" in html
+
+
+def test_timeline_pages_around_the_incident() -> None:
+    w = views.plan_window(min_seq=1, max_seq=2000, stuck_seq=1000, start=None, size=40)
+    assert (w.first, w.last, w.prev_start, w.next_start) == (980, 1019, 940, 1020)
+    w = views.plan_window(min_seq=1, max_seq=2000, stuck_seq=None, start=None, size=40)
+    assert (w.first, w.last, w.next_start) == (1961, 2000, None)
+    w = views.plan_window(min_seq=1, max_seq=12, stuck_seq=12, start=None, size=40)
+    assert (w.first, w.last, w.prev_start, w.next_start) == (1, 12, None, None)
+
+
+def test_rank_ranges() -> None:
+    assert views.fmt_ranks([0, 1, 2, 3, 5, 7, 8]) == "0–3, 5, 7–8"
+    assert views.parse_ranks("0-3, 7") == frozenset({0, 1, 2, 3, 7})
+    assert views.parse_ranks("  ") is None
+    with pytest.raises(ValueError):
+        views.parse_ranks("5-2")
+
+
+def test_histogram_quantile_interpolates_like_prometheus() -> None:
+    bounds, counts = [10.0, 20.0, 40.0], [0, 10, 10, 0]
+    assert views.histogram_quantile(0.5, bounds, counts) == 20.0
+    assert views.histogram_quantile(0.75, bounds, counts) == 30.0
+    assert views.histogram_quantile(0.5, bounds, [0, 0, 0, 0]) is None

@@ -1,0 +1,109 @@
+"""What the web pages read, and from whom: the `WebData` protocol and the plain shapes it returns.
+
+The pages never touch a database or a dump file. A `WebData` implementation hands them plain data
+(dicts in the documented JSON shapes of the API, `Entry` records or their `entry_json` dicts); the
+view builders in `flightdeck.web.views` turn that into what the templates show. Two implementations:
+`flightdeck.web.dump_data.DumpData` (flight-recorder dumps on disk, analysed in process) and the
+server's store-backed one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from flightdeck.records import Entry
+
+#: An entry as a record, or as the plain dict `flightdeck.analysis.findings.entry_json` makes.
+EntryLike = Entry | Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class RankTrack:
+    """One rank's part of a timeline: where it runs, and its entries of one group in a seq window."""
+
+    rank: int
+    host: str | None = None
+    pid: int | None = None
+    #: Entries of the group whose collective_seq_id lies in the requested window (any order).
+    entries: Sequence[EntryLike] = ()
+    #: Lowest and highest collective_seq_id the rank holds for the group in its whole ring buffer
+    #: (not only the window): they tell "never entered" (after last) from "not recorded" (before
+    #: first, the ring overwrote it). None when the rank holds nothing of the group.
+    first_seq: int | None = None
+    last_seq: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineData:
+    """The entries of one process group for a set of ranks and a window of sequence ids."""
+
+    group: str
+    ranks: Sequence[RankTrack]
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadStackData:
+    """The Python stack of one thread at the rank's latest snapshot; frames innermost first."""
+
+    thread_name: str
+    frames: Sequence[Mapping[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class RankDetail:
+    """One rank of a job: where it runs, how it last reported, what it recently did."""
+
+    rank: int
+    host: str | None = None
+    pid: int | None = None
+    #: Epoch ns of the newest snapshot, and its kind ("periodic", "stall", "final", "dump").
+    snapshot_time_ns: int | None = None
+    snapshot_kind: str | None = None
+    exception: str | None = None
+    #: The most recent entries across all groups, oldest first.
+    recent: Sequence[EntryLike] = ()
+    thread_stacks: Sequence[ThreadStackData] = ()
+
+
+class WebData(Protocol):
+    """Everything the HTML pages read. Implementations must be safe to call from worker threads.
+
+    Dict shapes:
+
+    * `list_jobs()` items: `{"job", "attempt", "active", "healthy", "ranks_expected",
+      "ranks_reporting", "last_seen_s", "root_cause"}` where `root_cause` is None or a finding
+      dict (`Finding.to_json()` shape); missing keys show as unknown.
+    * `job_report(job)`: `Report.to_json()`.
+    * `job_meta(job)`: `{"job", "attempt", "active", "world_size", "last_seen_s",
+      "groups": [{"name", "desc", "ranks", "min_seq", "max_seq"}]}`.
+    * `nixl_agents()` items: `NixlSample.to_wire()` dicts, each optionally with `"previous"`: an
+      earlier sample of the same agent (same shape) from which rates are computed.
+    """
+
+    def list_jobs(self) -> list[dict[str, Any]]:
+        """All jobs, newest first."""
+        ...
+
+    def job_report(self, job: str) -> dict[str, Any] | None:
+        """The current verdict of a job, or None when the job is unknown."""
+        ...
+
+    def job_meta(self, job: str) -> dict[str, Any] | None:
+        """What is known about a job besides the verdict (groups and their seq ranges, liveness)."""
+        ...
+
+    def timeline(
+        self, job: str, *, group: str, ranks: Sequence[int] | None, seqs: tuple[int, int] | None
+    ) -> TimelineData:
+        """Entries of `group` for `ranks` (None: all) with seq in `seqs` (inclusive; None: all)."""
+        ...
+
+    def rank_detail(self, job: str, rank: int) -> RankDetail | None:
+        """One rank's recent collectives and latest stack snapshot; None when unknown."""
+        ...
+
+    def nixl_agents(self) -> list[dict[str, Any]]:
+        """The latest NIXL telemetry sample of every agent."""
+        ...

@@ -1,0 +1,292 @@
+"""The HTML pages: a read-only FastAPI router over a `WebData`.
+
+    app.include_router(make_router(data, WebSettings()))
+
+Each page is one template; an htmx request (header `HX-Request`) gets one named block of the same
+template, chosen by the `HX-Target` element id (see `_FRAGMENTS`). `?format=json` returns the view
+model the page was rendered from: every HTML page has a JSON twin.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import hashlib
+import hmac
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlencode
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from flightdeck.web import views
+from flightdeck.web.data import EntryLike, RankDetail, WebData
+from flightdeck.web.render import STATIC, make_env, render
+
+#: The Content-Security-Policy of every page: no inline script or style, nothing from elsewhere.
+CSP = "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; frame-ancestors 'none'"
+SECURITY_HEADERS: dict[str, str] = {
+    "Content-Security-Policy": CSP,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+}
+
+#: Per page template: htmx target id -> block; the first is the default for other htmx requests.
+_FRAGMENTS: dict[str, tuple[str, ...]] = {
+    "jobs.html": ("jobs",),
+    "job.html": ("live", "timeline"),
+    "cell.html": ("cell",),
+    "rank.html": ("rank",),
+    "nixl.html": ("agents",),
+}
+
+_STATIC_TYPES = {
+    "htmx.min.js": "text/javascript; charset=utf-8",
+    "app.js": "text/javascript; charset=utf-8",
+    "web.css": "text/css; charset=utf-8",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class WebSettings:
+    """Settings of the web pages (the server maps its `FLIGHTDECK_WEB_*` settings onto these)."""
+
+    #: When set, every page needs `Authorization: Bearer <token>` (or this token as the basic-auth
+    #: password, which is what a browser can send). None: no login, for a trusted network.
+    token: str | None = None
+    #: When set together with `basic_password`, HTTP basic auth with this user is accepted.
+    basic_user: str | None = None
+    basic_password: str | None = None
+    #: Path prefix the router is mounted under (e.g. "/ui"), for links; "" at the root.
+    base_path: str = ""
+    #: Collectives per timeline page.
+    columns: int = views.DEFAULT_COLUMNS
+
+    def __post_init__(self) -> None:
+        if self.token is not None and len(self.token) < 16:
+            raise ValueError("token must be at least 16 characters")
+        if (self.basic_user is None) != (self.basic_password is None):
+            raise ValueError("basic_user and basic_password go together")
+        if self.base_path and (not self.base_path.startswith("/") or self.base_path.endswith("/")):
+            raise ValueError("base_path must start with '/' and not end with '/'")
+        if not 1 <= self.columns <= 500:
+            raise ValueError("columns must be in 1..500")
+
+    @property
+    def login_required(self) -> bool:
+        """Whether any credential is configured."""
+        return self.token is not None or self.basic_user is not None
+
+
+class SecurityHeadersMiddleware:
+    """Pure ASGI middleware adding `SECURITY_HEADERS` to every HTTP response that lacks them.
+
+    The router already sets them on its own responses; add this to the app to cover the rest
+    (`app.add_middleware(SecurityHeadersMiddleware)`).
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                have = {k.lower() for k, _ in headers}
+                for k, v in SECURITY_HEADERS.items():
+                    if k.lower().encode() not in have:
+                        headers.append((k.lower().encode(), v.encode()))
+                message["headers"] = headers
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+def _auth_dependency(settings: WebSettings) -> Callable[[Request], None]:
+    """A dependency refusing requests without the configured credentials (constant-time compare)."""
+
+    def check(request: Request) -> None:
+        if not settings.login_required:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, value = header.partition(" ")
+        if scheme.lower() == "bearer" and settings.token is not None and _same(value, settings.token):
+            return
+        if scheme.lower() == "basic":
+            try:
+                user, _, password = base64.b64decode(value, validate=True).decode().partition(":")
+            except (binascii.Error, UnicodeDecodeError):
+                user, password = "", ""
+            if settings.token is not None and _same(password, settings.token):
+                return
+            if (
+                settings.basic_user is not None
+                and settings.basic_password is not None
+                and _same(user, settings.basic_user)
+                and _same(password, settings.basic_password)
+            ):
+                return
+        raise HTTPException(
+            status_code=401,
+            detail="login required",
+            headers={"WWW-Authenticate": 'Basic realm="flightdeck", charset="UTF-8"', **SECURITY_HEADERS},
+        )
+
+    return check
+
+
+def _same(a: str, b: str) -> bool:
+    return hmac.compare_digest(a.encode(), b.encode())
+
+
+def _jsonable(obj: Any) -> Any:
+    """A view model as JSON-able data (dataclasses, sets and tuples included)."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: _jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, Mapping):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, set | frozenset):
+        return sorted(_jsonable(v) for v in obj)
+    return obj
+
+
+def make_router(data: WebData, settings: WebSettings | None = None) -> APIRouter:
+    """The HTML pages over `data`. Read-only: every route is a GET."""
+    cfg = settings or WebSettings()
+    env = make_env()
+    env.globals["url"] = lambda path: cfg.base_path + path
+    static = {name: (STATIC / name).read_bytes() for name in _STATIC_TYPES}
+    etags = {name: '"' + hashlib.sha256(body).hexdigest()[:16] + '"' for name, body in static.items()}
+    router = APIRouter(dependencies=[Depends(_auth_dependency(cfg))], include_in_schema=False)
+
+    def page(request: Request, template: str, view: Any, *, status_code: int = 200) -> Response:
+        if request.query_params.get("format") == "json":
+            return JSONResponse(_jsonable(view), status_code=status_code, headers=SECURITY_HEADERS)
+        ctx = {"v": view, "here": cfg.base_path + request.url.path + _query(request)}
+        block = None
+        if request.headers.get("hx-request") == "true":
+            names = _FRAGMENTS[template]
+            target = request.headers.get("hx-target", "")
+            block = target if target in names else names[0]
+        html = render(env, template, ctx, block)
+        # Vary: the same URL answers with a whole page or a fragment depending on HX-Request.
+        headers = {**SECURITY_HEADERS, "Vary": "HX-Request, HX-Target", "Cache-Control": "no-store"}
+        return HTMLResponse(html, status_code=status_code, headers=headers)
+
+    @router.get("/", response_class=HTMLResponse)
+    def jobs_page(request: Request) -> Response:
+        return page(request, "jobs.html", views.jobs_view(data.list_jobs()))
+
+    @router.get("/nixl", response_class=HTMLResponse)
+    def nixl_page(request: Request) -> Response:
+        return page(request, "nixl.html", views.nixl_view(data.nixl_agents()))
+
+    @router.get("/static/{name}")
+    def static_file(name: str, request: Request) -> Response:
+        # A fixed set of files read at start-up: no path from the URL ever reaches the filesystem.
+        if name not in static:
+            raise HTTPException(status_code=404, detail="no such file")
+        headers = {**SECURITY_HEADERS, "ETag": etags[name], "Cache-Control": "no-cache"}
+        if request.headers.get("if-none-match") == etags[name]:
+            return Response(status_code=304, headers=headers)
+        return Response(static[name], media_type=_STATIC_TYPES[name], headers=headers)
+
+    @router.get("/jobs/{job}", response_class=HTMLResponse)
+    def job_page(
+        request: Request,
+        job: str,
+        group: str | None = None,
+        start: int | None = None,
+        ranks: str = Query(default="", max_length=2000),
+        expand: str = Query(default="", max_length=20000),
+    ) -> Response:
+        report, meta = data.job_report(job), data.job_meta(job)
+        if report is None or meta is None:
+            raise HTTPException(status_code=404, detail="no such job")
+        try:
+            rank_set = views.parse_ranks(ranks)
+            expanded = [int(x) for x in expand.split(",") if x.strip()]
+        except ValueError as exc:
+            raise HTTPException(status_code=400, detail=f"bad filter: {exc}") from None
+        group = group or views.default_group(report, meta)
+        gmeta = next((g for g in meta.get("groups") or [] if str(g.get("name")) == group), None)
+        window = None
+        if gmeta is not None and gmeta.get("max_seq") is not None:
+            incident = views.incident_finding(report, group)
+            window = views.plan_window(
+                min_seq=int(gmeta["min_seq"]),
+                max_seq=int(gmeta["max_seq"]),
+                stuck_seq=None if incident is None else int(incident["collective_seq_id"]),
+                start=start,
+                size=cfg.columns,
+            )
+        timeline = data.timeline(
+            job,
+            group=group,
+            ranks=None if rank_set is None else sorted(rank_set),
+            seqs=None if window is None else (window.first, window.last),
+        )
+        view = views.job_view(
+            report, meta, timeline, group=group, window=window, rank_filter=ranks.strip(), expand=expanded
+        )
+        return page(request, "job.html", view)
+
+    @router.get("/jobs/{job}/cell", response_class=HTMLResponse)
+    def cell_page(request: Request, job: str, group: str, seq: int, rank: int) -> Response:
+        report = data.job_report(job)
+        if report is None:
+            raise HTTPException(status_code=404, detail="no such job")
+        timeline = data.timeline(job, group=group, ranks=None, seqs=(seq, seq))
+        if not any(t.rank == rank for t in timeline.ranks):
+            raise HTTPException(status_code=404, detail="no such rank")
+        # Ranks that never entered this seq: fetch their latest entry in the group, and stacks.
+        last: dict[int, EntryLike] = {}
+        details: dict[int, RankDetail] = {}
+        culprits = {
+            int(r)
+            for f in report.get("findings") or []
+            if str(f.get("process_group")) == group and f.get("collective_seq_id") == seq
+            for r in f.get("culprit_ranks") or []
+        }
+        for t in timeline.ranks:
+            if t.rank != rank and t.rank not in culprits:
+                continue
+            held = any(views.seq_of(e) == seq for e in t.entries)
+            if not held and t.last_seq is not None:
+                tail = data.timeline(job, group=group, ranks=[t.rank], seqs=(t.last_seq, t.last_seq))
+                if tail.ranks and tail.ranks[0].entries:
+                    last[t.rank] = tail.ranks[0].entries[-1]
+            d = data.rank_detail(job, t.rank)
+            if d is not None:
+                details[t.rank] = d
+        view = views.cell_view(
+            report, timeline, job=job, group=group, seq=seq, rank=rank, last_entries=last, details=details
+        )
+        return page(request, "cell.html", view)
+
+    @router.get("/jobs/{job}/ranks/{rank}", response_class=HTMLResponse)
+    def rank_page(request: Request, job: str, rank: int) -> Response:
+        report = data.job_report(job)
+        detail = None if report is None else data.rank_detail(job, rank)
+        if report is None or detail is None:
+            raise HTTPException(status_code=404, detail="no such job or rank")
+        return page(request, "rank.html", views.rank_view(report, detail, job=job))
+
+    return router
+
+
+def _query(request: Request) -> str:
+    # The polling URL repeats the page's own query (minus a JSON switch), so a refresh keeps
+    # the page, filter and expanded rows the reader chose.
+    items = [(k, v) for k, v in request.query_params.multi_items() if k != "format"]
+    return "?" + urlencode(items) if items else ""
