@@ -594,7 +594,7 @@ def _hang(
     if culprits and low < high:
         detail = (
             f"Hang in {label} at collective_seq_id {seq} ({what}): {_fmt_ranks(culprits, by_rank)} never "
-            f"entered it; {_fmt_ranks(waiting)} have waited {elapsed:.1f} s."
+            f"entered it; {_fmt_ranks(waiting)} {'has' if len(waiting) == 1 else 'have'} waited {elapsed:.1f} s."
         )
     elif culprits:
         detail = (
