@@ -1,0 +1,178 @@
+"""Ingest throughput end to end: gzip HTTP batches into a real `flightdeck server` process, until
+the rows are committed (the server answers after COMMIT), on SQLite and on PostgreSQL.
+
+    python bench/server_ingest.py [--db sqlite postgresql] [--ranks 64] [--entries 2000]
+
+Also reports the database bytes per stored entry (stacks and signatures deduplicated).
+Target: >= 50,000 entries/s per server process on 2 cores; < 200 bytes per entry.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+from bench.server_synth import encode, rank_entries, snapshot, template
+from flightdeck.server import store
+from flightdeck.server.db import connect, migrate
+from flightdeck.server.ingest import hash_token, new_token
+
+PG_ADMIN = os.environ.get("FLIGHTDECK_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def start_server(url: str, port: int, env_extra: dict[str, str]) -> subprocess.Popen[bytes]:
+    """`flightdeck server` in its own process; returns once /healthz answers."""
+    env = {**os.environ, **env_extra}
+    cmd = [sys.executable, "-m", "flightdeck", "server", "--port", str(port), "--database-url", url]
+    proc = subprocess.Popen([*cmd, "--log-level", "warning"], env=env)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("server did not start")
+
+
+def make_token(url: str) -> str:
+    """A collector token stored in the database at `url`."""
+    db = connect(url)
+    migrate(db)
+    token = new_token()
+    with db.write() as session, session.begin():
+        store.create_token(
+            session=session, name=f"bench-{uuid.uuid4().hex[:6]}", token_hash=hash_token(token), now_ns=1
+        )
+    db.dispose()
+    return token
+
+
+def bytes_per_entry(url: str, path: Path | None) -> dict[str, float]:
+    """Bytes per entry: the entries table with its indexes, and the whole database."""
+    db = connect(url)
+    try:
+        with db.read() as session:
+            n = store.count_entries(session=session)
+            table = store.db_size_bytes(session=session, table="entries")
+            if db.dialect == "postgresql":
+                from sqlalchemy import func, select
+
+                total = int(
+                    session.execute(select(func.pg_database_size(func.current_database()))).scalar_one()
+                )
+            else:
+                total = 0
+        if path is not None:
+            with db.engine.connect() as conn:
+                conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+            total = path.stat().st_size
+        return {
+            "entries": n,
+            "table_bytes_per_entry": (table or 0) / n if n else 0.0,
+            "db_bytes_per_entry": total / n if n else 0.0,
+        }
+    finally:
+        db.dispose()
+
+
+def run(url: str, path: Path | None, args: argparse.Namespace) -> None:
+    """Push the synthetic job into a fresh server on `url` and print the figures."""
+    token = make_token(url)
+    tpl = template()
+    base = time.time_ns() - 3600 * 1_000_000_000
+    bodies = []
+    for first in range(0, args.ranks, args.ranks_per_batch):
+        snaps = [
+            snapshot(
+                "bench-ingest", r, args.ranks, rank_entries(tpl, r, 0, args.entries, base), base + 10**10
+            )
+            for r in range(first, min(args.ranks, first + args.ranks_per_batch))
+        ]
+        bodies.append(encode(snaps))
+    n_entries = args.ranks * args.entries
+    port = free_port()
+    proc = start_server(url, port, {"FLIGHTDECK_MAX_INFLIGHT_INGESTS": str(args.concurrency)})
+    try:
+        headers = {
+            "Authorization": f"Bearer {token}",
+            "Content-Encoding": "gzip",
+            "Content-Type": "application/json",
+        }
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as client:
+
+            def post(b: bytes) -> float:
+                t = time.perf_counter()
+                r = client.post("/api/v1/ingest", content=b, headers=headers)
+                r.raise_for_status()
+                return time.perf_counter() - t
+
+            t0 = time.perf_counter()
+            with ThreadPoolExecutor(args.concurrency) as pool:
+                lat = sorted(pool.map(post, bodies))
+            wall = time.perf_counter() - t0
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    size = bytes_per_entry(url, path)
+    assert size["entries"] == n_entries, size
+    kib = sum(len(b) for b in bodies) / len(bodies) / 1024
+    print(
+        f"{url.split(':', 1)[0]:>20}: {n_entries} entries in {len(bodies)} batches "
+        f"({args.ranks_per_batch * args.entries} entries, {kib:.0f} KiB gzip each), concurrency {args.concurrency}: "
+        f"{wall:.2f} s = {n_entries / wall:,.0f} entries/s; batch latency p50 {lat[len(lat) // 2] * 1000:.0f} ms "
+        f"max {lat[-1] * 1000:.0f} ms; entries table {size['table_bytes_per_entry']:.0f} B/entry, "
+        f"whole database {size['db_bytes_per_entry']:.0f} B/entry"
+    )
+
+
+def main() -> None:
+    """Parse arguments and run the benchmark on each database."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--db", nargs="+", default=["sqlite", "postgresql"], choices=["sqlite", "postgresql"])
+    ap.add_argument("--ranks", type=int, default=64)
+    ap.add_argument("--entries", type=int, default=2000)
+    ap.add_argument("--ranks-per-batch", type=int, default=4)
+    ap.add_argument("--concurrency", type=int, default=2)
+    args = ap.parse_args()
+    for kind in args.db:
+        if kind == "sqlite":
+            with tempfile.TemporaryDirectory() as tmp:
+                path = Path(tmp) / "bench.db"
+                run(f"sqlite:///{path}", path, args)
+        else:
+            import psycopg
+
+            name = f"flightdeck_bench_{uuid.uuid4().hex[:8]}"
+            with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
+                admin.execute(f'CREATE DATABASE "{name}"')
+            try:
+                base = PG_ADMIN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
+                run(f"{base}/{name}", None, args)
+            finally:
+                with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
+                    admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+if __name__ == "__main__":
+    main()

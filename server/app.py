@@ -1,0 +1,218 @@
+"""The application factory: `create_app(settings, clock=..., registry=..., http_client=...)`.
+
+Everything that varies is injected, so tests run the real app in-process against a real database
+with a fake clock, a fresh metrics registry and a webhook client of their choosing. The database
+is opened and migrated in `create_app`; the background workers (diagnosis, webhooks, retention)
+run while the app's lifespan does.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from prometheus_client import CollectorRegistry
+from sqlalchemy.exc import OperationalError
+
+from flightdeck import __version__
+from flightdeck.server import store
+from flightdeck.server.db import Database, connect, migrate
+from flightdeck.server.errors import ServerError
+from flightdeck.server.ingest import IngestService
+from flightdeck.server.live import JobState, LiveDiagnosis
+from flightdeck.server.metrics import IngestMetrics, SharedState, StateCollector
+from flightdeck.server.settings import ServerSettings
+from flightdeck.server.webhooks import WebhookSender
+
+log = logging.getLogger(__name__)
+
+NS = 1_000_000_000
+
+
+@dataclass(slots=True)
+class Services:
+    """Everything one server process shares between requests and workers."""
+
+    settings: ServerSettings
+    db: Database
+    clock: Callable[[], int]
+    registry: CollectorRegistry
+    metrics: IngestMetrics
+    shared: SharedState
+    live: LiveDiagnosis
+    webhooks: WebhookSender
+    ingest: IngestService
+    owns_client: bool
+    http_client: httpx.Client
+    _retention_stop: threading.Event = field(default_factory=threading.Event)
+    _retention_thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start the background workers."""
+        self.live.start()
+        self.webhooks.start()
+        self._retention_stop.clear()
+        self._retention_thread = threading.Thread(
+            target=self._retention_loop, name="flightdeck-retention", daemon=True
+        )
+        self._retention_thread.start()
+
+    def stop(self) -> None:
+        """Stop the workers; close what this process opened."""
+        self._retention_stop.set()
+        if self._retention_thread is not None:
+            self._retention_thread.join(5)
+            self._retention_thread = None
+        self.live.stop()
+        self.webhooks.stop()
+
+    def close(self) -> None:
+        """Stop everything and release the database and the HTTP client."""
+        self.stop()
+        if self.owns_client:
+            self.http_client.close()
+        self.db.dispose()
+
+    def run_retention(self) -> int:
+        """Delete entries older than `retention_days` now; returns how many went."""
+        before = self.clock() - int(self.settings.retention_days * 86400 * NS)
+        with self.db.write() as session, session.begin():
+            return store.delete_entries_before(session=session, before_ns=before)
+
+    def _retention_loop(self) -> None:
+        while not self._retention_stop.wait(self.settings.retention_interval_s):
+            try:
+                n = self.run_retention()
+                if n:
+                    log.info("retention: deleted %d entries", n)
+            except OperationalError:
+                self.metrics.db_errors.inc()
+            except Exception:
+                log.exception("retention failed")
+
+    def on_finding_events(self, js: JobState, events: list[store.FindingEvent]) -> None:
+        """Count opened findings and publish every event to the webhooks."""
+        with self.shared.lock:
+            for ev in events:
+                if ev.event == "finding.opened":
+                    self.shared.findings_opened[ev.kind] += 1
+        for ev in events:
+            self.webhooks.publish(
+                {
+                    "event": ev.event,
+                    "job": js.name,
+                    "attempt": js.attempt,
+                    "finding": {**ev.data, "id": ev.row_id},
+                }
+            )
+
+
+def build_services(
+    settings: ServerSettings,
+    *,
+    clock: Callable[[], int] = time.time_ns,
+    registry: CollectorRegistry | None = None,
+    http_client: httpx.Client | None = None,
+) -> Services:
+    """Open and migrate the database, load the state, wire the components (no threads yet)."""
+    db = connect(settings.effective_database_url, busy_timeout_s=settings.db_busy_timeout_s)
+    migrate(db)
+    reg = registry if registry is not None else CollectorRegistry()
+    metrics = IngestMetrics()
+    shared = SharedState()
+    client = http_client if http_client is not None else httpx.Client(timeout=settings.webhook_timeout_s)
+    webhooks = WebhookSender(settings=settings, client=client)
+    holder: list[Services] = []
+
+    def on_events(js: JobState, events: list[store.FindingEvent]) -> None:
+        holder[0].on_finding_events(js, events)
+
+    live = LiveDiagnosis(
+        db=db, settings=settings, clock=clock, on_events=on_events, on_db_error=metrics.db_errors.inc
+    )
+    live.load()
+    with db.read() as session:
+        for tok in store.list_tokens(session=session):
+            if tok.last_push_ns is not None and tok.revoked_at_ns is None:
+                shared.collector_push_ns[tok.name] = tok.last_push_ns
+        for a in store.nixl_agents(session=session):
+            shared.set_nixl(a.host, a.agent, a.source, store.nixl_totals(a), a.sample)
+    reg.register(StateCollector(live=live, shared=shared, ingest=metrics, clock=clock))
+    ingest = IngestService(db=db, settings=settings, clock=clock, metrics=metrics, shared=shared, live=live)
+    services = Services(
+        settings=settings,
+        db=db,
+        clock=clock,
+        registry=reg,
+        metrics=metrics,
+        shared=shared,
+        live=live,
+        webhooks=webhooks,
+        ingest=ingest,
+        owns_client=http_client is None,
+        http_client=client,
+    )
+    holder.append(services)
+    return services
+
+
+def create_app(
+    settings: ServerSettings,
+    *,
+    clock: Callable[[], int] = time.time_ns,
+    registry: CollectorRegistry | None = None,
+    http_client: httpx.Client | None = None,
+    start_workers: bool = True,
+) -> FastAPI:
+    """The Flightdeck server as an ASGI app; `app.state.services` holds its components.
+
+    `start_workers=False` leaves the diagnosis, webhook and retention threads off, so a test can
+    drive them step by step (`services.live.step(force=True)`).
+    """
+    from flightdeck.server.routes import router
+
+    services = build_services(settings, clock=clock, registry=registry, http_client=http_client)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        if start_workers:
+            services.start()
+        try:
+            yield
+        finally:
+            services.close()
+
+    app = FastAPI(
+        title="Flightdeck",
+        version=__version__,
+        description="Live hang and mismatch detection for PyTorch distributed jobs.",
+        lifespan=lifespan,
+    )
+    app.state.services = services
+
+    async def handle(_request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, ServerError)
+        headers = {}
+        if exc.retry_after_s is not None:
+            headers["Retry-After"] = str(max(1, round(exc.retry_after_s)))
+        return JSONResponse({"detail": exc.message}, status_code=exc.status_code, headers=headers)
+
+    async def handle_db(_request: Request, _exc: Exception) -> JSONResponse:
+        # A read that hit a locked or unreachable database: transient, say when to come back.
+        services.metrics.db_errors.inc()
+        retry = str(settings.retry_after_s)
+        return JSONResponse(
+            {"detail": "database unavailable"}, status_code=503, headers={"Retry-After": retry}
+        )
+
+    app.add_exception_handler(ServerError, handle)
+    app.add_exception_handler(OperationalError, handle_db)
+    app.include_router(router)
+    return app

@@ -1,0 +1,41 @@
+"""`flightdeck server`: run the control plane (ingest, live diagnosis, API, metrics) with uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import gc
+
+#: Allocations between young-generation collections (CPython's default is 700). Ingest creates
+#: millions of short-lived, acyclic objects (decoded entries, rows); with the default, the cyclic
+#: collector runs thousands of times per batch and keeps re-scanning the long-lived summaries,
+#: which halves ingest throughput. Memory is still reclaimed by reference counting at once.
+GC_THRESHOLD = (50_000, 20, 100)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Declare the arguments of `flightdeck server` (everything else: FLIGHTDECK_* settings)."""
+    parser.add_argument("--host", default=None, help="bind address (default: FLIGHTDECK_HOST or 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=None, help="TCP port (default: FLIGHTDECK_PORT or 8470)")
+    parser.add_argument(
+        "--database-url", default=None, help="SQLAlchemy URL (default: FLIGHTDECK_DATABASE_URL)"
+    )
+    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Build the settings, then serve until interrupted; returns the exit code."""
+    import uvicorn
+
+    from flightdeck.server.app import create_app
+    from flightdeck.server.settings import ServerSettings
+
+    overrides = {
+        k: v for k, v in (("host", args.host), ("port", args.port), ("database_url", args.database_url)) if v
+    }
+    settings = ServerSettings(**overrides)
+    app = create_app(settings)
+    gc.collect()
+    gc.freeze()  # what start-up created lives for the process: never scan it again
+    gc.set_threshold(*GC_THRESHOLD)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.log_level)
+    return 0

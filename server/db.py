@@ -1,0 +1,108 @@
+"""Engines, sessions and migrations for SQLite (WAL) and PostgreSQL."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+
+#: Key of the PostgreSQL advisory lock that serializes migrations of several starting servers.
+_MIGRATION_LOCK_KEY = 0x46444B  # "FDK"
+
+
+@dataclass(frozen=True, slots=True)
+class Database:
+    """The engines and session factories of one server process.
+
+    `write` sessions take SQLite's write lock at BEGIN (BEGIN IMMEDIATE): a deferred transaction
+    that reads and then writes can fail at once with "database is locked" instead of waiting,
+    because WAL cannot upgrade a stale read snapshot. PostgreSQL uses one engine for both.
+    """
+
+    engine: Engine
+    write_engine: Engine
+    read: sessionmaker[Session]
+    write: sessionmaker[Session]
+
+    @property
+    def dialect(self) -> str:
+        """'sqlite' or 'postgresql'."""
+        return self.engine.dialect.name
+
+    def dispose(self) -> None:
+        """Close every pooled connection."""
+        self.engine.dispose()
+        if self.write_engine is not self.engine:
+            self.write_engine.dispose()
+
+
+def _sqlite_engine(url: str, *, immediate: bool, busy_timeout_s: float) -> Engine:
+    engine = create_engine(url, connect_args={"timeout": busy_timeout_s, "check_same_thread": False})
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        # Let SQLAlchemy's "begin" event issue BEGIN itself (pysqlite's implicit BEGIN is deferred).
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        # NORMAL in WAL mode is durable against application crashes; only a power cut can lose
+        # the last commits, which the collectors resend anyway (idempotent batches).
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.execute("PRAGMA foreign_keys=ON")
+        # 64 MiB page cache per connection (default 2 MiB): entry upserts land all over the
+        # (job, group, seq) index, and a cache smaller than the index's hot part re-reads pages.
+        cur.execute("PRAGMA cache_size=-65536")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+    return engine
+
+
+def connect(url: str, *, pool_size: int = 8, busy_timeout_s: float = 10.0) -> Database:
+    """Open the database at `url` (SQLAlchemy URL); creates a SQLite file's directory.
+
+    `busy_timeout_s`: how long a SQLite writer waits for the lock before failing (then: 503).
+    """
+    u = make_url(url)
+    if u.get_backend_name() == "sqlite":
+        if u.database and u.database != ":memory:":
+            Path(u.database).parent.mkdir(parents=True, exist_ok=True)
+        read = _sqlite_engine(url, immediate=False, busy_timeout_s=busy_timeout_s)
+        write = _sqlite_engine(url, immediate=True, busy_timeout_s=busy_timeout_s)
+    else:
+        read = write = create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True)
+    return Database(
+        engine=read,
+        write_engine=write,
+        read=sessionmaker(read, expire_on_commit=False),
+        write=sessionmaker(write, expire_on_commit=False),
+    )
+
+
+def alembic_config() -> Config:
+    """Alembic configuration built in code (works from an installed wheel: no ini file needed)."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    return cfg
+
+
+def migrate(db: Database, revision: str = "head") -> None:
+    """Upgrade the schema to `revision`; concurrent servers on one PostgreSQL take turns."""
+    cfg = alembic_config()
+    with db.write_engine.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            # Transaction-scoped: released at commit, after the migration.
+            conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _MIGRATION_LOCK_KEY})
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, revision)

@@ -1,0 +1,71 @@
+"""The server's exceptions; one handler in `flightdeck.server.app` maps them to HTTP responses.
+
+    ServerError                      500  (base: anything the server refuses or cannot do)
+     ├── AuthError                   401  missing, unknown or revoked collector token
+     ├── NotFoundError               404  no such job / resource
+     ├── PayloadTooLargeError        413  body (or its decompressed form) above max_request_bytes
+     ├── UnsupportedEncodingError    415  a Content-Encoding other than gzip / identity
+     ├── InvalidBatchError           422  not JSON, bad gzip, or not the wire format (message says why)
+     ├── BusyError                   429  too many ingests in flight (Retry-After)
+     └── UnavailableError            503  the database is locked or unreachable (Retry-After)
+
+Routes raise these (or let the store's errors become them); `HTTPException` is for routes only.
+"""
+
+from __future__ import annotations
+
+
+class ServerError(Exception):
+    """Base of the server's errors; `status_code` is the HTTP status the handler answers with."""
+
+    status_code = 500
+    #: Seconds for a Retry-After header, when the client should simply try again later.
+    retry_after_s: float | None = None
+
+    def __init__(self, message: str, *, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if retry_after_s is not None:
+            self.retry_after_s = retry_after_s
+
+
+class AuthError(ServerError):
+    """Missing, unknown or revoked bearer token."""
+
+    status_code = 401
+
+
+class NotFoundError(ServerError):
+    """The job (or other resource) does not exist."""
+
+    status_code = 404
+
+
+class PayloadTooLargeError(ServerError):
+    """The request body or its decompressed form exceeds the configured limit."""
+
+    status_code = 413
+
+
+class UnsupportedEncodingError(ServerError):
+    """A Content-Encoding the server does not decode."""
+
+    status_code = 415
+
+
+class InvalidBatchError(ServerError):
+    """The body is not a valid ingest batch; the message names the bad field."""
+
+    status_code = 422
+
+
+class BusyError(ServerError):
+    """Backpressure: the bounded ingest concurrency is exhausted."""
+
+    status_code = 429
+
+
+class UnavailableError(ServerError):
+    """The database is temporarily unusable (locked, restarting, unreachable)."""
+
+    status_code = 503

@@ -1,0 +1,460 @@
+"""Live diagnosis: per-rank summaries in memory, one worker that diagnoses jobs as data arrives.
+
+Ingest hands every committed snapshot to `LiveDiagnosis.submit` (cheap: a list append). The worker
+folds pending snapshots into each rank's `RankSummary` (`add_entries`), and diagnoses a job once
+its batches have been quiet for `diagnosis_debounce_s` (a burst from all ranks gives one
+diagnosis), and every `diagnosis_interval_s` while the job is active, because a hang shows up
+precisely when nothing new arrives. One worker thread: one diagnosis at a time, per job and overall.
+Summaries missing from memory (after a restart, or for a job another server ingested) are rebuilt
+from the database's entries. The findings are reconciled with the stored ones (`store.apply_findings`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from sqlalchemy.exc import OperationalError
+
+from flightdeck.analysis import Finding, Options, RankSummary, Report, add_entries, diagnose
+from flightdeck.analysis.findings import MISMATCH_KINDS
+from flightdeck.server import store
+from flightdeck.server.db import Database
+from flightdeck.server.settings import ServerSettings
+from flightdeck.wire import Snapshot
+
+log = logging.getLogger(__name__)
+
+NS = 1_000_000_000
+Clock = Callable[[], int]
+
+#: Buckets (seconds) of `flightdeck_job_arrival_skew_seconds`.
+SKEW_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+@dataclass(slots=True)
+class SkewHistogram:
+    """A cumulative histogram of arrival skews (counts per bucket, non-cumulative, +Inf last)."""
+
+    counts: list[int] = field(default_factory=lambda: [0] * (len(SKEW_BUCKETS) + 1))
+    total: float = 0.0
+    n: int = 0
+
+    def observe(self, v: float) -> None:
+        """Add one observation."""
+        for i, b in enumerate(SKEW_BUCKETS):
+            if v <= b:
+                self.counts[i] += 1
+                break
+        else:
+            self.counts[-1] += 1
+        self.total += v
+        self.n += 1
+
+
+@dataclass(slots=True)
+class JobState:
+    """What the server holds in memory about one job attempt."""
+
+    job_id: int
+    name: str
+    attempt: int
+    world_size: int | None = None
+    status: str = "running"
+    #: rank -> summary; None until rebuilt from the database.
+    summaries: dict[int, RankSummary] | None = None
+    pending: list[Snapshot] = field(default_factory=list)
+    dirty: bool = False
+    dirty_since: float = 0.0
+    last_ingest: float = 0.0
+    last_diagnosis: float = 0.0
+    #: Epoch ns of the latest accepted batch for the job (server clock).
+    last_seen_ns: int = 0
+    #: Epoch ns this process first saw the job (server clock).
+    first_seen_ns: int = 0
+    #: rank -> snapshot time (epoch ns) of its latest snapshot.
+    rank_seen_ns: dict[int, int] = field(default_factory=dict)
+    report: Report | None = None
+    #: group -> enqueue time (epoch ns) of the oldest collective not finished on every member.
+    oldest_unfinished_ns: dict[str, int] = field(default_factory=dict)
+    #: (group, op) -> collectives seen on the group's lowest member rank.
+    collectives: Counter[tuple[str, str]] = field(default_factory=Counter)
+    counted_seq: dict[str, int] = field(default_factory=dict)
+    skew: dict[str, SkewHistogram] = field(default_factory=dict)
+    skew_hi: dict[str, int] = field(default_factory=dict)
+
+
+def job_status(report: Report, summaries: Sequence[RankSummary], world_size: int | None) -> str:
+    """The job status implied by a diagnosis (mismatch > hung > lost > finished > running)."""
+    kinds = {f.kind for f in report.findings}
+    if kinds & MISMATCH_KINDS:
+        return "mismatch"
+    if kinds & {"hang", "state_mismatch"}:
+        return "hung"
+    if "rank_lost" in kinds:
+        return "lost"
+    expected = world_size or report.expected_ranks
+    if summaries and len(summaries) >= expected and all(s.kind == "final" for s in summaries):
+        return "finished"
+    return "running"
+
+
+def live_findings(report: Report, *, job_age_s: float, grace_s: float) -> list[Finding]:
+    """The findings worth storing from a live diagnosis.
+
+    A job whose ranks are still coming up has no dump from some of them, and no collective yet:
+    `missing_dump` within the first `grace_s` and `undecided` are the normal state of a starting
+    job, not findings (the offline analyzer, which sees a finished picture, keeps them).
+    `consequence_of` indexes are renumbered to the kept list.
+    """
+    keep = [
+        i
+        for i, f in enumerate(report.findings)
+        if f.kind != "undecided" and not (f.kind == "missing_dump" and job_age_s < grace_s)
+    ]
+    if len(keep) == len(report.findings):
+        return report.findings
+    new_index = {old: new for new, old in enumerate(keep)}
+    out = []
+    for i in keep:
+        f = report.findings[i]
+        if f.consequence_of is not None:
+            f.consequence_of = new_index.get(f.consequence_of)
+        out.append(f)
+    return out
+
+
+class LiveDiagnosis:
+    """In-memory summaries of the active jobs and the worker that diagnoses them."""
+
+    def __init__(
+        self,
+        *,
+        db: Database,
+        settings: ServerSettings,
+        clock: Clock,
+        on_events: Callable[[JobState, list[store.FindingEvent]], None],
+        on_db_error: Callable[[], None],
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._db = db
+        self._settings = settings
+        self._clock = clock
+        self._mono = monotonic
+        self._on_events = on_events
+        self._on_db_error = on_db_error
+        self._options = Options(
+            stall_after_s=settings.stall_after_s, lost_after_intervals=settings.lost_after_intervals
+        )
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.jobs: dict[int, JobState] = {}
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    def load(self) -> None:
+        """Know every stored job (status for the metrics). Active jobs are marked for a rebuild of
+        their summaries from the database, so a hang is still found after a restart."""
+        now_ns = self._clock()
+        with self._db.read() as session:
+            for j in store.list_jobs(session=session):
+                active = (
+                    j.status != "finished" and (now_ns - j.last_seen_ns) / NS <= self._settings.job_idle_s
+                )
+                self.jobs[j.id] = JobState(
+                    job_id=j.id,
+                    name=j.name,
+                    attempt=j.attempt,
+                    world_size=j.world_size,
+                    status=j.status,
+                    last_seen_ns=j.last_seen_ns,
+                    first_seen_ns=j.first_seen_ns,
+                    dirty=active,
+                )
+
+    def start(self) -> None:
+        """Start the worker thread."""
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="flightdeck-diagnosis", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop the worker thread (finishes the diagnosis in progress)."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            self._thread = None
+
+    def _run(self) -> None:
+        tick = max(0.02, min(0.1, self._settings.diagnosis_debounce_s / 4))
+        while not self._stop.is_set():
+            try:
+                self.step()
+            except Exception:  # the worker must outlive any one bad job or DB hiccup
+                log.exception("diagnosis step failed")
+            self._wake.wait(tick)
+            self._wake.clear()
+
+    # --- ingest side ----------------------------------------------------------------------------
+
+    def submit(self, result: store.IngestResult) -> None:
+        """Queue a committed batch's snapshots for their jobs (called by ingest, after commit)."""
+        now = self._mono()
+        now_ns = self._clock()
+        with self._lock:
+            for job_id, (name, attempt) in result.jobs.items():
+                js = self.jobs.get(job_id)
+                if js is None:
+                    created = job_id in result.created_jobs
+                    # A job this process has never seen may hold rows another server wrote.
+                    js = self.jobs[job_id] = JobState(
+                        job_id=job_id,
+                        name=name,
+                        attempt=attempt,
+                        summaries={} if created else None,
+                        first_seen_ns=now_ns,
+                    )
+                js.last_seen_ns = now_ns
+                js.last_ingest = now
+                if not js.dirty:
+                    js.dirty = True
+                    js.dirty_since = now
+                if js.status == "finished":
+                    js.status = "running"
+            for applied in result.snapshots:
+                js = self.jobs[applied.job_id]
+                js.pending.append(applied.snapshot)
+                if applied.snapshot.world_size:
+                    js.world_size = applied.snapshot.world_size
+
+    # --- worker side ----------------------------------------------------------------------------
+
+    def step(self, *, force: bool = False) -> int:
+        """Fold pending snapshots in and diagnose the jobs that are due; returns how many were.
+
+        `force` diagnoses every job that has summaries or pending data, due or not (tests).
+        """
+        now = self._mono()
+        now_ns = self._clock()
+        s = self._settings
+        due: list[JobState] = []
+        with self._lock:
+            jobs = list(self.jobs.values())
+        for js in jobs:
+            self._fold(js)
+            idle = (now_ns - js.last_seen_ns) / NS > s.job_idle_s
+            if js.dirty:
+                quiet = now - js.last_ingest >= s.diagnosis_debounce_s
+                # A job that never goes quiet (thousands of ranks pushing in turn) still gets looked at.
+                starving = now - js.dirty_since >= max(2.0, 4 * s.diagnosis_debounce_s)
+                if quiet or starving or force:
+                    due.append(js)
+            elif (
+                js.summaries is not None
+                and not idle
+                and (force or (js.status != "finished" and now - js.last_diagnosis >= s.diagnosis_interval_s))
+            ):
+                due.append(js)
+            elif idle and js.summaries is not None and not js.pending:
+                js.summaries = None  # memory: rebuilt from the database should the job return
+        for js in due:
+            self.diagnose_job(js)
+        return len(due)
+
+    def _fold(self, js: JobState) -> None:
+        with self._lock:
+            pending, js.pending = js.pending, []
+        if js.summaries is None:
+            if not js.dirty and not pending:
+                return
+            self._rebuild(js)  # reads the rows the pending snapshots were committed as
+            return
+        for snap in pending:
+            self._apply(js, snap)
+
+    def _rebuild(self, js: JobState) -> None:
+        """Summaries of every rank of the job from the database (restart, or another server's job)."""
+        summaries: dict[int, RankSummary] = {}
+        try:
+            with self._db.read() as session:
+                job = store.get_job_by_id(session=session, job_id=js.job_id)
+                if job is None:
+                    return
+                js.world_size = job.world_size
+                ranks = store.job_ranks(session=session, job_id=js.job_id)
+                groups = {g.name: g for g in store.job_groups(session=session, job_id=js.job_id)}
+                sids = {sid for r, _ in ranks for _, _, sid in (r.thread_stacks or []) if sid is not None}
+                stacks = store.stacks_by_id(session=session, ids=sids)
+                entries = store.load_entries(session=session, job_id=js.job_id)
+        except OperationalError:
+            self._on_db_error()
+            return
+        from flightdeck.records import GroupInfo
+
+        for r, host in ranks:
+            s = RankSummary(
+                rank=r.rank,
+                source="db",
+                job=js.name,
+                attempt=js.attempt,
+                world_size=r.world_size,
+                host=host,
+                pid=r.pid,
+                backend=r.backend,
+                version=r.version,
+                snapshot_time_ns=r.last_snapshot_ns,
+                kind=r.kind,
+                interval_s=r.interval_s,
+                exception=r.exception,
+                wrapped=r.wrapped,
+                groups={
+                    n: GroupInfo(n, g.desc, None if g.ranks is None else tuple(g.ranks))
+                    for n, g in groups.items()
+                },
+                thread_stacks=store.thread_stacks_of(r, stacks),
+            )
+            add_entries(s, entries.get(r.rank, []))
+            summaries[r.rank] = s
+            js.rank_seen_ns[r.rank] = r.last_snapshot_ns
+        js.summaries = summaries
+        js.dirty = True
+
+    def _apply(self, js: JobState, snap: Snapshot) -> None:
+        assert js.summaries is not None
+        s = js.summaries.get(snap.rank)
+        if s is None:
+            s = js.summaries[snap.rank] = RankSummary(rank=snap.rank, source=snap.source, job=js.name)
+        if snap.snapshot_time_ns >= (s.snapshot_time_ns or 0):
+            s.attempt = snap.attempt
+            s.source = snap.source or s.source
+            s.world_size = snap.world_size or s.world_size
+            s.host = snap.host or s.host
+            s.pid = snap.pid or s.pid
+            s.backend = snap.backend or s.backend
+            s.version = snap.version or s.version
+            s.snapshot_time_ns = snap.snapshot_time_ns
+            s.kind = snap.kind
+            s.interval_s = snap.interval_s or s.interval_s
+            s.exception = snap.exception or s.exception
+            s.wrapped = snap.wrapped
+            if snap.thread_stacks:
+                s.thread_stacks = snap.thread_stacks
+            js.rank_seen_ns[snap.rank] = snap.snapshot_time_ns
+        for name, g in snap.groups.items():
+            old = s.groups.get(name)
+            s.groups[name] = type(g)(
+                name, g.desc or (old.desc if old else ""), g.ranks or (old.ranks if old else None)
+            )
+        add_entries(s, snap.entries)
+        self._count_collectives(js, s, snap)
+        cap = self._settings.max_summary_seqs
+        for t in s.tracks.values():
+            if len(t.seqs) > cap:
+                cut = len(t.seqs) - cap
+                del t.seqs[:cut], t.fps[:cut], t.created_ns[:cut]
+            if len(t.p2p) > cap:
+                del t.p2p[: len(t.p2p) - cap]
+
+    def _count_collectives(self, js: JobState, s: RankSummary, snap: Snapshot) -> None:
+        """Count each collective once: on the lowest member rank of its group."""
+        for e in snap.entries:
+            if e.is_p2p:
+                continue
+            info = s.groups.get(e.group)
+            lowest = min(info.ranks) if info is not None and info.ranks else (0 if e.group == "0" else None)
+            if lowest is not None and lowest != snap.rank:
+                continue
+            if lowest is None:
+                continue  # members unknown: which rank counts is unclear, so none does
+            if e.collective_seq_id > js.counted_seq.get(e.group, 0):
+                js.counted_seq[e.group] = e.collective_seq_id
+                js.collectives[(e.group, e.op)] += 1
+
+    def diagnose_job(self, js: JobState) -> None:
+        """Diagnose one job now and store the outcome (findings, status, report)."""
+        now_mono = self._mono()
+        with self._lock:
+            js.dirty = False
+        js.last_diagnosis = now_mono
+        if not js.summaries:
+            return
+        summaries = list(js.summaries.values())
+        now_ns = self._clock()
+        report = diagnose(
+            summaries, now_ns=now_ns, options=self._options, world_size=js.world_size, job=js.name
+        )
+        # Job age by the server's clock: snapshot times say when the ranks wrote, not when we heard.
+        first_seen = js.first_seen_ns or now_ns
+        report.findings = live_findings(
+            report, job_age_s=(now_ns - first_seen) / NS, grace_s=self._settings.stall_after_s
+        )
+        status = job_status(report, summaries, js.world_size)
+        try:
+            with self._db.write() as session, session.begin():
+                events = store.apply_findings(
+                    session=session,
+                    job_id=js.job_id,
+                    findings=report.findings,
+                    report=report.to_json(),
+                    status=status,
+                    now_ns=now_ns,
+                )
+        except OperationalError:
+            self._on_db_error()
+            with self._lock:
+                js.dirty = True  # try again on the next tick
+            return
+        js.report = report
+        js.status = status
+        self._update_gauges(js, report, now_ns)
+        if events:
+            self._on_events(js, events)
+
+    def _update_gauges(self, js: JobState, report: Report, now_ns: int) -> None:
+        assert js.summaries is not None
+        oldest: dict[str, int] = {}
+        names = {g for s in js.summaries.values() for g in s.tracks}
+        for g in names:
+            holders = [s.tracks[g] for s in js.summaries.values() if g in s.tracks and s.tracks[g].seqs]
+            if not holders:
+                continue
+            t_min: int | None = None
+            for t in holders:
+                for e in t.tail:
+                    if not e.finished and (t_min is None or e.time_created_ns < t_min):
+                        t_min = e.time_created_ns
+            low = min(t.last_seq for t in holders)
+            if any(t.last_seq > low for t in holders):
+                # Entered by some ranks, not yet by the slowest: unfinished on that member.
+                for t in holders:
+                    i = t.index_of(low + 1)
+                    if i is not None and (t_min is None or t.created_ns[i] < t_min):
+                        t_min = t.created_ns[i]
+            if t_min is not None:
+                oldest[g] = t_min
+            hi = low
+            skews = report.arrival_skew_s.get(g)
+            if skews:
+                prev = js.skew_hi.get(g, 0)
+                new = len(skews) if prev == 0 else max(0, min(len(skews), hi - prev))
+                hist = js.skew.setdefault(g, SkewHistogram())
+                for v in skews[len(skews) - new :]:
+                    hist.observe(v)
+                js.skew_hi[g] = max(prev, hi)
+        js.oldest_unfinished_ns = oldest
+
+    def jobs_snapshot(self) -> list[JobState]:
+        """The job states (shared objects: readers must tolerate concurrent updates)."""
+        with self._lock:
+            return list(self.jobs.values())
+
+    def wake(self) -> None:
+        """Wake the worker early (after ingest)."""
+        self._wake.set()

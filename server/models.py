@@ -1,0 +1,252 @@
+"""The database schema as SQLAlchemy 2 typed ORM classes (the migrations in `migrations/` create it).
+
+Times are epoch nanoseconds in BIGINT columns (the unit the records carry). The hot table is
+`entries`: one row per collective per rank, kept narrow (integers and ids only) because a 1,024-rank
+job with 2,000-entry rings is two million rows. What repeats is stored once and referenced:
+stacks (by content hash), entry signatures (op, sizes, dtypes; by content hash) and process groups.
+`entries` has no foreign keys on purpose: the store writes parents first, and PostgreSQL would
+check four keys per upserted row on the hottest path.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    PrimaryKeyConstraint,
+    SmallInteger,
+    String,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+#: Deterministic constraint names, so migrations can refer to them on SQLite and PostgreSQL alike.
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+#: Entry states as small integers (the entries table stays narrow).
+STATE_CODES: dict[str, int] = {"scheduled": 0, "started": 1, "completed": 2}
+STATE_NAMES: dict[int, str] = {v: k for k, v in STATE_CODES.items()}
+
+#: Job statuses, also the `status` label values of `flightdeck_jobs`.
+JOB_STATUSES = ("running", "hung", "mismatch", "lost", "finished")
+
+
+class Base(DeclarativeBase):
+    """Declarative base with the naming convention."""
+
+    metadata = MetaData(naming_convention=NAMING)
+    # none_as_null: a Python None is SQL NULL, not the JSON literal null (COALESCE must see it).
+    type_annotation_map: ClassVar[dict[Any, Any]] = {
+        dict[str, Any]: JSON(none_as_null=True),
+        list[Any]: JSON(none_as_null=True),
+    }
+
+
+class Host(Base):
+    """A machine that runs ranks (as named by the collector)."""
+
+    __tablename__ = "hosts"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(255), unique=True)
+
+
+class Job(Base):
+    """One attempt of one distributed job."""
+
+    __tablename__ = "jobs"
+    __table_args__ = (UniqueConstraint("name", "attempt", name="uq_jobs_name_attempt"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(256))
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    world_size: Mapped[int | None] = mapped_column(Integer)
+    first_seen_ns: Mapped[int] = mapped_column(BigInteger)
+    last_seen_ns: Mapped[int] = mapped_column(BigInteger)
+    status: Mapped[str] = mapped_column(String(16), default="running")
+    #: The last diagnosis as `Report.to_json()` (its findings are the open ones).
+    report: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    diagnosed_at_ns: Mapped[int | None] = mapped_column(BigInteger)
+
+
+class Rank(Base):
+    """The latest snapshot metadata of one rank of one job."""
+
+    __tablename__ = "ranks"
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    rank: Mapped[int] = mapped_column(Integer, primary_key=True)
+    host_id: Mapped[int | None] = mapped_column(ForeignKey("hosts.id"))
+    pid: Mapped[int | None] = mapped_column(Integer)
+    local_rank: Mapped[int | None] = mapped_column(Integer)
+    world_size: Mapped[int | None] = mapped_column(Integer)
+    last_snapshot_ns: Mapped[int] = mapped_column(BigInteger)
+    received_ns: Mapped[int] = mapped_column(BigInteger)
+    kind: Mapped[str] = mapped_column(String(16))
+    interval_s: Mapped[float | None] = mapped_column(Float)
+    exception: Mapped[str | None] = mapped_column(Text)
+    wrapped: Mapped[bool] = mapped_column(Boolean, default=False)
+    oldest_record_id: Mapped[int | None] = mapped_column(BigInteger)
+    torch_version: Mapped[str | None] = mapped_column(String(64))
+    backend: Mapped[str | None] = mapped_column(String(64))
+    version: Mapped[str] = mapped_column(String(64), default="")
+    #: `[[thread_name, thread_id, stack_id or null], ...]` from the latest snapshot that had any.
+    thread_stacks: Mapped[list[Any] | None] = mapped_column(JSON)
+
+
+class ProcessGroup(Base):
+    """A process group of a job: `name` is `process_group[0]`, the cross-rank identity."""
+
+    __tablename__ = "process_groups"
+    __table_args__ = (UniqueConstraint("job_id", "name", name="uq_process_groups_job_name"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(128))
+    desc: Mapped[str] = mapped_column(String(256), default="")
+    ranks: Mapped[list[Any] | None] = mapped_column(JSON)
+
+
+class StackRow(Base):
+    """A distinct stack (frames innermost first), stored once, keyed by its content hash."""
+
+    __tablename__ = "stacks"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    hash: Mapped[str] = mapped_column(String(32), unique=True)
+    frames: Mapped[list[Any]] = mapped_column(JSON)
+
+
+class Signature(Base):
+    """What an entry is apart from where and when: op, backend, sizes, dtypes (content-hashed)."""
+
+    __tablename__ = "signatures"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    hash: Mapped[str] = mapped_column(String(32), unique=True)
+    raw_op: Mapped[str] = mapped_column(String(256))
+    backend: Mapped[str] = mapped_column(String(64))
+    is_p2p: Mapped[bool] = mapped_column(Boolean)
+    input_sizes: Mapped[list[Any]] = mapped_column(JSON)
+    output_sizes: Mapped[list[Any]] = mapped_column(JSON)
+    input_dtypes: Mapped[list[Any]] = mapped_column(JSON)
+    output_dtypes: Mapped[list[Any]] = mapped_column(JSON)
+
+
+class EntryRow(Base):
+    """One collective / p2p op as recorded by one rank; upserted by (job, rank, record_id)."""
+
+    __tablename__ = "entries"
+    __table_args__ = (
+        # The key leads with (job, rank) so one rank's ring is one contiguous range.
+        PrimaryKeyConstraint("job_id", "rank", "record_id", name="pk_entries"),
+        Index("ix_entries_job_group_seq", "job_id", "group_id", "seq"),
+        # SQLite: the table is the primary-key B-tree itself, no separate rowid tree and index.
+        {"sqlite_with_rowid": False},
+    )
+    # 8-byte columns first: PostgreSQL aligns them, so this order wastes no padding.
+    time_created_ns: Mapped[int] = mapped_column(BigInteger)
+    time_started_ns: Mapped[int | None] = mapped_column(BigInteger)
+    time_completed_ns: Mapped[int | None] = mapped_column(BigInteger)
+    record_id: Mapped[int] = mapped_column(BigInteger)
+    duration_ms: Mapped[float | None] = mapped_column(Float)
+    job_id: Mapped[int] = mapped_column(Integer)
+    rank: Mapped[int] = mapped_column(Integer)
+    group_id: Mapped[int] = mapped_column(Integer)
+    seq: Mapped[int] = mapped_column(Integer)
+    p2p_seq: Mapped[int] = mapped_column(Integer)
+    op_id: Mapped[int] = mapped_column(Integer)
+    sig_id: Mapped[int] = mapped_column(Integer)
+    stack_id: Mapped[int | None] = mapped_column(Integer)
+    timeout_ms: Mapped[int | None] = mapped_column(Integer)
+    peer: Mapped[int | None] = mapped_column(Integer)
+    state: Mapped[int] = mapped_column(SmallInteger)
+    retired: Mapped[bool] = mapped_column(Boolean)
+    thread_name: Mapped[str] = mapped_column(String(64), default="")
+
+
+class NixlAgent(Base):
+    """A NIXL agent with its latest cumulative sample and the totals of its earlier counter runs."""
+
+    __tablename__ = "nixl_agents"
+    __table_args__ = (UniqueConstraint("host", "agent", "source", name="uq_nixl_agents_host_agent_source"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    host: Mapped[str] = mapped_column(String(255))
+    agent: Mapped[str] = mapped_column(String(255))
+    source: Mapped[str] = mapped_column(String(8))
+    pid: Mapped[int | None] = mapped_column(Integer)
+    local_rank: Mapped[int | None] = mapped_column(Integer)
+    run: Mapped[str] = mapped_column(String(128))
+    read_time_ns: Mapped[int] = mapped_column(BigInteger)
+    #: The latest `NixlSample.to_wire()`.
+    sample: Mapped[dict[str, Any]] = mapped_column(JSON)
+    #: Counters of the runs before `run` (a restart resets NIXL's counters), same keys as sample.
+    carried: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+
+
+class FindingRow(Base):
+    """One episode of a finding: opened, updated by every diagnosis that still sees it, resolved.
+
+    Identity is (job, kind, group, seq, rank); at most one open episode per identity (a partial unique
+    index). `group_key` / `seq_key` are '' / -1 when the finding has none, so the index sees them.
+    """
+
+    __tablename__ = "findings"
+    __table_args__ = (
+        Index(
+            "uq_findings_open_identity",
+            "job_id",
+            "kind",
+            "group_key",
+            "seq_key",
+            "rank_key",
+            unique=True,
+            sqlite_where=text("resolved_at_ns IS NULL"),
+            postgresql_where=text("resolved_at_ns IS NULL"),
+        ),
+        Index("ix_findings_job_opened", "job_id", "opened_at_ns"),
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    kind: Mapped[str] = mapped_column(String(32))
+    group_key: Mapped[str] = mapped_column(String(128), default="")
+    seq_key: Mapped[int] = mapped_column(BigInteger, default=-1)
+    #: The culprit rank for findings about one rank without a sequence id (lost rank, straggler,
+    #: p2p hang): two ranks lost at the same collective are two findings.
+    rank_key: Mapped[int] = mapped_column(Integer, default=-1)
+    opened_at_ns: Mapped[int] = mapped_column(BigInteger)
+    updated_at_ns: Mapped[int] = mapped_column(BigInteger)
+    resolved_at_ns: Mapped[int | None] = mapped_column(BigInteger)
+    #: The finding as `Finding.to_json()`, from the latest diagnosis that saw it.
+    data: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
+class CollectorToken(Base):
+    """A collector's bearer token; only its SHA-256 is stored."""
+
+    __tablename__ = "collector_tokens"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at_ns: Mapped[int] = mapped_column(BigInteger)
+    revoked_at_ns: Mapped[int | None] = mapped_column(BigInteger)
+    last_push_ns: Mapped[int | None] = mapped_column(BigInteger)
+
+
+class IngestedBatch(Base):
+    """A batch id already applied: the same batch again changes nothing (idempotent ingest)."""
+
+    __tablename__ = "ingested_batches"
+    __table_args__ = (Index("ix_ingested_batches_received", "received_at_ns"),)
+    batch_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    received_at_ns: Mapped[int] = mapped_column(BigInteger)
+    collector_id: Mapped[int | None] = mapped_column(Integer)

@@ -1,0 +1,227 @@
+"""HTTP routes: ingest, the JSON read API, /metrics and /healthz (OpenAPI docs at /docs)."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy import text
+from sqlalchemy.orm import Session
+
+from flightdeck.server import store
+from flightdeck.server.app import Services
+from flightdeck.server.errors import NotFoundError
+from flightdeck.server.models import FindingRow, Job
+
+NS = 1_000_000_000
+
+router = APIRouter()
+
+
+def services_dep(request: Request) -> Services:
+    """The process's services (one per app)."""
+    svc: Services = request.app.state.services
+    return svc
+
+
+ServicesDep = Annotated[Services, Depends(services_dep)]
+
+
+async def read_auth(request: Request, svc: ServicesDep) -> None:
+    """Require a collector token on reads when `require_read_token` is set."""
+    if svc.settings.require_read_token:
+        await run_in_threadpool(svc.ingest.authenticate, request.headers.get("authorization"))
+
+
+ReadAuth = Depends(read_auth)
+
+
+def _s(ns: int | None) -> float | None:
+    return None if ns is None else round(ns / NS, 3)
+
+
+# --- ingest --------------------------------------------------------------------------------------
+
+
+@router.post("/api/v1/ingest", tags=["ingest"], summary="Push a batch of snapshots (flightdeck.wire format)")
+async def ingest(request: Request, svc: ServicesDep) -> dict[str, Any]:
+    """Apply one batch (JSON, optionally gzip); idempotent by batch_id. Needs a collector token."""
+    started = time.perf_counter()
+    collector = await run_in_threadpool(svc.ingest.authenticate, request.headers.get("authorization"))
+    svc.ingest.acquire()
+    try:
+        svc.ingest.check_length(request.headers.get("content-length"))
+        limit = svc.settings.max_request_bytes
+        chunks: list[bytes] = []
+        size = 0
+        # Read in chunks and stop at the limit: a body without Content-Length cannot exhaust memory.
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise svc.ingest.too_large()
+            chunks.append(chunk)
+        return await run_in_threadpool(
+            svc.ingest.ingest,
+            body=b"".join(chunks),
+            encoding=request.headers.get("content-encoding"),
+            collector=collector,
+            started=started,
+        )
+    finally:
+        svc.ingest.release()
+
+
+# --- read API ------------------------------------------------------------------------------------
+
+
+def _read(svc: Services) -> Session:
+    return svc.db.read()
+
+
+def _job_or_404(session: Session, job: str, attempt: int | None) -> Job:
+    row = store.get_job(session=session, name=job, attempt=attempt)
+    if row is None:
+        raise NotFoundError(f"no job {job!r}" + (f" attempt {attempt}" if attempt is not None else ""))
+    return row
+
+
+def _job_summary(j: Job, open_count: int) -> dict[str, Any]:
+    return {
+        "job": j.name,
+        "attempt": j.attempt,
+        "status": j.status,
+        "world_size": j.world_size,
+        "first_seen_s": _s(j.first_seen_ns),
+        "last_seen_s": _s(j.last_seen_ns),
+        "diagnosed_at_s": _s(j.diagnosed_at_ns),
+        "open_findings": open_count,
+    }
+
+
+def _finding_json(r: FindingRow) -> dict[str, Any]:
+    return {
+        "id": r.id,
+        "kind": r.kind,
+        "open": r.resolved_at_ns is None,
+        "opened_at_s": _s(r.opened_at_ns),
+        "updated_at_s": _s(r.updated_at_ns),
+        "resolved_at_s": _s(r.resolved_at_ns),
+        "finding": r.data,
+    }
+
+
+@router.get("/api/v1/jobs", tags=["jobs"], dependencies=[ReadAuth])
+def list_jobs(svc: ServicesDep) -> list[dict[str, Any]]:
+    """Every job attempt with its status, most recently seen first."""
+
+    with _read(svc) as session:
+        jobs = store.list_jobs(session=session)
+        counts = store.open_finding_counts(session=session)
+        return [_job_summary(j, counts.get(j.id, 0)) for j in jobs]
+
+
+@router.get("/api/v1/jobs/{job}", tags=["jobs"], dependencies=[ReadAuth])
+def get_job(svc: ServicesDep, job: str, attempt: int | None = None) -> dict[str, Any]:
+    """The job's status and its open findings, in the shape of `flightdeck analyze --format json`
+    (`healthy`, `job`, `now_s`, `ranks`, `findings`, `warnings`) plus `status` and `attempt`."""
+
+    with _read(svc) as session:
+        j = _job_or_404(session, job, attempt)
+        report = j.report
+        if report is None:
+            ranks = [r.rank for r, _ in store.job_ranks(session=session, job_id=j.id)]
+            expected = j.world_size or (max(ranks) + 1 if ranks else 0)
+            report = {
+                "healthy": True,
+                "job": j.name,
+                "now_s": _s(j.last_seen_ns),
+                "ranks": {
+                    "expected": expected,
+                    "with_dump": ranks,
+                    "without_dump": [r for r in range(expected) if r not in set(ranks)],
+                },
+                "findings": [],
+                "warnings": [],
+            }
+        return {**report, **_job_summary(j, len(report["findings"]))}
+
+
+@router.get("/api/v1/jobs/{job}/findings", tags=["jobs"], dependencies=[ReadAuth])
+def get_findings(svc: ServicesDep, job: str, attempt: int | None = None) -> dict[str, Any]:
+    """Every finding episode of the job, open and resolved, with when it opened and resolved."""
+
+    with _read(svc) as session:
+        j = _job_or_404(session, job, attempt)
+        rows = store.findings_history(session=session, job_id=j.id)
+        return {"job": j.name, "attempt": j.attempt, "findings": [_finding_json(r) for r in rows]}
+
+
+@router.get("/api/v1/jobs/{job}/timeline", tags=["jobs"], dependencies=[ReadAuth])
+def get_timeline(
+    svc: ServicesDep,
+    job: str,
+    attempt: int | None = None,
+    group: str | None = None,
+    rank_from: Annotated[int | None, Query(ge=0)] = None,
+    rank_to: Annotated[int | None, Query(ge=0)] = None,
+    seq_from: Annotated[int | None, Query(ge=0)] = None,
+    seq_to: Annotated[int | None, Query(ge=0)] = None,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+) -> dict[str, Any]:
+    """The job's entries in a window (inclusive bounds), by process group, sequence id and rank."""
+
+    with _read(svc) as session:
+        j = _job_or_404(session, job, attempt)
+        entries = store.timeline(
+            session=session,
+            job_id=j.id,
+            group=group,
+            rank_from=rank_from,
+            rank_to=rank_to,
+            seq_from=seq_from,
+            seq_to=seq_to,
+            limit=limit,
+        )
+        return {"job": j.name, "attempt": j.attempt, "entries": entries}
+
+
+@router.get("/api/v1/nixl/agents", tags=["nixl"], dependencies=[ReadAuth])
+def get_nixl_agents(svc: ServicesDep) -> list[dict[str, Any]]:
+    """Every NIXL agent with its latest sample and its counters summed over restarts."""
+
+    with _read(svc) as session:
+        return [
+            {
+                "host": a.host,
+                "agent": a.agent,
+                "source": a.source,
+                "pid": a.pid,
+                "local_rank": a.local_rank,
+                "run": a.run,
+                "read_time_s": _s(a.read_time_ns),
+                "totals": store.nixl_totals(a),
+                "latest": a.sample,
+            }
+            for a in store.nixl_agents(session=session)
+        ]
+
+
+# --- operations ----------------------------------------------------------------------------------
+
+
+@router.get("/metrics", tags=["operations"], response_class=Response)
+def metrics(svc: ServicesDep) -> Response:
+    """Prometheus metrics (see docs/metrics.md)."""
+    return Response(generate_latest(svc.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/healthz", tags=["operations"])
+def healthz(svc: ServicesDep) -> dict[str, str]:
+    """Liveness and database reachability."""
+
+    with _read(svc) as session:
+        session.execute(text("SELECT 1"))
+    return {"status": "ok", "database": svc.db.dialect}

@@ -1,0 +1,143 @@
+"""The server's settings: one class, read from `FLIGHTDECK_*` environment variables in `main()`.
+
+Every field carries a description; `tests/test_server_settings.py` fails when one does not.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ServerSettings(BaseSettings):
+    """Configuration of `flightdeck server` (environment prefix `FLIGHTDECK_`)."""
+
+    model_config = SettingsConfigDict(env_prefix="FLIGHTDECK_", extra="ignore", frozen=True)
+
+    data_dir: Path = Field(
+        default=Path(".data"),
+        description="Directory for the server's own files (the default SQLite database lives here).",
+    )
+    database_url: str | None = Field(
+        default=None,
+        description="SQLAlchemy database URL, e.g. postgresql+psycopg://user@host/db; "
+        "default: a SQLite file (WAL mode) `flightdeck.db` under data_dir.",
+    )
+    db_busy_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="SQLite only: how long a writer waits for the database lock before the request "
+        "is answered 503 with Retry-After.",
+    )
+    host: str = Field(default="127.0.0.1", description="Address the HTTP server binds to.")
+    port: int = Field(default=8470, ge=1, le=65535, description="TCP port the HTTP server listens on.")
+    stall_after_s: float = Field(
+        default=30.0,
+        ge=1.0,
+        description="A collective unfinished on some ranks for at least this many seconds is a hang.",
+    )
+    lost_after_intervals: float = Field(
+        default=3.0,
+        gt=0,
+        description="A rank whose snapshots lag the job's newest by this many snapshot intervals, "
+        "while the others continue, is lost.",
+    )
+    diagnosis_debounce_s: float = Field(
+        default=0.5,
+        ge=0,
+        description="Quiet time after a job's last ingested batch before it is diagnosed "
+        "(a burst of batches from all ranks gives one diagnosis).",
+    )
+    diagnosis_interval_s: float = Field(
+        default=1.0,
+        gt=0,
+        description="Active jobs are re-diagnosed this often even without new data, so a hang is "
+        "found when snapshots stop changing or a rank stops sending.",
+    )
+    job_idle_s: float = Field(
+        default=3600.0,
+        gt=0,
+        description="A job without a snapshot for this long is no longer re-diagnosed periodically "
+        "and its in-memory summaries are dropped (they are rebuilt from the database if it returns).",
+    )
+    max_summary_seqs: int = Field(
+        default=8192,
+        ge=16,
+        description="Collectives kept per rank and process group in the in-memory summaries "
+        "(older ones are dropped: they are older than any flight-recorder ring holds).",
+    )
+    max_request_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        ge=1024,
+        description="Largest accepted ingest body, checked on the wire and after gzip "
+        "decompression (413 above).",
+    )
+    max_inflight_ingests: int = Field(
+        default=4,
+        ge=1,
+        description="Ingest requests processed at once; more get 429 with Retry-After.",
+    )
+    retry_after_s: int = Field(
+        default=1, ge=1, description="Retry-After (seconds) sent with 429 and 503 answers."
+    )
+    retention_days: float = Field(
+        default=14.0,
+        gt=0,
+        description="Collective entries older than this are deleted periodically; findings stay.",
+    )
+    retention_interval_s: float = Field(
+        default=3600.0, gt=0, description="How often the retention task runs."
+    )
+    webhook_urls: list[str] = Field(
+        default_factory=list,
+        description="URLs that receive every opened or resolved finding as JSON (env: a JSON list, "
+        'e.g. ["http://127.0.0.1:9000/hook"]).',
+    )
+    webhook_timeout_s: float = Field(default=5.0, gt=0, description="Timeout of one webhook POST.")
+    webhook_max_attempts: int = Field(
+        default=8, ge=1, description="Attempts per webhook delivery before it is dropped (logged)."
+    )
+    webhook_backoff_initial_s: float = Field(
+        default=0.5, gt=0, description="First retry delay of a failed webhook delivery; doubles each time."
+    )
+    webhook_backoff_max_s: float = Field(
+        default=30.0, gt=0, description="Upper bound of one webhook retry delay (jitter included)."
+    )
+    webhook_deadline_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="Overall time after which an undelivered webhook event is dropped, whatever "
+        "attempts are left.",
+    )
+    webhook_queue_size: int = Field(
+        default=10_000,
+        ge=1,
+        description="Webhook deliveries waiting at most; beyond it new events are dropped (logged) "
+        "rather than blocking ingest or diagnosis.",
+    )
+    require_read_token: bool = Field(
+        default=False,
+        description="Require a collector bearer token for the read API (/api/v1/...); "
+        "/metrics and /healthz stay open.",
+    )
+    allow_unauthenticated_ingest: bool = Field(
+        default=False,
+        description="Accept ingest batches without a token (local development and tests only).",
+    )
+
+    @field_validator("webhook_urls")
+    @classmethod
+    def _http_urls(cls, urls: list[str]) -> list[str]:
+        for u in urls:
+            if not u.startswith(("http://", "https://")):
+                raise ValueError(f"webhook URL {u!r} must start with http:// or https://")
+        return urls
+
+    @property
+    def effective_database_url(self) -> str:
+        """`database_url`, or the default SQLite file under `data_dir`."""
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'flightdeck.db').resolve()}"

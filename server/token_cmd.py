@@ -1,0 +1,63 @@
+"""`flightdeck token create|revoke|list`: manage collector bearer tokens.
+
+`create NAME` prints the token once; the database keeps only its SHA-256.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Declare the arguments of `flightdeck token`."""
+    parser.add_argument(
+        "--database-url", default=None, help="SQLAlchemy URL (default: FLIGHTDECK_DATABASE_URL)"
+    )
+    sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    p = sub.add_parser("create", help="create a token for a collector and print it (once)")
+    p.add_argument("name", help="collector name (the `collector` label of the metrics)")
+    p = sub.add_parser("revoke", help="revoke a collector's token")
+    p.add_argument("name")
+    sub.add_parser("list", help="list collectors and whether their token is active")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the token action; returns the exit code."""
+    from sqlalchemy.exc import IntegrityError
+
+    from flightdeck.server import store
+    from flightdeck.server.db import connect, migrate
+    from flightdeck.server.ingest import hash_token, new_token
+    from flightdeck.server.settings import ServerSettings
+
+    settings = ServerSettings(**({"database_url": args.database_url} if args.database_url else {}))
+    db = connect(settings.effective_database_url)
+    try:
+        migrate(db)
+        now = time.time_ns()
+        with db.write() as session, session.begin():
+            if args.action == "create":
+                token = new_token()
+                try:
+                    store.create_token(
+                        session=session, name=args.name, token_hash=hash_token(token), now_ns=now
+                    )
+                except IntegrityError:
+                    print(f"a collector named {args.name!r} exists already", file=sys.stderr)
+                    return 1
+                print(token)
+                return 0
+            if args.action == "revoke":
+                if not store.revoke_token(session=session, name=args.name, now_ns=now):
+                    print(f"no active token for {args.name!r}", file=sys.stderr)
+                    return 1
+                return 0
+            for t in store.list_tokens(session=session):
+                state = "revoked" if t.revoked_at_ns is not None else "active"
+                created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t.created_at_ns / 1e9))
+                print(f"{t.name}\t{state}\tcreated {created}")
+            return 0
+    finally:
+        db.dispose()

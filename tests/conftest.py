@@ -1,0 +1,68 @@
+"""Shared fixtures. Server tests: a real database per test (SQLite file, or a fresh schema in a
+PostgreSQL database created for the test session), a fake clock."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+#: PostgreSQL server the tests may use (trust auth); FLIGHTDECK_TEST_PG="" turns those tests off.
+PG_ADMIN_URL = os.environ.get("FLIGHTDECK_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+class FakeClock:
+    """An injectable clock (epoch ns) that tests move by hand."""
+
+    def __init__(self, now_ns: int) -> None:
+        self.now_ns = now_ns
+
+    def __call__(self) -> int:
+        return self.now_ns
+
+    def advance(self, seconds: float) -> None:
+        """Move the clock forward."""
+        self.now_ns += int(seconds * 1_000_000_000)
+
+
+@pytest.fixture(scope="session")
+def pg_database() -> Iterator[str]:
+    """A PostgreSQL database created for this test session (dropped at the end)."""
+    if not PG_ADMIN_URL:
+        pytest.skip("FLIGHTDECK_TEST_PG is empty: PostgreSQL tests are off")
+    psycopg = pytest.importorskip("psycopg")
+    name = f"flightdeck_test_{uuid.uuid4().hex[:10]}"
+    try:
+        admin = psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=3)
+    except psycopg.OperationalError as exc:
+        pytest.skip(f"no PostgreSQL at {PG_ADMIN_URL}: {exc}")
+    with admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    base = PG_ADMIN_URL.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
+    try:
+        yield f"{base}/{name}"
+    finally:
+        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest, tmp_path: object) -> str:
+    """A fresh, empty database: a SQLite file, or a new schema in the session's PostgreSQL database."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/flightdeck.db"
+    base: str = request.getfixturevalue("pg_database")
+    import psycopg
+
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(base.replace("+psycopg", ""), autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    return f"{base}?options=-csearch_path%3D{schema}"
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    """A fake clock at a fixed moment (tests move it)."""
+    return FakeClock(1_800_000_000 * 1_000_000_000)

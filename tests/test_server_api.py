@@ -1,0 +1,554 @@
+"""The control plane end to end, in-process, on real SQLite and real PostgreSQL.
+
+Batches are built from the committed dumps of real gloo jobs (tests/data/fr/). Workers are off
+(`start_workers=False`) and the diagnosis is stepped by hand with a fake clock, so every test is
+deterministic; the webhook test runs the real delivery thread against a real local HTTP server.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import shutil
+import subprocess
+import threading
+import time
+import warnings
+from collections.abc import Iterator
+from dataclasses import replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, ClassVar
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry
+from sqlalchemy import text
+
+from flightdeck.analysis import Report
+from flightdeck.collector.frdump import merge
+from flightdeck.nixl_records import Histogram, NixlSample
+from flightdeck.server import store
+from flightdeck.server.app import Services, create_app
+from flightdeck.server.ingest import hash_token
+from flightdeck.server.settings import ServerSettings
+from flightdeck.wire import Snapshot, snapshot_from_dump
+from tests.conftest import FakeClock
+from tests.metrics_doc import METRICS_DOC
+from tests.test_server_support import body, make_batch, scenario_dumps, scenario_expected, snapshots
+
+with warnings.catch_warnings():
+    # starlette warns at import that it prefers httpx2; the TestClient itself works unchanged.
+    warnings.simplefilter("ignore")
+    from fastapi.testclient import TestClient
+
+NS = 1_000_000_000
+TOKEN = "fdk_test-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+STALL_S = 2.0
+
+
+class Server:
+    """One in-process server: its test client, services and clock."""
+
+    def __init__(self, client: TestClient, clock: FakeClock) -> None:
+        self.client = client
+        self.clock = clock
+        services: Services = client.app.state.services  # type: ignore[attr-defined]
+        self.svc = services
+
+    def push(self, snaps: list[Snapshot], *, batch_id: str | None = None, **kw: Any) -> httpx.Response:
+        """POST a batch of these snapshots with the test token."""
+        data, headers = body(make_batch(snaps, batch_id=batch_id, **kw))
+        resp: httpx.Response = self.client.post("/api/v1/ingest", content=data, headers={**headers, **AUTH})
+        return resp
+
+    def diagnose(self) -> None:
+        """Fold everything in and diagnose every job now."""
+        self.svc.live.step(force=True)
+
+    def counts(self) -> dict[str, int]:
+        """Row counts of the data tables."""
+        with self.svc.db.read() as session:
+            return store.table_counts(session=session)
+
+    def job(self, name: str) -> dict[str, Any]:
+        """GET /api/v1/jobs/{name} (asserting 200)."""
+        r = self.client.get(f"/api/v1/jobs/{name}")
+        assert r.status_code == 200, r.text
+        doc: dict[str, Any] = r.json()
+        return doc
+
+
+def make_server(url: str, clock: FakeClock, **overrides: Any) -> Server:
+    """An app on `url` with a collector token, workers off, a fresh registry."""
+    settings = ServerSettings(database_url=url, stall_after_s=STALL_S, **overrides)
+    app = create_app(settings, clock=clock, registry=CollectorRegistry(), start_workers=False)
+    services: Services = app.state.services
+    with services.db.write() as session, session.begin():
+        if store.active_token(session=session, token_hash=hash_token(TOKEN)) is None:
+            store.create_token(
+                session=session, name="test-collector", token_hash=hash_token(TOKEN), now_ns=clock()
+            )
+    return Server(TestClient(app), clock)
+
+
+@pytest.fixture
+def server(database_url: str, clock: FakeClock) -> Iterator[Server]:
+    """A server on a fresh database (SQLite file or PostgreSQL schema)."""
+    srv = make_server(database_url, clock)
+    yield srv
+    srv.svc.close()
+
+
+# --- scenarios built from real dumps -------------------------------------------------------------
+
+
+def skip_stuck_view() -> list[Snapshot]:
+    """The `skip` job as a live server sees it while stuck: ranks 0, 1, 3 wait in seq 12 (their
+    stall snapshots), rank 2 went on without it (its periodic snapshot, taken at the same moment)."""
+    dumps = scenario_dumps("skip")
+    stall_t = max(d.snapshot_time_ns or 0 for ds in dumps.values() for d in ds if d.kind == "stall")
+    out = []
+    for ds in dumps.values():
+        stall = [d for d in ds if d.kind == "stall"]
+        if stall:
+            out.append(snapshot_from_dump(stall[0]))
+        else:
+            periodic = next(d for d in ds if d.kind == "periodic")
+            out.append(replace(snapshot_from_dump(periodic), snapshot_time_ns=stall_t))
+    return out
+
+
+def healthy_prefix(k: int) -> tuple[list[Snapshot], list[Snapshot], int]:
+    """healthy_4 cut at its k-th default-group collective: ranks 0-2 inside it (unfinished),
+    rank 3 not there yet. Returns (stuck snapshots, the real final snapshots, stuck seq's time)."""
+    dumps = {r: merge(ds) for r, ds in scenario_dumps("healthy_4").items()}
+    stuck: list[Snapshot] = []
+    t_k = 0
+    for r, d in sorted(dumps.items()):
+        cut = next(i for i, e in enumerate(d.entries) if e.group == "0" and e.collective_seq_id == k)
+        entries = list(d.entries[: cut + 1] if r != 3 else d.entries[:cut])
+        if r != 3:
+            e = entries[-1]
+            entries[-1] = replace(
+                e, state="scheduled", retired=False, time_completed_ns=None, duration_ms=None
+            )
+            t_k = max(t_k, e.time_created_ns)
+        stuck.append(snapshot_from_dump(replace(d, kind="periodic", entries=entries, snapshot_time_ns=0)))
+    for s in stuck:
+        s.snapshot_time_ns = t_k + NS // 2
+    finals = [snapshot_from_dump(d) for d in dumps.values()]
+    return stuck, finals, t_k
+
+
+# --- ingest: auth, validation, limits, idempotency -----------------------------------------------
+
+
+def test_auth_missing_bad_and_revoked_tokens(server: Server) -> None:
+    data, headers = body(make_batch(snapshots(scenario_dumps("healthy_4")[0][:1])))
+    url = "/api/v1/ingest"
+    assert server.client.post(url, content=data, headers=headers).status_code == 401
+    r = server.client.post(url, content=data, headers={**headers, "Authorization": "Bearer nope"})
+    assert r.status_code == 401
+    assert server.client.post(url, content=data, headers={**headers, **AUTH}).status_code == 200
+    with server.svc.db.write() as session, session.begin():
+        assert store.revoke_token(session=session, name="test-collector", now_ns=server.clock())
+    r = server.client.post(url, content=data, headers={**headers, **AUTH})
+    assert r.status_code == 401
+    assert "revoked" in r.json()["detail"]
+    reg = server.svc.registry
+    assert reg.get_sample_value("flightdeck_ingest_rejects_total", {"reason": "auth"}) == 3
+
+
+def test_schema_errors_are_422_with_the_field(server: Server) -> None:
+    doc = {"wire_version": 1, "batch_id": "b1", "collector": {"host": "h"}, "sent_at_ns": 1, "stacks": []}
+    r = server.client.post("/api/v1/ingest", content=json.dumps(doc), headers=AUTH)
+    assert r.status_code == 422
+    assert r.json()["detail"] == "batch: missing field 'snapshots'"
+    r = server.client.post("/api/v1/ingest", content=b"{not json", headers=AUTH)
+    assert r.status_code == 422
+    assert "not JSON" in r.json()["detail"]
+    bad_nixl = {**doc, "snapshots": [], "nixl": [{"v": 99}]}
+    r = server.client.post("/api/v1/ingest", content=json.dumps(bad_nixl), headers=AUTH)
+    assert r.status_code == 422
+    assert r.json()["detail"].startswith("batch.nixl[0]:")
+    assert server.counts()["entries"] == 0
+
+
+def test_size_limits_on_the_wire_and_after_gzip(database_url: str, clock: FakeClock) -> None:
+    srv = make_server(database_url, clock, max_request_bytes=64 * 1024)
+    try:
+        big = b"x" * (65 * 1024)
+        r = srv.client.post("/api/v1/ingest", content=big, headers=AUTH)
+        assert r.status_code == 413
+        bomb = gzip.compress(b"{" + b" " * (10 * 1024 * 1024) + b"}")  # 10 MiB of JSON in ~10 KiB
+        assert len(bomb) < 64 * 1024
+        r = srv.client.post("/api/v1/ingest", content=bomb, headers={**AUTH, "Content-Encoding": "gzip"})
+        assert r.status_code == 413
+        assert (
+            srv.svc.registry.get_sample_value("flightdeck_ingest_rejects_total", {"reason": "too_large"}) == 2
+        )
+    finally:
+        srv.svc.close()
+
+
+def test_same_batch_twice_changes_nothing(server: Server) -> None:
+    snaps = snapshots([d for ds in scenario_dumps("healthy_4").values() for d in ds])
+    r1 = server.push(snaps, batch_id="batch-1")
+    assert r1.status_code == 200 and r1.json()["duplicate"] is False
+    before = server.counts()
+    assert before["entries"] > 0
+    r2 = server.push(snaps, batch_id="batch-1")
+    assert r2.status_code == 200
+    assert r2.json()["duplicate"] is True
+    assert server.counts() == before
+    assert (
+        server.svc.registry.get_sample_value("flightdeck_ingest_batches_total", {"outcome": "duplicate"}) == 1
+    )
+
+
+def test_entry_state_is_upserted(server: Server) -> None:
+    stuck, finals, _ = healthy_prefix(10)
+    assert server.push(stuck).status_code == 200
+    n = server.counts()["entries"]
+
+    def state_of_seq10(rank: int) -> tuple[str, bool]:
+        r = server.client.get(
+            "/api/v1/jobs/healthy_4/timeline", params={"group": "0", "seq_from": 10, "seq_to": 10}
+        )
+        row = next(e for e in r.json()["entries"] if e["rank"] == rank)
+        return row["state"], row["retired"]
+
+    assert state_of_seq10(0) == ("scheduled", False)
+    assert server.push(finals).status_code == 200
+    assert state_of_seq10(0) == ("scheduled", True)  # gloo: retired is the finished signal
+    after = server.counts()["entries"]
+    assert after == sum(len(s.entries) for s in finals)
+    assert after > n
+
+
+def test_timeline_window(server: Server) -> None:
+    server.push(snapshots([d for ds in scenario_dumps("healthy_4").values() for d in ds]))
+    r = server.client.get(
+        "/api/v1/jobs/healthy_4/timeline",
+        params={"group": "0", "rank_from": 1, "rank_to": 2, "seq_from": 3, "seq_to": 5, "limit": 100},
+    )
+    rows = r.json()["entries"]
+    assert {(e["rank"], e["collective_seq_id"]) for e in rows} == {(r, s) for r in (1, 2) for s in (3, 4, 5)}
+    assert [e["collective_seq_id"] for e in rows] == sorted(e["collective_seq_id"] for e in rows)
+    r = server.client.get("/api/v1/jobs/healthy_4/timeline", params={"limit": 2})
+    assert len(r.json()["entries"]) == 2
+    assert server.client.get("/api/v1/jobs/nope/timeline").status_code == 404
+
+
+# --- live diagnosis ------------------------------------------------------------------------------
+
+
+def test_hang_found_through_the_api_names_the_rank(server: Server) -> None:
+    snaps = skip_stuck_view()
+    server.clock.now_ns = max(s.snapshot_time_ns for s in snaps) + int((STALL_S + 3) * NS)
+    assert server.push(snaps).status_code == 200
+    server.diagnose()
+    doc = server.job("skip")
+    exp = scenario_expected("skip")
+    assert doc["status"] == "hung"
+    assert set(Report(0, [], [], []).to_json()) <= set(doc)  # the `flightdeck analyze` shape
+    root = doc["findings"][0]
+    assert root["kind"] == exp["kind"] == "hang"
+    assert root["culprit_ranks"] == exp["culprit_ranks"] == [2]
+    assert root["process_group"] == exp["process_group"]
+    assert root["collective_seq_id"] == exp["collective_seq_id"]
+    assert root["waiting_ranks"] == [0, 1, 3]
+    jobs = server.client.get("/api/v1/jobs").json()
+    assert [(j["job"], j["status"], j["open_findings"]) for j in jobs] == [
+        ("skip", "hung", len(doc["findings"]))
+    ]
+
+
+def test_finding_resolves_when_the_job_moves_on(server: Server) -> None:
+    stuck, finals, t_k = healthy_prefix(10)
+    server.clock.now_ns = t_k + int((STALL_S + 1) * NS)
+    server.push(stuck)
+    server.diagnose()
+    doc = server.job("healthy_4")
+    assert doc["status"] == "hung"
+    assert [(f["kind"], f["culprit_ranks"], f["collective_seq_id"]) for f in doc["findings"]] == [
+        ("hang", [3], 10)
+    ]
+    server.clock.advance(1)
+    server.diagnose()  # still stuck: the same finding, updated, not a new one
+    hist = server.client.get("/api/v1/jobs/healthy_4/findings").json()["findings"]
+    assert len(hist) == 1 and hist[0]["open"]
+    assert hist[0]["updated_at_s"] > hist[0]["opened_at_s"]
+    server.clock.advance(1)
+    server.push(finals)
+    server.diagnose()
+    doc = server.job("healthy_4")
+    assert doc["status"] == "finished"
+    assert doc["findings"] == [] and doc["healthy"]
+    hist = server.client.get("/api/v1/jobs/healthy_4/findings").json()["findings"]
+    assert len(hist) == 1
+    assert not hist[0]["open"]
+    assert hist[0]["resolved_at_s"] == pytest.approx(server.clock() / NS, abs=1e-3)
+    assert hist[0]["finding"]["culprit_ranks"] == [3]
+
+
+def test_hang_found_after_restart_without_new_data(database_url: str, clock: FakeClock) -> None:
+    """Summaries are rebuilt from the database: a restarted server still sees the hang grow."""
+    snaps = skip_stuck_view()
+    entered = max(e.time_created_ns for s in snaps for e in s.entries)
+    clock.now_ns = entered + NS // 2  # not stuck for long yet
+    first = make_server(database_url, clock)
+    first.push(snaps)
+    first.diagnose()
+    assert first.job("skip")["status"] == "running"
+    first.svc.close()
+    clock.advance(STALL_S + 2)
+    second = make_server(database_url, clock)
+    try:
+        second.diagnose()
+        doc = second.job("skip")
+        assert doc["status"] == "hung"
+        assert doc["findings"][0]["culprit_ranks"] == [2]
+    finally:
+        second.svc.close()
+
+
+def test_two_servers_on_one_postgresql_agree(pg_database: str, clock: FakeClock) -> None:
+    import psycopg
+
+    schema = "two_servers"
+    with psycopg.connect(pg_database.replace("+psycopg", ""), autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    url = f"{pg_database}?options=-csearch_path%3D{schema}"
+    a = make_server(url, clock)
+    b = make_server(url, clock)
+    try:
+        snaps = skip_stuck_view()
+        clock.now_ns = max(s.snapshot_time_ns for s in snaps) + int((STALL_S + 3) * NS)
+        assert a.push(snaps, batch_id="shared-batch").json()["duplicate"] is False
+        assert b.push(snaps, batch_id="shared-batch").json()["duplicate"] is True
+        a.diagnose()
+        for path in ("/api/v1/jobs", "/api/v1/jobs/skip", "/api/v1/jobs/skip/findings"):
+            assert a.client.get(path).json() == b.client.get(path).json(), path
+        assert b.job("skip")["findings"][0]["culprit_ranks"] == [2]
+    finally:
+        a.svc.close()
+        b.svc.close()
+
+
+# --- backpressure --------------------------------------------------------------------------------
+
+
+def test_saturated_ingest_is_throttled(database_url: str, clock: FakeClock) -> None:
+    srv = make_server(database_url, clock, max_inflight_ingests=1, retry_after_s=3)
+    try:
+        srv.svc.ingest.acquire()  # another request holds the only slot
+        r = srv.push(snapshots(scenario_dumps("healthy_4")[0][:1]))
+        assert r.status_code == 429
+        assert r.headers["Retry-After"] == "3"
+        srv.svc.ingest.release()
+        assert srv.push(snapshots(scenario_dumps("healthy_4")[0][:1])).status_code == 200
+    finally:
+        srv.svc.close()
+
+
+def test_locked_sqlite_answers_503(tmp_path: Any, clock: FakeClock) -> None:
+    url = f"sqlite:///{tmp_path}/locked.db"
+    srv = make_server(url, clock, db_busy_timeout_s=0.2)
+    try:
+        with srv.svc.db.write_engine.connect() as conn:
+            conn.execute(text("SELECT 1"))  # BEGIN IMMEDIATE: holds the write lock
+            r = srv.push(snapshots(scenario_dumps("healthy_4")[0][:1]))
+            assert r.status_code == 503
+            assert r.headers["Retry-After"] == "1"
+        assert srv.svc.registry.get_sample_value("flightdeck_db_errors_total") == 1
+    finally:
+        srv.svc.close()
+
+
+# --- webhooks ------------------------------------------------------------------------------------
+
+
+class _Receiver(BaseHTTPRequestHandler):
+    """Answers 503 to the first POST, 200 to the rest; records the bodies."""
+
+    calls: ClassVar[list[dict[str, Any]]] = []
+    statuses: ClassVar[list[int]] = []
+
+    def do_POST(self) -> None:
+        n = int(self.headers["Content-Length"])
+        type(self).calls.append(json.loads(self.rfile.read(n)))
+        status = 503 if len(type(self).calls) == 1 else 200
+        type(self).statuses.append(status)
+        self.send_response(status)
+        if status == 503:
+            self.send_header("Retry-After", "0")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def test_webhook_delivered_after_a_failed_attempt(tmp_path: Any, clock: FakeClock) -> None:
+    _Receiver.calls, _Receiver.statuses = [], []
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
+    t = threading.Thread(target=httpd.serve_forever, daemon=True)
+    t.start()
+    hook = f"http://127.0.0.1:{httpd.server_address[1]}/hook"
+    srv = make_server(
+        f"sqlite:///{tmp_path}/hooks.db", clock, webhook_urls=[hook], webhook_backoff_initial_s=0.05
+    )
+    try:
+        srv.svc.webhooks.start()
+        stuck, finals, t_k = healthy_prefix(10)
+        clock.now_ns = t_k + int((STALL_S + 1) * NS)
+        srv.push(stuck)
+        srv.diagnose()
+        deadline = time.monotonic() + 10
+        while len(_Receiver.calls) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert _Receiver.statuses[:2] == [503, 200]
+        first, retried = _Receiver.calls[:2]
+        assert first == retried
+        assert retried["event"] == "finding.opened"
+        assert (retried["job"], retried["attempt"]) == ("healthy_4", 0)
+        assert retried["finding"]["kind"] == "hang" and retried["finding"]["culprit_ranks"] == [3]
+        srv.push(finals)
+        srv.diagnose()
+        while len(_Receiver.calls) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert _Receiver.calls[2]["event"] == "finding.resolved"
+    finally:
+        srv.svc.close()
+        httpd.shutdown()
+        httpd.server_close()
+
+
+# --- metrics -------------------------------------------------------------------------------------
+
+
+def _nixl_sample(run: str, tx: int) -> dict[str, Any]:
+    bounds = (10.0, 100.0, 1000.0)
+    return NixlSample(
+        host="node-1",
+        agent="agent-a",
+        pid=42,
+        local_rank=0,
+        source="mp",
+        read_time_ns=1,
+        run=run,
+        format_version=1,
+        tx_bytes=tx,
+        rx_bytes=10,
+        tx_requests=2,
+        rx_requests=1,
+        memory_registered_bytes=4096,
+        memory_deregistered_bytes=1024,
+        errors=(("backend", 1),),
+        events_dropped=0,
+        xfer_time=Histogram(bounds, (1, 1, 0, 0), 60, 2),
+        post_time=Histogram.empty(bounds),
+    ).to_wire()
+
+
+def server_metric_names() -> set[str]:
+    """The metric names of the `## Server` table of docs/metrics.md (other tables: other processes)."""
+    doc = METRICS_DOC.read_text(encoding="utf-8")
+    section = doc.split("## Server", 1)[1].split("\n## ", 1)[0]
+    return set(re.findall(r"^\|\s*`(flightdeck_[a-z0-9_]+)`\s*\|", section, flags=re.M))
+
+
+def _families(text_: str) -> set[str]:
+    return {line.split()[2] for line in text_.splitlines() if line.startswith("# TYPE ")}
+
+
+def test_metrics_expose_the_documented_names_and_the_state(server: Server) -> None:
+    snaps = skip_stuck_view()
+    server.clock.now_ns = max(s.snapshot_time_ns for s in snaps) + int((STALL_S + 3) * NS)
+    server.push(snaps, nixl=[_nixl_sample("run-1", 1000)])
+    server.push([], nixl=[_nixl_sample("run-2", 300)])  # the agent restarted: counters start over
+    server.diagnose()
+    r = server.client.get("/metrics")
+    assert r.status_code == 200
+    exposed = _families(r.text)
+    assert exposed == server_metric_names()
+    get = server.svc.registry.get_sample_value
+    assert get("flightdeck_jobs", {"status": "hung"}) == 1
+    assert get("flightdeck_job_hang_active", {"job": "skip", "group": "0"}) == 1
+    assert get("flightdeck_job_culprit_ranks", {"job": "skip", "group": "0"}) == 1
+    assert get("flightdeck_job_waiting_ranks", {"job": "skip", "group": "0"}) == 3
+    assert get("flightdeck_job_findings_open", {"job": "skip", "kind": "hang"}) == 1
+    assert get("flightdeck_job_findings_total", {"kind": "hang"}) == 1
+    assert (
+        get("flightdeck_job_oldest_unfinished_elapsed_seconds", {"job": "skip", "group": "0"}) or 0
+    ) > STALL_S
+    assert (
+        get("flightdeck_job_collectives_total", {"job": "skip", "group": "0", "op": "all_reduce"}) or 0
+    ) > 0
+    assert get("flightdeck_ingest_entries_total") == sum(len(s.entries) for s in snaps)
+    assert get("flightdeck_rank_last_seen_age_seconds", {"job": "skip", "rank": "2"}) == pytest.approx(
+        STALL_S + 3
+    )
+    assert get("flightdeck_collector_last_push_age_seconds", {"collector": "test-collector"}) == 0
+    labels = {"host": "node-1", "agent": "agent-a"}
+    assert get("flightdeck_nixl_tx_bytes_total", labels) == 1300  # both runs
+    assert get("flightdeck_nixl_errors_total", {**labels, "kind": "backend"}) == 2
+    assert get("flightdeck_nixl_memory_registered_bytes", labels) == 3072
+    assert get("flightdeck_nixl_xfer_time_seconds_bucket", {**labels, "le": "1e-05"}) == 2
+    assert get("flightdeck_nixl_xfer_time_seconds_count", labels) == 4
+    agents = server.client.get("/api/v1/nixl/agents").json()
+    assert [(a["host"], a["agent"], a["totals"]["tx_bytes"]) for a in agents] == [("node-1", "agent-a", 1300)]
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed (Debian package `prometheus`)")
+    out = subprocess.run([promtool, "check", "metrics"], input=r.content, capture_output=True, timeout=30)
+    assert out.returncode == 0, out.stdout.decode() + out.stderr.decode()
+    assert not out.stdout.strip() and not out.stderr.strip(), out.stdout.decode() + out.stderr.decode()
+
+
+# --- retention, health, docs ---------------------------------------------------------------------
+
+
+def test_retention_deletes_old_entries_and_keeps_findings(server: Server) -> None:
+    stuck, _finals, t_k = healthy_prefix(10)
+    server.clock.now_ns = t_k + int((STALL_S + 1) * NS)
+    server.push(stuck)
+    server.diagnose()
+    assert server.counts()["entries"] > 0
+    server.clock.advance(server.svc.settings.retention_days * 86400 + 60)
+    deleted = server.svc.run_retention()
+    counts = server.counts()
+    assert deleted > 0 and counts["entries"] == 0
+    assert counts["findings"] == 1
+    assert counts["ingested_batches"] == 0
+
+
+def test_health_and_openapi(server: Server) -> None:
+    r = server.client.get("/healthz")
+    assert r.status_code == 200 and r.json()["status"] == "ok"
+    paths = set(server.client.get("/openapi.json").json()["paths"])
+    assert {
+        "/api/v1/ingest",
+        "/api/v1/jobs",
+        "/api/v1/jobs/{job}",
+        "/api/v1/jobs/{job}/findings",
+        "/api/v1/jobs/{job}/timeline",
+        "/api/v1/nixl/agents",
+        "/healthz",
+        "/metrics",
+    } <= paths
+    assert server.client.get("/api/v1/jobs/none").status_code == 404
+
+
+def test_reads_can_require_a_token(database_url: str, clock: FakeClock) -> None:
+    srv = make_server(database_url, clock, require_read_token=True)
+    try:
+        assert srv.client.get("/api/v1/jobs").status_code == 401
+        assert srv.client.get("/api/v1/jobs", headers=AUTH).status_code == 200
+        assert srv.client.get("/metrics").status_code == 200
+    finally:
+        srv.svc.close()
