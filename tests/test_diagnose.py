@@ -198,3 +198,12 @@ def test_json_dump_of_nccl_shape_parses_timestamps_and_p2p_peer() -> None:
         0.5,
     )
     assert d.groups["0"].ranks == (0, 1)
+
+
+def test_resent_p2p_entries_replace_their_earlier_copy() -> None:
+    from flightdeck.analysis import add_entries
+
+    first = _e(0, 0, "send", p2p=True, peer=1, state="started")
+    s = summarize(_dump(0, [first]))
+    add_entries(s, [replace(first, state="completed", retired=True)])
+    assert [(e.record_id, e.state) for e in s.tracks["0"].p2p] == [(0, "completed")]

@@ -168,7 +168,13 @@ def add_entries(s: RankSummary, entries: Iterable[Entry]) -> None:
         if track is None:
             track = tracks[e.group] = GroupTrack()
         if e.is_p2p:
-            track.p2p.append(e)
+            # Re-sent entries (state changes) replace the earlier copy rather than adding one.
+            for i in range(len(track.p2p) - 1, -1, -1):
+                if track.p2p[i].record_id == e.record_id:
+                    track.p2p[i] = e
+                    break
+            else:
+                track.p2p.append(e)
             continue
         sig = signature(e)
         fp = fingerprint(sig)
