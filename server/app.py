@@ -20,6 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry
 from sqlalchemy.exc import OperationalError
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from flightdeck import __version__
 from flightdeck.server import store
@@ -30,10 +31,30 @@ from flightdeck.server.live import JobState, LiveDiagnosis
 from flightdeck.server.metrics import IngestMetrics, SharedState, StateCollector
 from flightdeck.server.settings import ServerSettings
 from flightdeck.server.webhooks import WebhookSender
+from flightdeck.web.routes import SecurityHeadersMiddleware, WebSettings, make_router
+from flightdeck.web.store_data import StoreData
 
 log = logging.getLogger(__name__)
 
 NS = 1_000_000_000
+
+#: Paths that are not dashboard pages: the JSON API, operations and the OpenAPI docs keep their own
+#: headers (the docs UI needs inline script, which the dashboard's CSP forbids).
+NON_WEB_PREFIXES = ("/api/", "/metrics", "/healthz", "/docs", "/redoc", "/openapi.json")
+
+
+class WebHeadersMiddleware:
+    """`SecurityHeadersMiddleware` on the dashboard's paths only (every path but `NON_WEB_PREFIXES`)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.secured = SecurityHeadersMiddleware(app)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and not str(scope.get("path", "")).startswith(NON_WEB_PREFIXES):
+            await self.secured(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
 
 
 @dataclass(slots=True)
@@ -215,4 +236,7 @@ def create_app(
     app.add_exception_handler(ServerError, handle)
     app.add_exception_handler(OperationalError, handle_db)
     app.include_router(router)
+    web = StoreData(db=services.db, live=services.live, clock=clock, job_idle_s=settings.job_idle_s)
+    app.include_router(make_router(web, WebSettings(token=settings.web_token)))
+    app.add_middleware(WebHeadersMiddleware)
     return app

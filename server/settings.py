@@ -127,6 +127,14 @@ class ServerSettings(BaseSettings):
         description="Accept ingest batches without a token (local development and tests only).",
     )
 
+    web_token: str | None = Field(
+        default=None,
+        min_length=16,
+        description="When set, the incident dashboard (the HTML pages at /, /jobs/...) needs this "
+        "token as `Authorization: Bearer <token>` or as the basic-auth password (what a browser "
+        "sends); unset: the pages are open, for a trusted network. The JSON API is unaffected.",
+    )
+
     @field_validator("webhook_urls")
     @classmethod
     def _http_urls(cls, urls: list[str]) -> list[str]:

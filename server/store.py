@@ -635,11 +635,20 @@ def load_entries(*, session: Session, job_id: int) -> dict[int, list[Entry]]:
     rows = session.execute(
         select(EntryRow).where(EntryRow.job_id == job_id).order_by(EntryRow.rank, EntryRow.record_id)
     ).scalars()
-    raw = list(rows)
+    out: dict[int, list[Entry]] = {}
+    for rank, e in _entry_records(session, list(rows), groups):
+        out.setdefault(rank, []).append(e)
+    return out
+
+
+def _entry_records(
+    session: Session, raw: Sequence[EntryRow], groups: dict[int, str]
+) -> list[tuple[int, Entry]]:
+    """Entry rows as (rank, record) pairs, in the given order (signatures and stacks batch-loaded)."""
     sigs = _signatures(session, (r.sig_id for r in raw))
     stacks = stacks_by_id(session=session, ids=(r.stack_id for r in raw if r.stack_id is not None))
     sig_cache: dict[int, tuple[Any, ...]] = {}
-    out: dict[int, list[Entry]] = {}
+    out: list[tuple[int, Entry]] = []
     for r in raw:
         sv = sig_cache.get(r.sig_id)
         if sv is None:
@@ -655,34 +664,118 @@ def load_entries(*, session: Session, job_id: int) -> dict[int, list[Entry]]:
                 tuple(s.output_dtypes),
             )
         raw_op, op, backend, is_p2p, isz, osz, idt, odt = sv
-        out.setdefault(r.rank, []).append(
-            Entry(
-                record_id=r.record_id,
-                group=groups.get(r.group_id, str(r.group_id)),
-                collective_seq_id=r.seq,
-                p2p_seq_id=r.p2p_seq,
-                op_id=r.op_id,
-                backend=backend,
-                op=op,
-                raw_op=raw_op,
-                is_p2p=is_p2p,
-                input_sizes=isz,
-                output_sizes=osz,
-                input_dtypes=idt,
-                output_dtypes=odt,
-                state=STATE_NAMES[r.state],  # type: ignore[arg-type]
-                retired=r.retired,
-                time_created_ns=r.time_created_ns,
-                time_started_ns=r.time_started_ns,
-                time_completed_ns=r.time_completed_ns,
-                duration_ms=r.duration_ms,
-                timeout_ms=r.timeout_ms,
-                thread_name=r.thread_name,
-                peer=r.peer,
-                frames=stacks.get(r.stack_id, ()) if r.stack_id is not None else (),
+        out.append(
+            (
+                r.rank,
+                Entry(
+                    record_id=r.record_id,
+                    group=groups.get(r.group_id, str(r.group_id)),
+                    collective_seq_id=r.seq,
+                    p2p_seq_id=r.p2p_seq,
+                    op_id=r.op_id,
+                    backend=backend,
+                    op=op,
+                    raw_op=raw_op,
+                    is_p2p=is_p2p,
+                    input_sizes=isz,
+                    output_sizes=osz,
+                    input_dtypes=idt,
+                    output_dtypes=odt,
+                    state=STATE_NAMES[r.state],  # type: ignore[arg-type]
+                    retired=r.retired,
+                    time_created_ns=r.time_created_ns,
+                    time_started_ns=r.time_started_ns,
+                    time_completed_ns=r.time_completed_ns,
+                    duration_ms=r.duration_ms,
+                    timeout_ms=r.timeout_ms,
+                    thread_name=r.thread_name,
+                    peer=r.peer,
+                    frames=stacks.get(r.stack_id, ()) if r.stack_id is not None else (),
+                ),
             )
         )
     return out
+
+
+def rank_counts(*, session: Session) -> dict[int, int]:
+    """job id -> number of ranks that reported (jobs without any are absent)."""
+    q = select(Rank.job_id, func.count()).group_by(Rank.job_id)
+    return {j: int(n) for j, n in session.execute(q).tuples()}
+
+
+def group_seq_ranges(*, session: Session, job_id: int) -> dict[int, tuple[int, int]]:
+    """group row id -> (min, max) collective seq of the job's collective (non-p2p) entries."""
+    q = (
+        select(EntryRow.group_id, func.min(EntryRow.seq), func.max(EntryRow.seq))
+        .join(Signature, Signature.id == EntryRow.sig_id)
+        .where(EntryRow.job_id == job_id, Signature.is_p2p.is_(False))
+        .group_by(EntryRow.group_id)
+    )
+    return {g: (int(lo), int(hi)) for g, lo, hi in session.execute(q).tuples()}
+
+
+def rank_seq_ranges(
+    *, session: Session, job_id: int, group_id: int, ranks: Sequence[int] | None = None
+) -> dict[int, tuple[int, int]]:
+    """rank -> (min, max) collective seq it holds of one group (non-p2p entries; `ranks`: None = all)."""
+    q = (
+        select(EntryRow.rank, func.min(EntryRow.seq), func.max(EntryRow.seq))
+        .join(Signature, Signature.id == EntryRow.sig_id)
+        .where(EntryRow.job_id == job_id, EntryRow.group_id == group_id, Signature.is_p2p.is_(False))
+        .group_by(EntryRow.rank)
+    )
+    if ranks is not None:
+        q = q.where(EntryRow.rank.in_(list(ranks)))
+    return {r: (int(lo), int(hi)) for r, lo, hi in session.execute(q).tuples()}
+
+
+def window_entries(
+    *,
+    session: Session,
+    job_id: int,
+    group_id: int,
+    group_name: str,
+    ranks: Sequence[int] | None = None,
+    seq_from: int | None = None,
+    seq_to: int | None = None,
+    limit: int = 200_000,
+) -> dict[int, list[Entry]]:
+    """rank -> collective (non-p2p) entries of one group with seq in [seq_from, seq_to], as records
+    sorted by seq; a seq held twice by a rank keeps its newest record."""
+    q = (
+        select(EntryRow)
+        .join(Signature, Signature.id == EntryRow.sig_id)
+        .where(EntryRow.job_id == job_id, EntryRow.group_id == group_id, Signature.is_p2p.is_(False))
+    )
+    if ranks is not None:
+        q = q.where(EntryRow.rank.in_(list(ranks)))
+    if seq_from is not None:
+        q = q.where(EntryRow.seq >= seq_from)
+    if seq_to is not None:
+        q = q.where(EntryRow.seq <= seq_to)
+    q = q.order_by(EntryRow.rank, EntryRow.seq, EntryRow.record_id).limit(limit)
+    raw = list(session.execute(q).scalars())
+    out: dict[int, list[Entry]] = {}
+    for rank, e in _entry_records(session, raw, {group_id: group_name}):
+        lst = out.setdefault(rank, [])
+        if lst and lst[-1].collective_seq_id == e.collective_seq_id:
+            lst[-1] = e
+        else:
+            lst.append(e)
+    return out
+
+
+def recent_entries(*, session: Session, job_id: int, rank: int, limit: int = 50) -> list[Entry]:
+    """The rank's `limit` most recently created entries across all groups, oldest first."""
+    groups = {g.id: g.name for g in job_groups(session=session, job_id=job_id)}
+    q = (
+        select(EntryRow)
+        .where(EntryRow.job_id == job_id, EntryRow.rank == rank)
+        .order_by(EntryRow.time_created_ns.desc(), EntryRow.record_id.desc())
+        .limit(limit)
+    )
+    raw = list(session.execute(q).scalars())[::-1]
+    return [e for _, e in _entry_records(session, raw, groups)]
 
 
 def count_entries(*, session: Session, job_id: int | None = None) -> int:

@@ -169,9 +169,9 @@ def add_entries(s: RankSummary, entries: Iterable[Entry]) -> None:
             track = tracks[e.group] = GroupTrack()
         if e.is_p2p:
             # Re-sent entries (state changes) replace the earlier copy rather than adding one.
-            for i in range(len(track.p2p) - 1, -1, -1):
-                if track.p2p[i].record_id == e.record_id:
-                    track.p2p[i] = e
+            for k in range(len(track.p2p) - 1, -1, -1):
+                if track.p2p[k].record_id == e.record_id:
+                    track.p2p[k] = e
                     break
             else:
                 track.p2p.append(e)

@@ -1,0 +1,222 @@
+"""`WebData` over the server's SQL store and its live diagnosis (what `flightdeck server` serves).
+
+Data flows store -> web: the verdict is the live diagnosis' latest `Report` (no re-diagnosis per
+page view), else the report stored with the job (a job no worker has diagnosed since a restart),
+else an empty one. Entries are read per window (`store.window_entries`) and seq ranges come from
+aggregates (`store.group_seq_ranges`, `store.rank_seq_ranges`), so no page loads a whole ring.
+Every method opens its own read session: safe from FastAPI's worker threads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from flightdeck.analysis import Report
+from flightdeck.server import store
+from flightdeck.server.db import Database
+from flightdeck.server.live import LiveDiagnosis
+from flightdeck.server.models import Job
+from flightdeck.web.data import RankDetail, RankTrack, ThreadStackData, TimelineData
+
+NS = 1_000_000_000
+
+#: Entries shown on a rank page.
+RECENT_ENTRIES = 50
+
+
+def _group_key(name: str) -> tuple[int, int | str]:
+    # Group names are "0", "1", ... in creation order: sort them numerically, the default first.
+    return (0, int(name)) if name.isdigit() else (1, name)
+
+
+class StoreData:
+    """The pages' data from the database (`db`) and the in-memory diagnosis (`live`)."""
+
+    def __init__(
+        self, *, db: Database, live: LiveDiagnosis, clock: Callable[[], int], job_idle_s: float
+    ) -> None:
+        self._db = db
+        self._live = live
+        self._clock = clock
+        self._job_idle_s = job_idle_s
+
+    # --- helpers --------------------------------------------------------------------------------
+
+    def _active(self, j: Job) -> bool:
+        return j.status != "finished" and (self._clock() - j.last_seen_ns) / NS <= self._job_idle_s
+
+    def _report(self, session: Session, j: Job) -> dict[str, Any]:
+        js = self._live.jobs.get(j.id)
+        if js is not None and js.report is not None:
+            return js.report.to_json()
+        if j.report is not None:
+            return dict(j.report)
+        ranks = [r.rank for r, _ in store.job_ranks(session=session, job_id=j.id)]
+        expected = j.world_size or (max(ranks) + 1 if ranks else 0)
+        present = set(ranks)
+        return Report(
+            expected_ranks=expected,
+            with_dump=ranks,
+            without_dump=[r for r in range(expected) if r not in present],
+            findings=[],
+            job=j.name,
+            now_s=j.last_seen_ns / NS,
+        ).to_json()
+
+    # --- WebData --------------------------------------------------------------------------------
+
+    def list_jobs(self) -> list[dict[str, Any]]:
+        """The latest attempt of every job, most recently seen first."""
+        out = []
+        seen: set[str] = set()
+        with self._db.read() as session:
+            counts = store.rank_counts(session=session)
+            jobs = store.list_jobs(session=session)
+            newest: dict[str, int] = {}
+            for j in jobs:
+                newest[j.name] = max(newest.get(j.name, j.attempt), j.attempt)
+            for j in jobs:
+                if j.name in seen or j.attempt != newest[j.name]:
+                    continue  # one row per job: its latest attempt, as /jobs/{job} shows
+                seen.add(j.name)
+                rep = self._report(session, j)
+                findings = rep.get("findings") or []
+                out.append(
+                    {
+                        "job": j.name,
+                        "attempt": j.attempt,
+                        "active": self._active(j),
+                        "status": j.status,
+                        "healthy": rep.get("healthy"),
+                        "ranks_expected": (rep.get("ranks") or {}).get("expected") or j.world_size,
+                        "ranks_reporting": counts.get(j.id, 0),
+                        "last_seen_s": j.last_seen_ns / NS,
+                        "root_cause": findings[0] if findings else None,
+                    }
+                )
+        return out
+
+    def job_report(self, job: str) -> dict[str, Any] | None:
+        """The verdict of the job's latest attempt (`Report.to_json()`)."""
+        with self._db.read() as session:
+            j = store.get_job(session=session, name=job)
+            return None if j is None else self._report(session, j)
+
+    def job_meta(self, job: str) -> dict[str, Any] | None:
+        """Groups with their seq ranges (aggregated in SQL), liveness."""
+        with self._db.read() as session:
+            j = store.get_job(session=session, name=job)
+            if j is None:
+                return None
+            ranges = store.group_seq_ranges(session=session, job_id=j.id)
+            groups = []
+            for g in sorted(store.job_groups(session=session, job_id=j.id), key=lambda g: _group_key(g.name)):
+                if g.id not in ranges:
+                    continue  # a group without collectives has no timeline
+                lo, hi = ranges[g.id]
+                groups.append(
+                    {
+                        "name": g.name,
+                        "desc": g.desc,
+                        "ranks": None if g.ranks is None else [int(r) for r in g.ranks],
+                        "min_seq": lo,
+                        "max_seq": hi,
+                    }
+                )
+            world = j.world_size
+            if world is None:
+                world = (self._report(session, j).get("ranks") or {}).get("expected")
+            return {
+                "job": j.name,
+                "attempt": j.attempt,
+                "active": self._active(j),
+                "status": j.status,
+                "world_size": world,
+                "last_seen_s": j.last_seen_ns / NS,
+                "groups": groups,
+            }
+
+    def timeline(
+        self, job: str, *, group: str, ranks: Sequence[int] | None, seqs: tuple[int, int] | None
+    ) -> TimelineData:
+        """The group's entries per rank in the seq window, with each rank's whole seq range."""
+        with self._db.read() as session:
+            j = store.get_job(session=session, name=job)
+            if j is None:
+                return TimelineData(group=group, ranks=[])
+            gid = next(
+                (g.id for g in store.job_groups(session=session, job_id=j.id) if g.name == group), None
+            )
+            known = store.job_ranks(session=session, job_id=j.id)
+            wanted = set(ranks) if ranks is not None else None
+            rows = [(r, h) for r, h in known if wanted is None or r.rank in wanted]
+            if gid is None:
+                return TimelineData(
+                    group=group, ranks=[RankTrack(rank=r.rank, host=h, pid=r.pid) for r, h in rows]
+                )
+            only = None if wanted is None else sorted(wanted)
+            bounds = store.rank_seq_ranges(session=session, job_id=j.id, group_id=gid, ranks=only)
+            entries = store.window_entries(
+                session=session,
+                job_id=j.id,
+                group_id=gid,
+                group_name=group,
+                ranks=only,
+                seq_from=None if seqs is None else seqs[0],
+                seq_to=None if seqs is None else seqs[1],
+            )
+            tracks = []
+            for r, h in rows:
+                lo_hi = bounds.get(r.rank)
+                tracks.append(
+                    RankTrack(
+                        rank=r.rank,
+                        host=h,
+                        pid=r.pid,
+                        entries=entries.get(r.rank, []),
+                        first_seq=None if lo_hi is None else lo_hi[0],
+                        last_seq=None if lo_hi is None else lo_hi[1],
+                    )
+                )
+            return TimelineData(group=group, ranks=tracks)
+
+    def rank_detail(self, job: str, rank: int) -> RankDetail | None:
+        """The rank's latest snapshot: where it runs, its thread stacks, its recent entries."""
+        with self._db.read() as session:
+            j = store.get_job(session=session, name=job)
+            if j is None:
+                return None
+            found = next(
+                ((r, h) for r, h in store.job_ranks(session=session, job_id=j.id) if r.rank == rank), None
+            )
+            if found is None:
+                return None
+            row, host = found
+            ids = [sid for _, _, sid in (row.thread_stacks or []) if sid is not None]
+            stacks = store.stacks_by_id(session=session, ids=ids)
+            threads = store.thread_stacks_of(row, stacks)
+            recent = store.recent_entries(session=session, job_id=j.id, rank=rank, limit=RECENT_ENTRIES)
+            return RankDetail(
+                rank=rank,
+                host=host,
+                pid=row.pid,
+                snapshot_time_ns=row.last_snapshot_ns,
+                snapshot_kind=row.kind,
+                exception=row.exception,
+                recent=recent,
+                thread_stacks=[
+                    ThreadStackData(
+                        thread_name=t.thread_name,
+                        frames=[{"name": f.name, "filename": f.filename, "line": f.line} for f in t.frames],
+                    )
+                    for t in threads
+                ],
+            )
+
+    def nixl_agents(self) -> list[dict[str, Any]]:
+        """The latest stored sample of every NIXL agent."""
+        with self._db.read() as session:
+            return [dict(a.sample) for a in store.nixl_agents(session=session)]
