@@ -1,0 +1,132 @@
+"""What changed in a rank's ring since the collector last shipped it (pure: no files, no clock).
+
+Per (job, attempt, rank) the collector remembers, for every record id still in the ring, the
+progress it already put in a batch: state (scheduled < started < completed), retired, whether the
+entry went out with frames, and the entry's `time_created_ns`. A new snapshot ships an entry when:
+
+- the record id is new, or its `time_created_ns` differs (the dump file now comes from another
+  process, e.g. a restarted job writing the same torch dump path: its record ids restart at 0);
+- its progress went forward: a later state, retired, or frames it did not have (periodic
+  snapshots have no frames, stall and final ones do).
+
+Progress only moves forward. Snapshots of one rank can be read out of order (a stall file found
+after a newer periodic one, at startup), so a shipped entry is never sent with less progress than
+was already shipped: its state and retired flag are raised to what was shipped before. Entries
+below the ring's oldest record id, in a snapshot older than the newest one seen, are skipped: the
+ring has moved past them and the newer snapshot already described the ring.
+"""
+
+from __future__ import annotations
+
+import sys
+import zlib
+from array import array
+from dataclasses import dataclass, field, replace
+from operator import itemgetter
+
+from flightdeck.records import Entry, RankDump, State
+
+_STATE_RANK: dict[str, int] = {"scheduled": 0, "started": 1, "completed": 2}
+_STATES: tuple[State, ...] = ("scheduled", "started", "completed")
+_RETIRED = 4
+_FRAMES = 8
+
+
+def progress(e: Entry) -> int:
+    """An entry's progress as a small int: state rank (0-2) | 4 if retired | 8 if it has frames."""
+    return _STATE_RANK[e.state] | (_RETIRED if e.retired else 0) | (_FRAMES if e.frames else 0)
+
+
+def merge_progress(a: int, b: int) -> int:
+    """The furthest of two progress values, per component."""
+    return max(a & 3, b & 3) | ((a | b) & (_RETIRED | _FRAMES))
+
+
+Key = tuple[int, int, int]  # record id, time_created_ns, progress
+
+
+@dataclass(slots=True)
+class RankState:
+    """What was shipped for one rank: record id -> (time_created_ns, progress)."""
+
+    #: Snapshot time of the newest snapshot diffed (epoch ns).
+    last_time_ns: int = 0
+    #: Oldest record id of that snapshot: the ring no longer holds anything below it.
+    floor: int = 0
+    entries: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+    def encode(self) -> bytes:
+        """Compact bytes for the durable store: a version byte, then zlib'd little-endian int64s."""
+        flat = array("q", [self.last_time_ns, self.floor])
+        flat.extend([x for rid, (tc, p) in self.entries.items() for x in (rid, tc, p)])
+        if sys.byteorder != "little":
+            flat.byteswap()
+        return b"\x01" + zlib.compress(flat.tobytes(), 1)
+
+    @classmethod
+    def decode(cls, data: bytes) -> RankState:
+        """Inverse of `encode`; raises ValueError on corrupt data."""
+        try:
+            if data[:1] != b"\x01":
+                raise ValueError("unknown encoding")
+            flat = array("q")
+            flat.frombytes(zlib.decompress(data[1:]))
+            if sys.byteorder != "little":
+                flat.byteswap()
+            if len(flat) < 2 or (len(flat) - 2) % 3:
+                raise ValueError(f"{len(flat)} numbers")
+            it = iter(flat[2:])
+            return cls(flat[0], flat[1], {rid: (tc, p) for rid, tc, p in zip(it, it, it, strict=True)})
+        except (zlib.error, ValueError) as exc:
+            raise ValueError(f"corrupt shipped state: {exc}") from None
+
+
+def plan(prev: RankState | None, keys: list[Key], snapshot_time_ns: int) -> tuple[dict[int, int], RankState]:
+    """Which record ids of a snapshot to ship, with the progress to ship them with, and the new state.
+
+    `keys` are (record_id, time_created_ns, progress) of every entry in the snapshot. The progress
+    to ship is the entry's own, except when less than what was already shipped (a late older
+    snapshot): then it is raised. `prev` is not modified, so a caller can drop the result when
+    the batch cannot be queued.
+    """
+    prev = prev or RankState()
+    newest = snapshot_time_ns >= prev.last_time_ns
+    ship: dict[int, int] = {}
+    # The newest snapshot describes the whole ring: keep only its record ids. An older one only adds.
+    entries: dict[int, tuple[int, int]] = {} if newest else dict(prev.entries)
+    old_entries = prev.entries
+    for rid, tc, p in keys:
+        if not newest and rid < prev.floor:
+            continue
+        old = old_entries.get(rid)
+        if old is None or old[0] != tc:
+            ship[rid] = p
+            entries[rid] = (tc, p)
+            continue
+        merged = merge_progress(old[1], p) if old[1] != p else p
+        entries[rid] = (tc, merged)
+        if merged != old[1]:
+            ship[rid] = merged
+    if newest:
+        floor = min(map(itemgetter(0), keys), default=prev.floor)
+        return ship, RankState(snapshot_time_ns, floor, entries)
+    return ship, RankState(prev.last_time_ns, prev.floor, entries)
+
+
+def apply(entry: Entry, shipped_progress: int) -> Entry:
+    """The entry as it is to be shipped: state and retired raised to `shipped_progress`."""
+    own = progress(entry)
+    if (own & 3) == (shipped_progress & 3) and (own & _RETIRED) == (shipped_progress & _RETIRED):
+        return entry
+    return replace(
+        entry,
+        state=_STATES[max(own & 3, shipped_progress & 3)],
+        retired=entry.retired or bool(shipped_progress & _RETIRED),
+    )
+
+
+def diff(prev: RankState | None, dump: RankDump) -> tuple[list[Entry], RankState]:
+    """The entries of a parsed dump to ship, and the shipped state once they are shipped."""
+    keys = [(e.record_id, e.time_created_ns, progress(e)) for e in dump.entries]
+    ship, state = plan(prev, keys, dump.snapshot_time_ns or 0)
+    return [apply(e, ship[e.record_id]) for e in dump.entries if e.record_id in ship], state

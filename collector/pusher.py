@@ -1,0 +1,257 @@
+"""Sends queued batches to the server's `POST /api/v1/ingest`, oldest first, one at a time.
+
+One batch at a time and strictly in order, because a later batch of a rank carries more progress
+for the same entries than an earlier one, and the server upserts: reordering could regress them.
+
+Answers:
+- 2xx (including `{"duplicate": true}` for a batch_id the server already has): delivered, removed.
+- connection errors, timeouts, 429, 502, 503, 504: retried with jittered exponential backoff that
+  honours `Retry-After`, within `deadline_s` per delivery; after it the batch stays at the head of
+  the queue and the next delivery starts (so a server that is down for hours loses nothing).
+- any other 4xx: the server refuses the batch itself; it goes to the dead-letter table with the
+  server's message and is never retried by itself (`flightdeck collector --requeue-dead-letters`).
+- anything else (500, 501, ...): counted per batch; after `max_attempts` it is dead-lettered too, so
+  one batch that crashes the server cannot block the queue for ever.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import enum
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+
+from flightdeck.collector.metrics import CollectorMetrics
+from flightdeck.collector.queue import DurableQueue, QueuedBatch
+
+log = logging.getLogger(__name__)
+
+RETRY_STATUSES = frozenset({429, 502, 503, 504})
+#: Bounds of the backoff between attempts (seconds).
+BACKOFF_BASE_S = 0.5
+BACKOFF_MAX_S = 30.0
+#: A Retry-After longer than this is treated as this (a server saying "come back in a day" should
+#: not stall a collector that long without another look).
+RETRY_AFTER_MAX_S = 300.0
+
+
+class Outcome(enum.Enum):
+    """How one delivery of a batch ended."""
+
+    DELIVERED = "delivered"
+    DEAD_LETTERED = "dead_lettered"
+    #: Not delivered yet (retryable failures until the deadline, or stopping): still queued.
+    PENDING = "pending"
+
+
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    retry: bool
+    reason: str
+    status: int | None
+    message: str
+    retry_after_s: float | None = None
+
+
+def parse_retry_after(value: str | None, *, now_s: float) -> float | None:
+    """Seconds to wait from a Retry-After header (delta-seconds or HTTP-date), or None."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    return max(0.0, when.timestamp() - now_s)
+
+
+class Pusher:
+    """Delivers the queue's batches; `run` is the body of the pusher thread."""
+
+    def __init__(
+        self,
+        queue: DurableQueue,
+        *,
+        client: httpx.Client,
+        url: str,
+        token: str | None,
+        metrics: CollectorMetrics,
+        deadline_s: float = 60.0,
+        request_timeout_s: float = 10.0,
+        max_attempts: int = 10,
+        backoff_base_s: float = BACKOFF_BASE_S,
+        backoff_max_s: float = BACKOFF_MAX_S,
+        monotonic: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        rng: random.Random | None = None,
+        stop: threading.Event | None = None,
+    ) -> None:
+        self.queue = queue
+        self.client = client
+        self.url = url
+        self.metrics = metrics
+        self.deadline_s = deadline_s
+        self.request_timeout_s = request_timeout_s
+        self.max_attempts = max_attempts
+        self.backoff_base_s = backoff_base_s
+        self.backoff_max_s = backoff_max_s
+        self.monotonic = monotonic
+        self.wall_clock = wall_clock
+        self.rng = rng or random.Random()
+        self.stop = stop or threading.Event()
+        self.headers = {
+            "Content-Type": "application/json",
+            "Content-Encoding": "gzip",
+        }
+        if token:
+            self.headers["Authorization"] = f"Bearer {token}"
+        #: Consecutive retryable failures: drives the backoff across deliveries of the head batch.
+        self._failures = 0
+
+    # --- the thread ---------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Deliver batches until `stop` is set; never raises (errors are logged, then retried)."""
+        while not self.stop.is_set():
+            try:
+                batch = self.queue.peek()
+                if batch is None:
+                    self.queue.ready.wait(1.0)
+                    continue
+                self.deliver(batch, deadline=self.monotonic() + self.deadline_s)
+            except Exception:  # the thread must outlive any bug: log it and go on after a pause
+                log.exception("pusher: unexpected error; retrying in 1 s")
+                self.stop.wait(1.0)
+
+    def drain(self, *, timeout_s: float) -> bool:
+        """Deliver queued batches until the queue is empty or `timeout_s` passed; True when empty.
+
+        Used by `--once` and at shutdown, from the calling thread (the pusher thread is stopped).
+        """
+        end = self.monotonic() + timeout_s
+        # Our own stop event: the thread's is already set when draining at shutdown.
+        stop = threading.Event()
+        while True:
+            batch = self.queue.peek()
+            if batch is None:
+                return True
+            if self.monotonic() >= end:
+                return False
+            self.deliver(batch, deadline=end, stop=stop)
+
+    # --- one batch ----------------------------------------------------------------------------
+
+    def deliver(self, batch: QueuedBatch, *, deadline: float, stop: threading.Event | None = None) -> Outcome:
+        """Send one batch, retrying retryable failures until `deadline` (monotonic seconds).
+
+        `stop` (default: the pusher's own) cuts the waits between attempts short.
+        """
+        stop = stop or self.stop
+        headers = dict(self.headers, **{"Idempotency-Key": batch.batch_id})
+        while True:
+            answer = self._post(batch, headers, deadline)
+            if answer is None:
+                self._failures = 0
+                self.queue.ack(batch.seq)
+                self.metrics.batches_sent.inc()
+                return Outcome.DELIVERED
+            self.metrics.batches_failed.labels(reason=answer.reason).inc()
+            if not answer.retry:
+                attempts = self.max_attempts
+                if answer.reason == "server_error":
+                    attempts = self.queue.count_attempt(batch.seq)
+                if attempts >= self.max_attempts:
+                    log.error(
+                        "batch %s (%d entries) refused by the server (HTTP %s): %s; moved to the "
+                        "dead-letter table",
+                        batch.batch_id,
+                        batch.entries,
+                        answer.status,
+                        answer.message,
+                    )
+                    self.queue.dead_letter(batch.seq, status=answer.status, message=answer.message)
+                    self.metrics.dead_lettered.inc()
+                    self._failures = 0
+                    return Outcome.DEAD_LETTERED
+                log.warning(
+                    "batch %s: HTTP %s (%s), attempt %d of %d",
+                    batch.batch_id,
+                    answer.status,
+                    answer.message,
+                    attempts,
+                    self.max_attempts,
+                )
+            self._failures += 1
+            delay = self._backoff(answer.retry_after_s)
+            if self.monotonic() + delay > deadline:
+                log.warning(
+                    "batch %s not delivered within the deadline (%s); it stays queued",
+                    batch.batch_id,
+                    answer.message,
+                )
+                self.metrics.batches_failed.labels(reason="deadline").inc()
+                # Wait out what is left, so that a down server is not hammered by fresh deliveries.
+                stop.wait(max(0.0, min(delay, deadline - self.monotonic())))
+                return Outcome.PENDING
+            if stop.wait(delay):
+                return Outcome.PENDING
+
+    def _backoff(self, retry_after_s: float | None) -> float:
+        """Full-jitter exponential backoff; a Retry-After is a floor, not a suggestion."""
+        cap = min(self.backoff_max_s, self.backoff_base_s * 2 ** min(self._failures - 1, 16))
+        delay: float = cap * (0.5 + 0.5 * self.rng.random())
+        if retry_after_s is not None:
+            delay = max(delay, min(retry_after_s, RETRY_AFTER_MAX_S))
+        return delay
+
+    def _post(self, batch: QueuedBatch, headers: dict[str, str], deadline: float) -> _Answer | None:
+        """One request; None when the server took the batch, else what went wrong."""
+        timeout = max(0.1, min(self.request_timeout_s, deadline - self.monotonic()))
+        try:
+            resp = self.client.post(self.url, content=batch.body, headers=headers, timeout=timeout)
+        except httpx.TimeoutException as exc:
+            return _Answer(True, "timeout", None, f"timeout: {exc}")
+        except httpx.TransportError as exc:
+            return _Answer(True, "connection", None, f"{type(exc).__name__}: {exc}")
+        status = resp.status_code
+        if 200 <= status < 300:
+            if _is_duplicate(resp):
+                self.metrics.batches_duplicate.inc()
+                log.debug("batch %s: the server already had it", batch.batch_id)
+            return None
+        message = _message(resp)
+        if status in RETRY_STATUSES:
+            reason = "throttled" if status == 429 else "unavailable"
+            ra = parse_retry_after(resp.headers.get("Retry-After"), now_s=self.wall_clock())
+            return _Answer(True, reason, status, message, ra)
+        if 400 <= status < 500:
+            return _Answer(False, "rejected", status, message)
+        return _Answer(False, "server_error", status, message)
+
+
+def _is_duplicate(resp: httpx.Response) -> bool:
+    try:
+        doc = resp.json()
+    except ValueError:
+        return False
+    return isinstance(doc, dict) and doc.get("duplicate") is True
+
+
+def _message(resp: httpx.Response) -> str:
+    """The server's explanation: `detail` of a JSON error body, else the start of the text."""
+    try:
+        doc = resp.json()
+    except ValueError:
+        doc = None
+    if isinstance(doc, dict) and "detail" in doc:
+        return str(doc["detail"])[:2000]
+    text = resp.text.strip()
+    return text[:2000] or resp.reason_phrase or f"HTTP {resp.status_code}"

@@ -1,0 +1,289 @@
+"""The collector's durable state: one SQLite database (WAL) in `state_dir`.
+
+Three tables:
+
+- `batches`: gzipped encoded batches waiting for the server, oldest first. A batch is written here,
+  with its `batch_id` (the server's idempotency key), before any attempt to send it, and deleted
+  only after the server answered 2xx (a `{"duplicate": true}` answer included).
+- `dead_letter`: batches the server refused with a 4xx other than 429 (or that failed with other
+  statuses too often), with the status and the server's message; kept, never retried by itself.
+- `shipped`: per (job, attempt, rank), what was already put in a batch (see `collector.delta`).
+
+Why the shipped state lives here and not in a file of its own: a batch and the shipped-state
+update that describes it are committed in ONE transaction (`enqueue`). After a kill -9 at any
+point, either both exist (the batch is resent, the server deduplicates by batch_id) or neither (the
+changes are found again in the spool files and shipped then). Nothing is lost and nothing is queued
+twice. WAL with synchronous=NORMAL survives any process crash; only a power loss can drop the last
+transactions, and then it drops both halves together.
+
+Bounded disk: `enqueue` refuses (returns False) when the new batches would take the queue over
+`max_bytes`; see `collector.daemon` for what is kept and why.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+DB_NAME = "queue.sqlite3"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS batches (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    batch_id TEXT NOT NULL UNIQUE,
+    created_ns INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    entries INTEGER NOT NULL,
+    nbytes INTEGER NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    body BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS dead_letter (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    batch_id TEXT NOT NULL,
+    created_ns INTEGER NOT NULL,
+    failed_ns INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    entries INTEGER NOT NULL,
+    status INTEGER,
+    message TEXT NOT NULL,
+    body BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS shipped (
+    job TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    rank INTEGER NOT NULL,
+    updated_ns INTEGER NOT NULL,
+    state BLOB NOT NULL,
+    PRIMARY KEY (job, attempt, rank)
+);
+"""
+
+RankKey = tuple[str, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedBatch:
+    """A batch to send, as stored."""
+
+    seq: int
+    batch_id: str
+    created_ns: int
+    kind: str
+    entries: int
+    attempts: int
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class NewBatch:
+    """A batch to enqueue: `body` is the gzipped JSON document whose batch_id is `batch_id`."""
+
+    batch_id: str
+    kind: str
+    entries: int
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """What the metrics report about the queue."""
+
+    depth: int
+    nbytes: int
+    oldest_created_ns: int | None
+    dead_letters: int
+
+
+class DurableQueue:
+    """The batches, dead letters and shipped state of one collector; safe to share between threads."""
+
+    def __init__(
+        self,
+        state_dir: Path,
+        *,
+        max_bytes: int,
+        clock: Callable[[], int] = time.time_ns,
+    ) -> None:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        self.path = state_dir / DB_NAME
+        self.max_bytes = max_bytes
+        self.clock = clock
+        self._lock = threading.Lock()
+        # One connection shared under a lock: the daemon thread enqueues, the pusher thread acks,
+        # the metrics thread reads stats; all statements are short.
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA busy_timeout=5000")
+        self._db.executescript(_SCHEMA)
+        row = self._db.execute("SELECT COALESCE(SUM(nbytes), 0), COUNT(*) FROM batches").fetchone()
+        self._bytes, self._depth = int(row[0]), int(row[1])
+        #: Set whenever a batch is enqueued, so that the pusher wakes at once.
+        self.ready = threading.Event()
+        if self._depth:
+            self.ready.set()
+
+    def close(self) -> None:
+        """Close the database (a checkpoint folds the WAL back into the main file)."""
+        with self._lock:
+            self._db.close()
+
+    # --- enqueue ----------------------------------------------------------------------------------
+
+    def has_room(self, nbytes: int = 0) -> bool:
+        """Whether `nbytes` more would fit under max_bytes."""
+        with self._lock:
+            return self._bytes + nbytes <= self.max_bytes
+
+    def enqueue(self, batches: Iterable[NewBatch], shipped: dict[RankKey, bytes] | None = None) -> bool:
+        """Store batches and the shipped-state updates they imply in one transaction.
+
+        Returns False, storing nothing, when the batches would take the queue over max_bytes.
+        """
+        items = list(batches)
+        total = sum(len(b.body) for b in items)
+        now = self.clock()
+        with self._lock:
+            if items and self._bytes + total > self.max_bytes:
+                return False
+            cur = self._db.cursor()
+            cur.execute("BEGIN IMMEDIATE")
+            try:
+                cur.executemany(
+                    "INSERT INTO batches (batch_id, created_ns, kind, entries, nbytes, body)"
+                    " VALUES (?, ?, ?, ?, ?, ?)",
+                    [(b.batch_id, now, b.kind, b.entries, len(b.body), b.body) for b in items],
+                )
+                cur.executemany(
+                    "INSERT INTO shipped (job, attempt, rank, updated_ns, state) VALUES (?, ?, ?, ?, ?)"
+                    " ON CONFLICT (job, attempt, rank)"
+                    " DO UPDATE SET updated_ns = excluded.updated_ns, state = excluded.state",
+                    [(k[0], k[1], k[2], now, v) for k, v in (shipped or {}).items()],
+                )
+                cur.execute("COMMIT")
+            except BaseException:
+                cur.execute("ROLLBACK")
+                raise
+            self._bytes += total
+            self._depth += len(items)
+        if items:
+            self.ready.set()
+        return True
+
+    # --- send side --------------------------------------------------------------------------------
+
+    def peek(self) -> QueuedBatch | None:
+        """The oldest queued batch, or None (and `ready` cleared) when the queue is empty."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT seq, batch_id, created_ns, kind, entries, attempts, body"
+                " FROM batches ORDER BY seq LIMIT 1"
+            ).fetchone()
+            if row is None:
+                self.ready.clear()
+                return None
+        return QueuedBatch(*row)
+
+    def ack(self, seq: int) -> None:
+        """The server accepted the batch: forget it."""
+        with self._lock:
+            row = self._db.execute("DELETE FROM batches WHERE seq = ? RETURNING nbytes", (seq,)).fetchone()
+            if row is not None:
+                self._bytes -= int(row[0])
+                self._depth -= 1
+
+    def count_attempt(self, seq: int) -> int:
+        """Count one failed attempt that counts towards max_attempts; returns the new count."""
+        with self._lock:
+            row = self._db.execute(
+                "UPDATE batches SET attempts = attempts + 1 WHERE seq = ? RETURNING attempts", (seq,)
+            ).fetchone()
+        return int(row[0]) if row else 0
+
+    def dead_letter(self, seq: int, *, status: int | None, message: str) -> None:
+        """Move a batch the server refused to the dead-letter table, with the server's message."""
+        now = self.clock()
+        with self._lock:
+            cur = self._db.cursor()
+            cur.execute("BEGIN IMMEDIATE")
+            try:
+                row = cur.execute(
+                    "DELETE FROM batches WHERE seq = ?"
+                    " RETURNING batch_id, created_ns, kind, entries, nbytes, body",
+                    (seq,),
+                ).fetchone()
+                if row is not None:
+                    cur.execute(
+                        "INSERT INTO dead_letter (batch_id, created_ns, failed_ns, kind, entries, status,"
+                        " message, body) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                        (row[0], row[1], now, row[2], row[3], status, message[:4000], row[5]),
+                    )
+                cur.execute("COMMIT")
+            except BaseException:
+                cur.execute("ROLLBACK")
+                raise
+            if row is not None:
+                self._bytes -= int(row[4])
+                self._depth -= 1
+
+    def requeue_dead_letters(self) -> int:
+        """Put every dead letter back at the end of the queue (after fixing what the server refused)."""
+        with self._lock:
+            cur = self._db.cursor()
+            cur.execute("BEGIN IMMEDIATE")
+            try:
+                rows = cur.execute(
+                    "DELETE FROM dead_letter RETURNING batch_id, created_ns, kind, entries, body"
+                ).fetchall()
+                cur.executemany(
+                    "INSERT OR IGNORE INTO batches (batch_id, created_ns, kind, entries, nbytes, body)"
+                    " VALUES (?, ?, ?, ?, ?, ?)",
+                    [(r[0], r[1], r[2], r[3], len(r[4]), r[4]) for r in rows],
+                )
+                cur.execute("COMMIT")
+            except BaseException:
+                cur.execute("ROLLBACK")
+                raise
+            row = self._db.execute("SELECT COALESCE(SUM(nbytes), 0), COUNT(*) FROM batches").fetchone()
+            self._bytes, self._depth = int(row[0]), int(row[1])
+        if rows:
+            self.ready.set()
+        return len(rows)
+
+    def dead_letters(self) -> list[tuple[str, int | None, str]]:
+        """(batch_id, status, message) of every dead letter, oldest first."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT batch_id, status, message FROM dead_letter ORDER BY seq"
+            ).fetchall()
+        return [(str(r[0]), r[1], str(r[2])) for r in rows]
+
+    def stats(self) -> QueueStats:
+        """Depth, bytes, age of the oldest batch and dead letters, for the metrics."""
+        with self._lock:
+            oldest = self._db.execute("SELECT created_ns FROM batches ORDER BY seq LIMIT 1").fetchone()
+            dead = self._db.execute("SELECT COUNT(*) FROM dead_letter").fetchone()
+            return QueueStats(
+                self._depth, self._bytes, None if oldest is None else int(oldest[0]), int(dead[0])
+            )
+
+    # --- shipped state ----------------------------------------------------------------------------
+
+    def load_shipped(self) -> dict[RankKey, bytes]:
+        """Every rank's stored shipped state."""
+        with self._lock:
+            rows = self._db.execute("SELECT job, attempt, rank, state FROM shipped").fetchall()
+        return {(str(r[0]), int(r[1]), int(r[2])): bytes(r[3]) for r in rows}
+
+    def forget_shipped(self, older_than_ns: int) -> list[RankKey]:
+        """Drop the shipped state of ranks not updated since `older_than_ns`; returns their keys."""
+        with self._lock:
+            rows = self._db.execute(
+                "DELETE FROM shipped WHERE updated_ns < ? RETURNING job, attempt, rank", (older_than_ns,)
+            ).fetchall()
+        return [(str(r[0]), int(r[1]), int(r[2])) for r in rows]
