@@ -147,7 +147,7 @@ def main() -> int:
             "--now",
             str(time.time() + 60),
         ]
-        wall, rss, code, tail = measure(fd_cmd, 600)
+        wall, rss, code, _tail = measure(fd_cmd, 600)
         print(
             f"flightdeck analyze: {wall:.2f} s wall, peak RSS {rss} MB, exit {code}, "
             f"{size / 1e6 / wall:.0f} MB/s"
