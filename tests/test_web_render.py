@@ -111,7 +111,7 @@ def normalize(html: str) -> str:
     """Drop what changes when the dumps are regenerated: clock times, dates, pids, repo path."""
     html = html.replace(str(REPO), "$REPO")
     # The committed dumps recorded the checkout path of the machine that generated them.
-    html = re.sub(r"/[\w./-]*?/(tests/fr_jobs/|flightdeck/)", r"$REPO/\1", html)
+    html = re.sub(r"/[\w./-]*?/(\.venv/|tests/fr_jobs/|flightdeck/)", r"$REPO/\1", html)
     html = re.sub(r"\d\d:\d\d:\d\d\.\d{3}", "HH:MM:SS.mmm", html)
     html = re.sub(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", "DATE", html)
     html = re.sub(r"pid \d+", "pid N", html)
