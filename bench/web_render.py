@@ -95,7 +95,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeat", type=int, default=15)
     args = parser.parse_args()
-    print(f"{'ranks':>6} {'colls':>6} {'diagnose':>10} {'page':>10} {'timeline':>10} {'target':>8}  rows")
+    print(
+        f"{'ranks':>6} {'colls':>6} {'diagnose':>10} {'page':>10} {'timeline':>10} {'wall time':>10}"
+        f" {'target':>8}  rows"
+    )
     for n_ranks, collectives, target_ms in ((64, 500, 150), (1024, 2000, 1000)):
         dumps = synthetic_job(n_ranks, collectives)
         t = time.perf_counter()
@@ -105,10 +108,12 @@ def main() -> None:
         app.include_router(make_router(data))
         page = _median_ms(app, "/jobs/bench", {}, args.repeat)
         frag = _median_ms(app, "/jobs/bench", {"HX-Request": "true", "HX-Target": "timeline"}, args.repeat)
+        # The wall-time view of the same window (the page with ?view=time).
+        wall = _median_ms(app, "/jobs/bench?view=time", {}, args.repeat)
         view = _jobs_rows(app)
-        ok = "ok" if max(page, frag) < target_ms else "SLOW"
+        ok = "ok" if max(page, frag, wall) < target_ms else "SLOW"
         print(
-            f"{n_ranks:>6} {collectives:>6} {diag_ms:>8.0f}ms {page:>8.1f}ms {frag:>8.1f}ms"
+            f"{n_ranks:>6} {collectives:>6} {diag_ms:>8.0f}ms {page:>8.1f}ms {frag:>8.1f}ms {wall:>8.1f}ms"
             f" {target_ms:>6}ms  {view} {ok}"
         )
 

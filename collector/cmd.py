@@ -99,10 +99,10 @@ def _exists(p: Path) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Run the subcommand; returns the exit code."""
-    logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    level = getattr(logging, str(args.log_level).upper(), logging.INFO)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # httpx logs every request at INFO: a line per push, every couple of seconds. Ours say what matters.
+    logging.getLogger("httpx").setLevel(max(level, logging.WARNING))
     try:
         settings = CollectorSettings.load(args.config)
     except SettingsError as exc:

@@ -24,12 +24,14 @@ from array import array
 from dataclasses import dataclass, field, replace
 from operator import itemgetter
 
+from flightdeck.collector.frdump import SCAN_FRAMES, SCAN_RETIRED, SCAN_STATE_RANK, EntryScan
 from flightdeck.records import Entry, RankDump, State
 
-_STATE_RANK: dict[str, int] = {"scheduled": 0, "started": 1, "completed": 2}
+# One progress encoding for scanned raw entries and normalized ones: the reader's (frdump).
+_STATE_RANK = SCAN_STATE_RANK
 _STATES: tuple[State, ...] = ("scheduled", "started", "completed")
-_RETIRED = 4
-_FRAMES = 8
+_RETIRED = SCAN_RETIRED
+_FRAMES = SCAN_FRAMES
 
 
 def progress(e: Entry) -> int:
@@ -42,7 +44,7 @@ def merge_progress(a: int, b: int) -> int:
     return max(a & 3, b & 3) | ((a | b) & (_RETIRED | _FRAMES))
 
 
-Key = tuple[int, int, int]  # record id, time_created_ns, progress
+Key = EntryScan  # record id, time_created_ns, progress
 
 
 @dataclass(slots=True)
@@ -56,27 +58,50 @@ class RankState:
     entries: dict[int, tuple[int, int]] = field(default_factory=dict)
 
     def encode(self) -> bytes:
-        """Compact bytes for the durable store: a version byte, then zlib'd little-endian int64s."""
-        flat = array("q", [self.last_time_ns, self.floor])
-        flat.extend([x for rid, (tc, p) in self.entries.items() for x in (rid, tc, p)])
+        """Compact bytes for the durable store (written with every batch, so built in C loops).
+
+        Version 2: b"\\x02", then zlib of little-endian int64s [last_time_ns, floor, n, n record ids,
+        n creation times] followed by n progress bytes. (Version 1, still read: int64 triples.)
+        """
+        values = list(self.entries.values())
+        flat = array("q", [self.last_time_ns, self.floor, len(values)])
+        flat.extend(self.entries.keys())
+        flat.extend(map(itemgetter(0), values))
         if sys.byteorder != "little":
             flat.byteswap()
-        return b"\x01" + zlib.compress(flat.tobytes(), 1)
+        return b"\x02" + zlib.compress(flat.tobytes() + bytes(map(itemgetter(1), values)), 1)
 
     @classmethod
     def decode(cls, data: bytes) -> RankState:
-        """Inverse of `encode`; raises ValueError on corrupt data."""
+        """Inverse of `encode` (either version); raises ValueError on corrupt data."""
         try:
-            if data[:1] != b"\x01":
+            version = data[:1]
+            if version not in (b"\x01", b"\x02"):
                 raise ValueError("unknown encoding")
+            raw = zlib.decompress(data[1:])
             flat = array("q")
-            flat.frombytes(zlib.decompress(data[1:]))
+            if version == b"\x01":
+                flat.frombytes(raw)
+                if sys.byteorder != "little":
+                    flat.byteswap()
+                if len(flat) < 2 or (len(flat) - 2) % 3:
+                    raise ValueError(f"{len(flat)} numbers")
+                it = iter(flat[2:])
+                return cls(flat[0], flat[1], {rid: (tc, p) for rid, tc, p in zip(it, it, it, strict=True)})
+            if len(raw) < 24:
+                raise ValueError(f"{len(raw)} bytes")
+            flat.frombytes(raw[:24])
             if sys.byteorder != "little":
                 flat.byteswap()
-            if len(flat) < 2 or (len(flat) - 2) % 3:
-                raise ValueError(f"{len(flat)} numbers")
-            it = iter(flat[2:])
-            return cls(flat[0], flat[1], {rid: (tc, p) for rid, tc, p in zip(it, it, it, strict=True)})
+            last, floor, n = flat
+            if n < 0 or len(raw) != 24 + 17 * n:
+                raise ValueError(f"{len(raw)} bytes for {n} entries")
+            flat = array("q")
+            flat.frombytes(raw[24 : 24 + 16 * n])
+            if sys.byteorder != "little":
+                flat.byteswap()
+            rids, tcs, progs = flat[:n], flat[n:], raw[24 + 16 * n :]
+            return cls(last, floor, dict(zip(rids, zip(tcs, progs, strict=True), strict=True)))
         except (zlib.error, ValueError) as exc:
             raise ValueError(f"corrupt shipped state: {exc}") from None
 
@@ -90,14 +115,46 @@ def plan(prev: RankState | None, keys: list[Key], snapshot_time_ns: int) -> tupl
     the batch cannot be queued.
     """
     prev = prev or RankState()
-    newest = snapshot_time_ns >= prev.last_time_ns
     ship: dict[int, int] = {}
-    # The newest snapshot describes the whole ring: keep only its record ids. An older one only adds.
-    entries: dict[int, tuple[int, int]] = {} if newest else dict(prev.entries)
-    old_entries = prev.entries
+    if snapshot_time_ns >= prev.last_time_ns:
+        # The newest snapshot describes the whole ring: keep only its record ids.
+        entries: dict[int, tuple[int, int]] = {}
+        _merge_keys(prev.entries, entries, ship, keys)
+        floor = min(map(itemgetter(0), keys), default=prev.floor)
+        return ship, RankState(snapshot_time_ns, floor, entries)
+    # An older one only adds, and nothing the ring had already dropped when the newer was taken.
+    entries = dict(prev.entries)
+    _merge_keys(prev.entries, entries, ship, [k for k in keys if k[0] >= prev.floor])
+    return ship, RankState(prev.last_time_ns, prev.floor, entries)
+
+
+def plan_ring_update(
+    prev: RankState, *, gone: list[int], changed: list[Key], snapshot_time_ns: int, floor: int
+) -> tuple[dict[int, int], RankState]:
+    """`plan` of the newest snapshot of a ring when only some of its entries can have changed.
+
+    For a rank whose previous snapshot was planned into `prev` (as the newest): `gone` are the
+    record ids that left the ring since, `changed` the keys of the entries that are new or whose
+    identity or progress fields differ from that snapshot's; every other entry is as it was, so
+    what `prev` holds for it stands. Same result as `plan` over every key, for a fraction of the
+    work. The caller checks that the new state holds exactly the ring's record ids.
+    """
+    entries = dict(prev.entries)
+    for rid in gone:
+        entries.pop(rid, None)
+    ship: dict[int, int] = {}
+    _merge_keys(prev.entries, entries, ship, changed)
+    return ship, RankState(snapshot_time_ns, floor, entries)
+
+
+def _merge_keys(
+    old_entries: dict[int, tuple[int, int]],
+    entries: dict[int, tuple[int, int]],
+    ship: dict[int, int],
+    keys: list[Key],
+) -> None:
+    """Record `keys` in `entries` merged with what was shipped (`old_entries`); what to ship in `ship`."""
     for rid, tc, p in keys:
-        if not newest and rid < prev.floor:
-            continue
         old = old_entries.get(rid)
         if old is None or old[0] != tc:
             ship[rid] = p
@@ -107,10 +164,6 @@ def plan(prev: RankState | None, keys: list[Key], snapshot_time_ns: int) -> tupl
         entries[rid] = (tc, merged)
         if merged != old[1]:
             ship[rid] = merged
-    if newest:
-        floor = min(map(itemgetter(0), keys), default=prev.floor)
-        return ship, RankState(snapshot_time_ns, floor, entries)
-    return ship, RankState(prev.last_time_ns, prev.floor, entries)
 
 
 def apply(entry: Entry, shipped_progress: int) -> Entry:

@@ -24,8 +24,10 @@ import logging
 import os
 import pickle
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field, replace
+from itertools import repeat
+from operator import contains, itemgetter, methodcaller
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +41,7 @@ from flightdeck.records import (
     State,
     ThreadStack,
     canonical_op,
+    config_from_dict,
 )
 
 log = logging.getLogger(__name__)
@@ -453,6 +456,20 @@ def _apply_meta(dump: RankDump, meta: dict[str, Any], ctx: _Ctx) -> None:
             old = dump.groups.get(str(name))
             desc = str(g.get("desc") or (old.desc if old else ""))
             dump.groups[str(name)] = GroupInfo(str(name), desc, rk or (old.ranks if old else None))
+    cfg = meta.get("config")
+    if isinstance(cfg, dict):
+        dump.config = config_from_dict(cfg)
+        if dump.config.nccl_version is None and dump.comm_lib_version:
+            # The dump's own `comm_lib_version` names the NCCL the process group actually loaded.
+            dump.config = replace(dump.config, nccl_version=dump.comm_lib_version)
+        if any(g.timeout_ms is None for g in dump.config.groups) and dump.entries:
+            # Backends whose options Python cannot read: each entry records its group's timeout.
+            seen = {e.group: e.timeout_ms for e in dump.entries if e.timeout_ms is not None}
+            groups = tuple(
+                replace(g, timeout_ms=seen.get(g.name)) if g.timeout_ms is None else g
+                for g in dump.config.groups
+            )
+            dump.config = replace(dump.config, groups=groups)
     stacks = meta.get("thread_stacks")
     if isinstance(stacks, list):
         dump.thread_stacks = tuple(
@@ -479,8 +496,157 @@ def read_meta(path: Path) -> dict[str, Any] | None:
     return meta if isinstance(meta, dict) and meta.get("flightdeck_snapshot") else None
 
 
-def read_dump_file(path: Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> RankDump:
-    """Read one dump file (and its sidecar) into a RankDump, or raise a DumpError saying why."""
+#: What `scan_entries` reports of an entry: (record_id, time_created_ns, progress), where progress
+#: is the state's rank (`SCAN_STATE_RANK`) | `SCAN_RETIRED` if retired | `SCAN_FRAMES` if it has frames.
+EntryScan = tuple[int, int, int]
+SCAN_STATE_RANK: dict[object, int] = {"scheduled": 0, "started": 1, "completed": 2}
+SCAN_RETIRED = 4
+SCAN_FRAMES = 8
+_SCAN_FIELDS = itemgetter("record_id", "time_created_ns", "state", "retired")
+_SCAN_PROGRESS: dict[tuple[object, object], int] = {
+    (state, retired): rank | (SCAN_RETIRED if retired else 0)
+    for state, rank in SCAN_STATE_RANK.items()
+    for retired in (False, True)
+}
+_FRAMES_OF = methodcaller("get", "frames")
+#: An entry's raw identity and progress fields, opaque to callers except that equal rows mean an
+#: unchanged entry and `row[0]` is the record id (see `entry_rows`).
+EntryRow = tuple[Any, ...]
+
+
+def entry_rows(raw: dict[str, Any]) -> tuple[list[EntryRow], bool] | None:
+    """Every raw entry's identity and progress fields (one row each, in file order), built in C, and
+    whether any entry has frames; None when an entry is not a dict or lacks one of the fields.
+
+    A caller that kept the rows of an earlier version of the file compares them (equal rows:
+    unchanged entries) and turns only the rows that differ into `EntryScan`s with `row_scan`.
+    """
+    entries = raw.get("entries") or []
+    try:
+        rows = list(map(_SCAN_FIELDS, entries))
+        # Periodic snapshots have no `frames` key at all: a membership test (in C) settles that;
+        # only when some entry has the key are the lists themselves looked at.
+        frames = any(map(contains, entries, repeat("frames"))) and any(map(_FRAMES_OF, entries))
+    except (KeyError, TypeError, AttributeError):  # not a dict, or a field missing
+        return None
+    return rows, frames
+
+
+def row_scan(row: EntryRow, *, frames: bool = False) -> EntryScan | None:
+    """One row's `EntryScan` (`frames`: whether the entry has frames), or None when the fast path
+    cannot trust it (a record id or creation time that is not an int, an unknown state)."""
+    rid, tc, state, retired = row
+    if type(rid) is not int or type(tc) is not int:
+        return None
+    try:
+        p = _SCAN_PROGRESS[state, bool(retired)]
+    except (KeyError, TypeError):
+        return None
+    return rid, tc, p | SCAN_FRAMES if frames else p
+
+
+def scan_entries(raw: dict[str, Any]) -> list[EntryScan] | None:
+    """Identity and progress of every raw entry, in file order, without normalizing any.
+
+    The light-weight scanner behind incremental reads: a ring rewritten every couple of seconds
+    changes in a few dozen entries, so a caller scans all of them and normalizes (`parse_dump`
+    with `only`) just the ones it needs. None when an entry is not what the fast path trusts (a
+    field missing, a record id or creation time that is not an int, an unknown state): then the
+    caller normalizes every entry and `parse_dump`'s forgiving path decides what they mean.
+    """
+    got = entry_rows(raw)
+    if got is None:
+        return None
+    rows, any_frames = got
+    prog = _SCAN_PROGRESS
+    try:
+        # One comprehension, no call per entry: this runs over every entry of a changed ring.
+        keys = [(rid, tc, prog[state, bool(ret)]) for rid, tc, state, ret in rows]
+    except (KeyError, TypeError):  # unknown or unhashable state
+        return None
+    # map/set run in C: checking 2,000 entries this way costs ~20 µs.
+    if not set(map(type, map(itemgetter(0), keys))) | set(map(type, map(itemgetter(1), keys))) <= {int}:
+        return None
+    if any_frames:  # stall and final snapshots; periodic ones are taken without stacks
+        entries = raw.get("entries") or []
+        keys = [
+            (r, t, p | SCAN_FRAMES) if f else (r, t, p)
+            for (r, t, p), f in zip(keys, map(_FRAMES_OF, entries), strict=True)
+        ]
+    return keys
+
+
+@dataclass(slots=True)
+class LoadedDump:
+    """A dump file decoded (safely) but not normalized yet, with what identifies its rank.
+
+    `read_dump_file` is `load_dump_file(...).parse()`; the collector scans the entries
+    (`scan`) and normalizes only those it ships (`parse(only=...)`).
+    """
+
+    raw: dict[str, Any]
+    rank: int
+    source: str
+    meta: dict[str, Any] | None
+    mtime_ns: int
+    #: Size of the dump file in bytes.
+    size: int
+
+    @property
+    def entry_count(self) -> int:
+        """Entries in the file."""
+        return len(self.raw.get("entries") or [])
+
+    def scan(self) -> list[EntryScan] | None:
+        """`scan_entries` of this dump."""
+        return scan_entries(self.raw)
+
+    def rows(self) -> tuple[list[EntryRow], bool] | None:
+        """`entry_rows` of this dump."""
+        return entry_rows(self.raw)
+
+    def without_entries(self) -> LoadedDump:
+        """This dump without its entries: what stays true of the file while its bytes do not change."""
+        return replace(self, raw={k: v for k, v in self.raw.items() if k != "entries"})
+
+    def with_sidecar_of(self, path: Path, *, mtime_ns: int, size: int) -> LoadedDump | None:
+        """This dump with `path`'s sidecar read again (the same bytes rewritten with a new sidecar);
+        None when the sidecar now names another rank."""
+        meta = read_meta(path)
+        if _rank_of(path, meta) != self.rank:
+            return None
+        return replace(self, source=str(path), meta=meta, mtime_ns=mtime_ns, size=size)
+
+    def parse(
+        self,
+        *,
+        only: Collection[int] | None = None,
+        scan: list[EntryScan] | None = None,
+        at: Iterable[int] | None = None,
+    ) -> RankDump:
+        """Normalize the dump; with `only`, just the entries whose record id is in it.
+
+        `scan` (this dump's `scan()`) saves looking the record ids up again when `only` is given;
+        `at` narrows the look to those entry positions (file order). Metadata (groups of
+        pg_config, sidecar, times) is the whole file's either way.
+        """
+        raw = self.raw
+        if only is not None:
+            entries = raw.get("entries") or []
+            if not only:
+                picked = []
+            elif at is not None:
+                picked = [e for e in map(entries.__getitem__, at) if e.get("record_id") in only]
+            elif scan is not None:
+                picked = [e for e, k in zip(entries, scan, strict=True) if k[0] in only]
+            else:
+                picked = [e for e in entries if isinstance(e, dict) and e.get("record_id") in only]
+            raw = dict(raw, entries=picked)
+        return parse_dump(raw, rank=self.rank, source=self.source, meta=self.meta, mtime_ns=self.mtime_ns)
+
+
+def read_dump_bytes(path: Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[bytes, os.stat_result]:
+    """A dump file's bytes and its stat, within `max_bytes`, or a DumpError saying why not."""
     try:
         st = path.stat()
     except OSError as exc:
@@ -489,17 +655,47 @@ def read_dump_file(path: Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> RankDum
         raise DumpTooLargeError(f"{st.st_size} bytes is over the {max_bytes}-byte limit")
     try:
         with open(path, "rb") as fh:
-            data = fh.read(max_bytes + 1)
+            # The size is known: ask for a little more than it (a file growing while we read is cut
+            # at the limit), not for max_bytes, which makes the reader allocate that much up front.
+            data = fh.read(min(max_bytes, st.st_size + 65536) + 1)
     except OSError as exc:
         raise DumpError(f"cannot read: {exc.strerror}") from None
+    if len(data) > max_bytes:
+        raise DumpTooLargeError(f"more than the {max_bytes}-byte limit (the file grew while read)")
+    return data, st
+
+
+def load_dump_file(
+    path: Path,
+    *,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    data: bytes | None = None,
+    st: os.stat_result | None = None,
+) -> LoadedDump:
+    """Decode one dump file and its sidecar without normalizing, or raise a DumpError saying why.
+
+    `data` and `st` are the file's bytes and stat when the caller has read them already
+    (`read_dump_bytes`).
+    """
+    if data is None or st is None:
+        data, st = read_dump_bytes(path, max_bytes=max_bytes)
     raw = load_raw(data)
     meta = read_meta(path)
-    rank = meta.get("rank") if meta else None
-    if not isinstance(rank, int):
-        rank = rank_from_name(path.name)
+    rank = _rank_of(path, meta)
     if rank is None:
         raise NotADumpError("no rank: the name has no rank_<N> suffix and there is no metadata sidecar")
-    return parse_dump(raw, rank=rank, source=str(path), meta=meta, mtime_ns=st.st_mtime_ns)
+    return LoadedDump(raw, rank, str(path), meta, st.st_mtime_ns, st.st_size)
+
+
+def _rank_of(path: Path, meta: dict[str, Any] | None) -> int | None:
+    """The rank of a dump file: its sidecar's, else the one in its name."""
+    rank = meta.get("rank") if meta else None
+    return rank if isinstance(rank, int) else rank_from_name(path.name)
+
+
+def read_dump_file(path: Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> RankDump:
+    """Read one dump file (and its sidecar) into a RankDump, or raise a DumpError saying why."""
+    return load_dump_file(path, max_bytes=max_bytes).parse()
 
 
 def discover(paths: Iterable[Path]) -> Iterator[Path]:
@@ -545,6 +741,7 @@ def merge(dumps: list[RankDump]) -> RankDump:
             )
     stacks = next((d.thread_stacks for d in reversed(ordered) if d.thread_stacks), ())
     exception = next((d.exception for d in reversed(ordered) if d.exception), None)
+    config = next((d.config for d in reversed(ordered) if d.config is not None), None)
     warnings = tuple(dict.fromkeys(w for d in ordered for w in d.warnings))
     return replace(
         latest,
@@ -552,6 +749,7 @@ def merge(dumps: list[RankDump]) -> RankDump:
         groups=groups,
         thread_stacks=stacks,
         exception=exception,
+        config=config,
         wrapped=bool(entries) and entries[0].record_id > 0,
         warnings=warnings,
         source=latest.source,

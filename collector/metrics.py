@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable, Iterator
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -108,6 +108,18 @@ class CollectorMetrics:
             "batches_failed",
             "Failed send attempts, by reason.",
             ["reason"],
+            namespace=NAMESPACE,
+            registry=registry,
+        )
+        self.auth_failures = Counter(
+            "auth_failures",
+            "Sends the server refused for the token (HTTP 401/403); the batches stay queued.",
+            namespace=NAMESPACE,
+            registry=registry,
+        )
+        self.token_rejected = Gauge(
+            "token_rejected",
+            "1 while the server rejects the collector's token (nothing is sent), else 0.",
             namespace=NAMESPACE,
             registry=registry,
         )

@@ -8,6 +8,10 @@ Answers:
 - connection errors, timeouts, 429, 502, 503, 504: retried with jittered exponential backoff that
   honours `Retry-After`, within `deadline_s` per delivery; after it the batch stays at the head of
   the queue and the next delivery starts (so a server that is down for hours loses nothing).
+- 401, 403: the server refuses the collector's token (revoked, mistyped, rotated), not the batch.
+  Nothing is dead-lettered: the batches stay queued, one ERROR line says so (once per episode),
+  `flightdeck_collector_token_rejected` is 1, and sending is retried after a long, capped backoff
+  (`auth_retry_max_s`); a changed token (token_file) is tried at once, without a restart.
 - any other 4xx: the server refuses the batch itself; it goes to the dead-letter table with the
   server's message and is never retried by itself (`flightdeck collector --requeue-dead-letters`).
 - anything else (500, 501, ...): counted per batch; after `max_attempts` it is dead-lettered too, so
@@ -33,6 +37,12 @@ from flightdeck.collector.queue import DurableQueue, QueuedBatch
 log = logging.getLogger(__name__)
 
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
+#: The server refuses the token, not the batch: keep the batch, fix the token.
+AUTH_STATUSES = frozenset({401, 403})
+#: First wait after the token was refused; doubles up to auth_retry_max_s.
+AUTH_BACKOFF_BASE_S = 10.0
+#: While waiting out an auth backoff, how often a token_file is looked at for a new token.
+TOKEN_RECHECK_S = 5.0
 #: Bounds of the backoff between attempts (seconds).
 BACKOFF_BASE_S = 0.5
 BACKOFF_MAX_S = 30.0
@@ -93,6 +103,8 @@ class Pusher:
         wall_clock: Callable[[], float] = time.time,
         rng: random.Random | None = None,
         stop: threading.Event | None = None,
+        token_source: Callable[[], str | None] | None = None,
+        auth_backoff_max_s: float = 300.0,
     ) -> None:
         self.queue = queue
         self.client = client
@@ -111,10 +123,17 @@ class Pusher:
             "Content-Type": "application/json",
             "Content-Encoding": "gzip",
         }
+        self._token = token
         if token:
             self.headers["Authorization"] = f"Bearer {token}"
+        #: Reads the token again (token_file) while the server rejects the current one.
+        self.token_source = token_source
+        self.auth_backoff_max_s = auth_backoff_max_s
         #: Consecutive retryable failures: drives the backoff across deliveries of the head batch.
         self._failures = 0
+        #: Consecutive token rejections, and no request before this monotonic time.
+        self._auth_failures = 0
+        self._auth_until = 0.0
 
     # --- the thread ---------------------------------------------------------------------------
 
@@ -155,15 +174,24 @@ class Pusher:
         `stop` (default: the pusher's own) cuts the waits between attempts short.
         """
         stop = stop or self.stop
-        headers = dict(self.headers, **{"Idempotency-Key": batch.batch_id})
         while True:
+            if self._auth_until > self.monotonic() and not self._wait_auth(deadline, stop):
+                return Outcome.PENDING
+            headers = dict(self.headers, **{"Idempotency-Key": batch.batch_id})
             answer = self._post(batch, headers, deadline)
             if answer is None:
                 self._failures = 0
+                if self._auth_failures:
+                    log.info("the server accepts the collector token again; sending the queued batches")
+                    self._auth_failures = 0
+                    self.metrics.token_rejected.set(0)
                 self.queue.ack(batch.seq)
                 self.metrics.batches_sent.inc()
                 return Outcome.DELIVERED
             self.metrics.batches_failed.labels(reason=answer.reason).inc()
+            if answer.reason == "auth":
+                self._token_rejected(answer)
+                continue
             if not answer.retry:
                 attempts = self.max_attempts
                 if answer.reason == "server_error":
@@ -204,6 +232,60 @@ class Pusher:
             if stop.wait(delay):
                 return Outcome.PENDING
 
+    def _token_rejected(self, answer: _Answer) -> None:
+        """The server refused the token: keep everything queued, say so once, back off long."""
+        self._auth_failures += 1
+        self.metrics.auth_failures.inc()
+        self.metrics.token_rejected.set(1)
+        cap = min(self.auth_backoff_max_s, AUTH_BACKOFF_BASE_S * 2 ** min(self._auth_failures - 1, 16))
+        delay = cap * (0.5 + 0.5 * self.rng.random())
+        self._auth_until = self.monotonic() + delay
+        if self._auth_failures == 1:
+            log.error(
+                "server rejected the collector token: HTTP %s %s; nothing is sent until it is accepted "
+                "(%d batches stay queued, none are dropped; retrying every %.0f s at most); fix token or "
+                "token_file in the collector settings (a new token_file is picked up without a restart)",
+                answer.status,
+                answer.message,
+                self.queue.stats().depth,
+                self.auth_backoff_max_s,
+            )
+        else:
+            log.debug("token still rejected (HTTP %s); next try in %.0f s", answer.status, delay)
+
+    def _wait_auth(self, deadline: float, stop: threading.Event) -> bool:
+        """Wait out the auth backoff (looking for a new token); False when `deadline` or `stop` came first."""
+        while True:
+            now = self.monotonic()
+            if self._auth_until <= now:
+                return True
+            if self._reload_token():
+                self._auth_until = now
+                return True
+            if now >= deadline:
+                return False
+            if stop.wait(min(self._auth_until - now, deadline - now, TOKEN_RECHECK_S)):
+                return False
+
+    def _reload_token(self) -> bool:
+        """Read the token again; True when it changed (then it is used from now on)."""
+        if self.token_source is None:
+            return False
+        try:
+            token = self.token_source()
+        except Exception as exc:  # an unreadable or empty token_file: keep the current token
+            log.debug("cannot read the token again: %s", exc)
+            return False
+        if token == self._token:
+            return False
+        log.info("the collector token changed; trying it now")
+        self._token = token
+        if token:
+            self.headers["Authorization"] = f"Bearer {token}"
+        else:
+            self.headers.pop("Authorization", None)
+        return True
+
     def _backoff(self, retry_after_s: float | None) -> float:
         """Full-jitter exponential backoff; a Retry-After is a floor, not a suggestion."""
         cap = min(self.backoff_max_s, self.backoff_base_s * 2 ** min(self._failures - 1, 16))
@@ -232,6 +314,8 @@ class Pusher:
             reason = "throttled" if status == 429 else "unavailable"
             ra = parse_retry_after(resp.headers.get("Retry-After"), now_s=self.wall_clock())
             return _Answer(True, reason, status, message, ra)
+        if status in AUTH_STATUSES:
+            return _Answer(True, "auth", status, message)
         if 400 <= status < 500:
             return _Answer(False, "rejected", status, message)
         return _Answer(False, "server_error", status, message)

@@ -5,8 +5,9 @@ Three tables:
 - `batches`: gzipped encoded batches waiting for the server, oldest first. A batch is written here,
   with its `batch_id` (the server's idempotency key), before any attempt to send it, and deleted
   only after the server answered 2xx (a `{"duplicate": true}` answer included).
-- `dead_letter`: batches the server refused with a 4xx other than 429 (or that failed with other
-  statuses too often), with the status and the server's message; kept, never retried by itself.
+- `dead_letter`: batches the server refused with a 4xx other than 429, 401 and 403 (those refuse
+  the rate or the token, not the batch: it stays queued), or that failed with other statuses too
+  often, with the status and the server's message; kept, never retried by itself.
 - `shipped`: per (job, attempt, rank), what was already put in a batch (see `collector.delta`).
 
 Why the shipped state lives here and not in a file of its own: a batch and the shipped-state

@@ -181,6 +181,13 @@ class CollectorSettings(BaseSettings):
         default=30.0, gt=0, description="Longest wait between two attempts (Retry-After aside)."
     )
     request_timeout_s: float = Field(default=10.0, gt=0, description="Timeout of one HTTP request.")
+    auth_retry_max_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="While the server rejects the token (HTTP 401/403: revoked or mistyped), batches stay "
+        "queued and sending is retried after 10 s, doubling up to this (jittered). A changed token_file "
+        "is picked up within 5 s, without a restart.",
+    )
     max_attempts: int = Field(
         default=10,
         ge=1,

@@ -22,13 +22,21 @@ from __future__ import annotations
 import logging
 import os
 import re
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.events import (
+    FileClosedEvent,
+    FileCreatedEvent,
+    FileModifiedEvent,
+    FileMovedEvent,
+    FileSystemEvent,
+    FileSystemEventHandler,
+)
 from watchdog.observers import Observer
 from watchdog.observers.api import BaseObserver
 from watchdog.observers.polling import PollingObserver
@@ -41,6 +49,12 @@ RootKind = Literal["spool", "torch"]
 #: Names the agent uses while writing (`.<name>.<pid>.tmp`) and editors' leftovers.
 _TEMP_RE = re.compile(r"(\.tmp|\.partial|~|\.swp)$|^\.")
 _EVENT_TYPES = frozenset({"closed", "moved", "created", "modified"})
+#: What inotify is asked for. Not IN_MODIFY (one per write() of every file being written), IN_OPEN
+#: or IN_CLOSE_NOWRITE (one each per read, our own reads included): a finished file shows as a
+#: rename (spool) or a close after writing (torch's dumps, written in place).
+_INOTIFY_EVENTS: list[type[FileSystemEvent]] = [FileCreatedEvent, FileMovedEvent, FileClosedEvent]
+#: A polling observer reports a rename or a rewrite as a creation or modification.
+_POLLING_EVENTS: list[type[FileSystemEvent]] = [*_INOTIFY_EVENTS, FileModifiedEvent]
 
 
 def is_spool_dump(name: str) -> bool:
@@ -103,6 +117,10 @@ class Watcher:
         observer_factory: Callable[[], BaseObserver] | None = None,
     ) -> None:
         self.roots = roots
+        # Only inotify (Linux's default observer) gets the short list; a polling or other observer, or
+        # an injected one, gets every event type the handler takes.
+        inotify = not polling and observer_factory is None and sys.platform.startswith("linux")
+        self._event_filter = _INOTIFY_EVENTS if inotify else _POLLING_EVENTS
         if observer_factory is None:
             if polling:
 
@@ -137,7 +155,9 @@ class Watcher:
             if key in self._scheduled or not key.is_dir():
                 continue
             try:
-                self._observer.schedule(self._handler, str(key), recursive=root.recursive)
+                self._observer.schedule(
+                    self._handler, str(key), recursive=root.recursive, event_filter=self._event_filter
+                )
             except OSError as exc:  # e.g. inotify watch limit: the rescans still see the files
                 log.warning("cannot watch %s (%s); relying on rescans every few seconds", key, exc)
                 continue

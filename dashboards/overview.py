@@ -210,6 +210,27 @@ def ranks_lost_by_job() -> timeseries.Panel:
     )
 
 
+def config_skew_by_job() -> timeseries.Panel:
+    """Jobs whose ranks disagree on versions or settings; a series links to the job's page."""
+    return (
+        timeseries_panel("Configuration and version skew by job")
+        .description(
+            "1 while a job has an open config_skew or version_skew finding (ranks on different "
+            "torch/NCCL/Python versions, flight recorder off or sized differently, differing timeouts). "
+            "These jobs may hang later: see the Configuration section of the incident page."
+        )
+        .with_target(
+            query("max by (job, kind) (flightdeck_job_config_skew_active) > 0", legend="{{kind}} {{job}}")
+        )
+        .data_links([job_incident_link()])
+        .min(0)
+        .max(1)
+        .decimals(0)
+        .span(24)
+        .height(6)
+    )
+
+
 def collector_push_age() -> timeseries.Panel:
     """Seconds since each collector's last accepted batch, with the down threshold drawn."""
     return (
@@ -322,6 +343,7 @@ def build(flightdeck_url: str = DEFAULT_FLIGHTDECK_URL) -> model.Dashboard:
             jobs_by_status_over_time(),
             hangs_and_mismatches_by_job(),
             ranks_lost_by_job(),
+            config_skew_by_job(),
         ],
     )
     board = with_section(

@@ -14,10 +14,13 @@ or, without touching the training script:
 File contract (the collector and reader depend on it exactly), in `<spool_dir>/<job>/<attempt>/`:
 
 - `rank_<R>.pkl`        latest periodic snapshot, without frames, overwritten every `interval_s`;
-- `rank_<R>.stall.pkl`  once per stall episode, with frames: no collective finished for
-                        `stall_after_s` while one was pending;
+- `rank_<R>.stall.pkl`  once per stall episode, with frames and every thread's stack: no
+                        collective finished for `stall_after_s` (blocked in one, or quiet: none
+                        started either, which is where a rank the others wait for usually is);
 - `rank_<R>.final.pkl`  at interpreter exit or on an uncaught exception, with frames;
-- `X.meta.json`         the sidecar of every dump file `X`, written before `X` is renamed into place.
+- `X.meta.json`         the sidecar of every dump file `X`, written before `X` is renamed into place;
+                        its `config` key is the rank's configuration report (versions, FR settings,
+                        per-group backend and timeout, `TORCH_*`/`NCCL_*` env, secrets redacted).
 
 Every file is written to a hidden temporary name (`.<name>.<pid>.tmp`) in the same directory,
 fsynced and renamed, so a reader never sees a partial file. The agent never breaks or slows the job:
@@ -30,8 +33,10 @@ import atexit
 import dataclasses
 import json
 import logging
+import math
 import os
 import pickle
+import platform
 import re
 import runpy
 import socket
@@ -61,7 +66,23 @@ ENV_VARS: dict[str, str] = {
     "FLIGHTDECK_INTERVAL_S": "interval_s",
     "FLIGHTDECK_STALL_AFTER_S": "stall_after_s",
     "FLIGHTDECK_JOB": "job",
+    "FLIGHTDECK_CHECKPOINT_DIR": "config report: where the job reads/writes distributed checkpoints "
+    "(jobs sharing it across torch 2.14 / 2.15 are flagged by the server)",
+    "FLIGHTDECK_TEST_VERSION_OVERRIDE": "TEST ONLY: a JSON object replacing the reported versions "
+    "(torch_version, torch_git_version, cuda_version, nccl_version, python_version); the report is "
+    "marked `simulated`",
 }
+#: The flight-recorder ring size variables, the one torch reads first first; torch's default.
+FR_BUFFER_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+FR_BUFFER_DEFAULT = 2000
+#: NCCL's dump-on-timeout switch (TORCH_FR_DUMP_ON_TIMEOUT is the torch 2.15 alias); default on.
+DUMP_ON_TIMEOUT_VARS = ("TORCH_FR_DUMP_ON_TIMEOUT", "TORCH_NCCL_DUMP_ON_TIMEOUT")
+TEST_VERSION_OVERRIDE_VAR = "FLIGHTDECK_TEST_VERSION_OVERRIDE"
+_VERSION_KEYS = ("torch_version", "torch_git_version", "cuda_version", "nccl_version", "python_version")
+#: Env var names containing one of these have their value redacted in the config report.
+SECRET_NAME_WORDS = ("TOKEN", "SECRET", "KEY", "PASSWORD", "CREDENTIAL")
+REDACTED = "<redacted>"
+_TOKENISH = re.compile(r"[A-Za-z0-9+/=_.:-]+")
 #: The collector watches this root by default (collector/settings.py `spool_dirs`).
 DEFAULT_SPOOL_DIR = "/var/spool/flightdeck"
 SIDECAR_VERSION = 1
@@ -266,6 +287,114 @@ def _dist_groups() -> dict[str, dict[str, Any]]:
     return groups
 
 
+# --- the configuration report ---------------------------------------------------------------------
+
+
+def looks_secret(value: str) -> bool:
+    """Whether an env value looks like a credential: a long, high-entropy token (not a path, list or
+    number), e.g. an API key pasted into a variable whose name does not say so."""
+    if len(value) < 24 or value[0] in "/.~" or not _TOKENISH.fullmatch(value):
+        return False
+    if not (any(c.isdigit() for c in value) and any(c.isalpha() for c in value)):
+        return False
+    counts = {c: value.count(c) for c in set(value)}
+    entropy = -sum(n / len(value) * math.log2(n / len(value)) for n in counts.values())
+    return entropy >= 3.5
+
+
+def reported_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The `TORCH_*` / `NCCL_*` variables only, values redacted where they look secret."""
+    out: dict[str, str] = {}
+    for name in sorted(env):
+        if not name.startswith(("TORCH_", "NCCL_")):
+            continue
+        value = env[name]
+        secret = any(w in name.upper() for w in SECRET_NAME_WORDS) or looks_secret(value)
+        out[name] = REDACTED if secret else value[:512]
+    return out
+
+
+def fr_settings(env: Mapping[str, str]) -> dict[str, Any]:
+    """Flight-recorder settings as torch reads them: ring size (and which variable set it), and
+    whether NCCL dumps on a watchdog timeout."""
+    size: int | None = FR_BUFFER_DEFAULT
+    size_var: str | None = None
+    for var in FR_BUFFER_VARS:
+        raw = env.get(var)
+        if raw is not None and raw.strip():
+            size_var = var
+            try:
+                size = int(raw.strip())
+            except ValueError:
+                size = None  # torch would refuse or misread it; reported as unknown
+            break
+    dump_on_timeout = True
+    for var in DUMP_ON_TIMEOUT_VARS:
+        raw = env.get(var)
+        if raw is not None and raw.strip():
+            dump_on_timeout = raw.strip().lower() not in _FALSE
+            break
+    return {"fr_buffer_size": size, "fr_buffer_size_var": size_var, "dump_on_timeout": dump_on_timeout}
+
+
+def static_versions(env: Mapping[str, str]) -> dict[str, Any]:
+    """Versions that do not change while the process runs: torch (and its commit), CUDA, NCCL,
+    Python. FLIGHTDECK_TEST_VERSION_OVERRIDE (tests only) replaces them and marks them simulated."""
+    import torch
+
+    out: dict[str, Any] = {
+        "torch_version": str(torch.__version__),
+        "torch_git_version": str(getattr(torch.version, "git_version", "") or "") or None,
+        "cuda_version": str(getattr(torch.version, "cuda", "") or "") or None,
+        "nccl_version": None,
+        "python_version": platform.python_version(),
+        "simulated": False,
+    }
+    try:
+        # The NCCL a CUDA build was compiled with (no GPU needed); a CPU build raises.
+        v = torch.cuda.nccl.version()  # type: ignore[no-untyped-call]
+        out["nccl_version"] = ".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
+    except Exception:  # noqa: S110 - no NCCL in this build: nothing to report
+        pass
+    raw = env.get(TEST_VERSION_OVERRIDE_VAR)
+    if raw:
+        override = json.loads(raw)
+        if not isinstance(override, dict):
+            raise ValueError(f"{TEST_VERSION_OVERRIDE_VAR} must be a JSON object")
+        out.update({k: str(v) for k, v in override.items() if k in _VERSION_KEYS})
+        out["simulated"] = True
+    return out
+
+
+def _group_configs() -> dict[str, dict[str, Any]]:
+    """Backend and timeout of every group this rank belongs to, from torch's group registry."""
+    import torch
+    from torch.distributed import distributed_c10d as c10d
+
+    world = c10d._world
+    out: dict[str, dict[str, Any]] = {}
+    for pg, name in list(world.pg_names.items()):
+        backend = str(world.pg_backend_config.get(pg, "") or "") or None
+        out[str(name)] = {
+            "desc": str(getattr(pg, "group_desc", "") or ""),
+            "backend": backend,
+            "timeout_ms": _timeout_ms(pg, backend, torch),
+        }
+    return out
+
+
+def _timeout_ms(pg: Any, backend: str | None, torch: Any) -> int | None:
+    """The group's timeout from its backend's options (gloo and NCCL both expose `_timeout`)."""
+    devices = [part.split(":")[0] for part in (backend or "").split(",") if ":" in part] or ["cpu", "cuda"]
+    for dev in devices:
+        try:
+            t = pg._get_backend(torch.device(dev)).options._timeout
+            return int(t.total_seconds() * 1000)
+        except Exception:  # noqa: S112 - this device has no backend, or no options: try the next
+            continue
+    return None
+
+
 def _agree_job_id(rank: int, timeout_s: float) -> str:
     """A job id shared by all ranks, agreed through the default c10d store (never a collective:
     that would add a flight-recorder entry and shift every `collective_seq_id`)."""
@@ -383,6 +512,13 @@ class Agent:
         self._prev_excepthook: Callable[..., Any] | None = None
         self._prev_threading_excepthook: Callable[..., Any] | None = None
         self.snapshots_written = 0
+        self._versions: dict[str, Any] | None = None
+        self._config_groups: dict[str, dict[str, Any]] = {}
+        #: The latest configuration report; every sidecar carries it (a reader may only ever see
+        #: the newest periodic file, so none may depend on an earlier one).
+        self.config_report: dict[str, Any] | None = None
+        #: How often the report changed (the first report counts): new groups, env changes.
+        self.config_changes = 0
 
     # -- lifecycle --
 
@@ -445,16 +581,19 @@ class Agent:
         if marker != p.marker or p.last_progress_ns is None:
             p.marker, p.last_progress_ns, p.stalled = marker, now, False
         self._guarded("write-periodic", lambda: self._write("periodic", raw, now))
-        if oldest_pending is None or p.stalled:
+        if p.stalled:
             return
-        # Measure from the later of the last progress and the oldest pending op's creation, so a
-        # collective issued after a long compute-only phase is not taken for a stall.
-        since = max(p.last_progress_ns, oldest_pending)
+        # Blocked: measure from the later of the last progress and the oldest pending op's
+        # creation, so a collective issued after a long compute-only phase is not a stall.
+        # Quiet (nothing pending, nothing finished): this may be the rank the others wait for,
+        # stuck in a data loader or a kernel; its stacks show where it is instead.
+        since = p.last_progress_ns if oldest_pending is None else max(p.last_progress_ns, oldest_pending)
         if now - since >= self.config.stall_after_s * 1e9:
             p.stalled = True  # once per episode; progress (a new finished op) starts a new one
             stacks = thread_stacks()  # first: the blocked thread's stack is what matters most
             logger.warning(
-                "flightdeck agent: no collective finished for %.1f s; writing a stall snapshot",
+                "flightdeck agent: no collective %s for %.1f s; writing a stall snapshot",
+                "finished" if oldest_pending is not None else "started or finished",
                 (now - since) / 1e9,
             )
             self._guarded("stall", lambda: self._write("stall", self._dump(True), self._clock_ns(), stacks))
@@ -466,12 +605,16 @@ class Agent:
         kind: SnapshotKind,
         *,
         stacks: list[dict[str, Any]] | None = None,
+        frames: bool | None = None,
     ) -> None:
-        """Take and write one snapshot now; never raises (failures are logged once)."""
+        """Take and write one snapshot now; never raises (failures are logged once).
+
+        `frames`: whether entries carry their call-site frames (default: all but periodic ones).
+        """
         if not self._ensure_identity():
             return
-        with_frames = kind != "periodic"
-        if with_frames and stacks is None:
+        with_frames = kind != "periodic" if frames is None else frames
+        if kind != "periodic" and stacks is None:
             stacks = thread_stacks()
         self._guarded(kind, lambda: self._write(kind, self._dump(with_frames), self._clock_ns(), stacks))
 
@@ -508,6 +651,7 @@ class Agent:
             "exception": self._exception if kind == "final" else None,
             "thread_stacks": stacks if kind != "periodic" else None,
             "last_progress_ns": self._progress.last_progress_ns,
+            "config": self._guarded("config", self._config),
         }
         with self._io_lock:
             self._dir.mkdir(parents=True, exist_ok=True)
@@ -515,6 +659,30 @@ class Agent:
             _write_atomic(path.with_name(path.name + ".meta.json"), json.dumps(meta, sort_keys=True).encode())
             _write_atomic(path, raw)
             self.snapshots_written += 1
+
+    def _config(self) -> dict[str, Any]:
+        """This rank's configuration report (versions once per process, the rest per snapshot:
+        groups come and go, and a few env reads cost microseconds)."""
+        env = os.environ
+        if self._versions is None:
+            self._versions = static_versions(env)
+        report: dict[str, Any] = dict(self._versions)
+        report.update(fr_settings(env))
+        groups = self._guarded("config-groups", _group_configs)
+        if groups:
+            # Keep groups seen before: after destroy_process_group torch's registry is empty.
+            self._config_groups.update(groups)
+        report["groups"] = dict(self._config_groups)
+        report["env"] = reported_env(env)
+        report["checkpoint_dir"] = env.get("FLIGHTDECK_CHECKPOINT_DIR") or None
+        if report != self.config_report:
+            self.config_changes += 1
+            logger.info(
+                "flightdeck agent: configuration report %s",
+                "taken" if self.config_report is None else "changed",
+            )
+            self.config_report = report
+        return report
 
     def _ensure_identity(self, store_timeout_s: float = 5.0) -> bool:
         """Learn rank, world size and job once torch.distributed is initialized.
@@ -579,6 +747,10 @@ class Agent:
             self._stop.set()
             stacks = thread_stacks({threading.main_thread().ident or 0: tb} if tb is not None else None)
             self._final_done = True  # the process is going down; atexit must not overwrite this one
+            # First without the entries' frames: torch symbolizes them for seconds the first time
+            # (3 s or more), which a crash diagnosis waits on and a launcher tearing the job down
+            # may not grant. Then again with them; the file is replaced whole.
+            self.snapshot("final", stacks=stacks, frames=False)
             self.snapshot("final", stacks=stacks)
         finally:
             (self._prev_excepthook or sys.__excepthook__)(etype, value, tb)

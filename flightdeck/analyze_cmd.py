@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TextIO
 
 from flightdeck.analysis import Options, RankSummary, Report, diagnose, summarize
-from flightdeck.analysis.findings import Finding
+from flightdeck.analysis.findings import CONFIG_KINDS, Finding
 from flightdeck.collector.frdump import DumpError, discover, merge, rank_from_name, read_dump_file, read_meta
 from flightdeck.records import Stack
 
@@ -223,6 +223,8 @@ _TITLES = {
     "missing_dump": "MISSING DUMPS",
     "straggler": "STRAGGLER",
     "undecided": "UNDECIDED",
+    "version_skew": "VERSION SKEW",
+    "config_skew": "CONFIG SKEW",
 }
 
 
@@ -275,11 +277,16 @@ def _headline(i: int, f: Finding) -> str:
         )
     if f.collective_seq_id is not None:
         where.append(f"seq {f.collective_seq_id}")
+    if f.kind in CONFIG_KINDS:
+        setting = (f.expected or f.actual or {}).get("setting")
+        if setting:
+            where.append(str(setting))
     if f.op:
         where.append(f.op)
     if f.elapsed_s is not None and f.kind in ("hang", "rank_lost", "state_mismatch"):
         where.append(f"{f.elapsed_s:.1f} s")
-    prefix = "ROOT CAUSE " if i == 0 and f.consequence_of is None and f.kind != "straggler" else ""
+    root = i == 0 and f.consequence_of is None and f.kind != "straggler" and f.kind not in CONFIG_KINDS
+    prefix = "ROOT CAUSE " if root else ""
     after = f"  [follows from #{f.consequence_of + 1}]" if f.consequence_of is not None else ""
     return f"#{i + 1} {prefix}{_TITLES[f.kind]}: " + ", ".join(where) + after
 

@@ -18,9 +18,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "flightdeck.collector.cmd",
         "per-node daemon: ship flight-recorder snapshots and NIXL telemetry",
     ),
+    "demo": (
+        "flightdeck.demo.cmd",
+        "run a small real gloo job with an injected fault and watch Flightdeck diagnose it",
+    ),
     "dashboards": ("flightdeck.dashboards.cmd", "build the Grafana dashboards as JSON (dashboards/build/)"),
     "server": ("flightdeck.server.cmd", "run the control plane: ingest, live diagnosis, API, /metrics"),
     "token": ("flightdeck.server.token_cmd", "create, revoke or list collector tokens"),
+    "up": ("flightdeck.up_cmd", "the server (SQLite) and a local collector on this machine, in one command"),
 }
 
 

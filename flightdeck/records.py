@@ -131,6 +131,126 @@ class RankDump:
     #: Whether the ring buffer had wrapped (older entries were overwritten).
     wrapped: bool = False
     warnings: tuple[str, ...] = ()
+    #: The rank's configuration report (versions, FR settings, group timeouts, env), when an agent
+    #: wrote one.
+    config: RankConfig | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GroupConfig:
+    """One process group as configured on one rank: `name` is `process_group[0]`."""
+
+    name: str
+    desc: str = ""
+    #: The backend string torch holds for the group, e.g. "cpu:gloo,cuda:nccl".
+    backend: str | None = None
+    #: The group's collective timeout in ms (new_group does not inherit init_process_group's).
+    timeout_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RankConfig:
+    """What one rank runs with: versions, flight-recorder settings, groups, relevant env vars.
+
+    Reported by the agent (sidecar key `config`) once per start and whenever it changes; shipped on
+    the wire with the same keys (`config_to_dict` / `config_from_dict`).
+    """
+
+    torch_version: str | None = None
+    torch_git_version: str | None = None
+    cuda_version: str | None = None
+    #: NCCL version (torch.cuda.nccl.version(), else the dump's `comm_lib_version`).
+    nccl_version: str | None = None
+    python_version: str | None = None
+    #: Effective flight-recorder ring size in entries (0: recording off).
+    fr_buffer_size: int | None = None
+    #: The variable that set it (None: torch's default of 2000).
+    fr_buffer_size_var: str | None = None
+    #: Whether NCCL dumps the flight recorder on a watchdog timeout.
+    dump_on_timeout: bool | None = None
+    groups: tuple[GroupConfig, ...] = ()
+    #: `TORCH_*` / `NCCL_*` variables (name, value), sorted; secret-looking values redacted.
+    env: tuple[tuple[str, str], ...] = ()
+    #: Where the job reads and writes distributed checkpoints (FLIGHTDECK_CHECKPOINT_DIR).
+    checkpoint_dir: str | None = None
+    #: True when versions were replaced by the test-only FLIGHTDECK_TEST_VERSION_OVERRIDE hook.
+    simulated: bool = False
+
+
+#: Longest string kept in a config report (values are cut, never rejected).
+CONFIG_MAX_STR = 512
+#: Most env vars / groups kept in a config report.
+CONFIG_MAX_ITEMS = 256
+
+
+def config_to_dict(c: RankConfig) -> dict[str, Any]:
+    """A config report as plain JSON-able data (the sidecar and wire shape)."""
+    return {
+        "torch_version": c.torch_version,
+        "torch_git_version": c.torch_git_version,
+        "cuda_version": c.cuda_version,
+        "nccl_version": c.nccl_version,
+        "python_version": c.python_version,
+        "fr_buffer_size": c.fr_buffer_size,
+        "fr_buffer_size_var": c.fr_buffer_size_var,
+        "dump_on_timeout": c.dump_on_timeout,
+        "groups": {
+            g.name: {"desc": g.desc, "backend": g.backend, "timeout_ms": g.timeout_ms} for g in c.groups
+        },
+        "env": dict(c.env),
+        "checkpoint_dir": c.checkpoint_dir,
+        "simulated": c.simulated,
+    }
+
+
+def config_from_dict(d: object) -> RankConfig:
+    """Read a config report leniently: fields of the wrong type are dropped, strings are cut.
+
+    Raises ValueError only when `d` is not an object at all.
+    """
+    if not isinstance(d, dict):
+        raise ValueError(f"config: expected an object, got {type(d).__name__}")
+
+    def text(v: object) -> str | None:
+        return v[:CONFIG_MAX_STR] if isinstance(v, str) and v else None
+
+    def integer(v: object) -> int | None:
+        return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+    groups: list[GroupConfig] = []
+    raw_groups = d.get("groups")
+    if isinstance(raw_groups, dict):
+        for name, g in list(raw_groups.items())[:CONFIG_MAX_ITEMS]:
+            if isinstance(g, dict):
+                groups.append(
+                    GroupConfig(
+                        str(name)[:128],
+                        text(g.get("desc")) or "",
+                        text(g.get("backend")),
+                        integer(g.get("timeout_ms")),
+                    )
+                )
+    env: list[tuple[str, str]] = []
+    raw_env = d.get("env")
+    if isinstance(raw_env, dict):
+        for k, v in raw_env.items():
+            if isinstance(k, str) and isinstance(v, str) and k.startswith(("TORCH_", "NCCL_")):
+                env.append((k[:128], v[:CONFIG_MAX_STR]))
+    dot = d.get("dump_on_timeout")
+    return RankConfig(
+        torch_version=text(d.get("torch_version")),
+        torch_git_version=text(d.get("torch_git_version")),
+        cuda_version=text(d.get("cuda_version")),
+        nccl_version=text(d.get("nccl_version")),
+        python_version=text(d.get("python_version")),
+        fr_buffer_size=integer(d.get("fr_buffer_size")),
+        fr_buffer_size_var=text(d.get("fr_buffer_size_var")),
+        dump_on_timeout=dot if isinstance(dot, bool) else None,
+        groups=tuple(sorted(groups, key=lambda g: g.name)),
+        env=tuple(sorted(env)[:CONFIG_MAX_ITEMS]),
+        checkpoint_dir=text(d.get("checkpoint_dir")),
+        simulated=d.get("simulated") is True,
+    )
 
 
 # --- wire format -------------------------------------------------------------------------------

@@ -5,7 +5,8 @@
      "collector": {"host": "gpu-node-7", "version": "0.1.0"},
      "sent_at_ns": 1796033427488321090,
      "stacks": [[[name, filename, line], ...], ...],      # each distinct stack once
-     "snapshots": [{...one per rank snapshot, see `Snapshot`...}],
+     "snapshots": [{...one per rank snapshot, see `Snapshot`; "config": the rank's
+                    configuration report or null, see `flightdeck.records.config_to_dict`...}],
      "nixl": [{...flightdeck.nixl_records wire dicts...}]}
 
 A snapshot carries only the entries that are new or changed since the collector's last push of
@@ -23,9 +24,12 @@ from flightdeck.records import (
     WIRE_VERSION,
     Entry,
     GroupInfo,
+    RankConfig,
     RankDump,
     Stack,
     ThreadStack,
+    config_from_dict,
+    config_to_dict,
     entry_from_wire,
     entry_to_wire,
     frames_from_wire,
@@ -64,6 +68,8 @@ class Snapshot:
     thread_stacks: tuple[ThreadStack, ...] = ()
     entries: list[Entry] = field(default_factory=list)
     source: str = ""
+    #: The rank's configuration report, when its agent wrote one (small: sent with every snapshot).
+    config: RankConfig | None = None
 
 
 @dataclass(slots=True)
@@ -128,6 +134,7 @@ def encode_batch(batch: Batch) -> dict[str, Any]:
                 ],
                 "entries": [entry_to_wire(e, ref(e.frames)) for e in s.entries],
                 "source": s.source,
+                "config": None if s.config is None else config_to_dict(s.config),
             }
         )
     return {
@@ -243,6 +250,7 @@ def _decode_snapshot(s: object, stacks: list[Stack], where: str) -> Snapshot:
         except (TypeError, ValueError) as exc:
             raise WireError(f"{ew}: {exc}") from None
     iv = _opt(s, "interval_s", (int, float), where)
+    raw_config = _opt(s, "config", dict, where)
     return Snapshot(
         job=job,
         attempt=_opt(s, "attempt", int, where) or 0,
@@ -264,6 +272,7 @@ def _decode_snapshot(s: object, stacks: list[Stack], where: str) -> Snapshot:
         thread_stacks=tuple(threads),
         entries=entries,
         source=_opt(s, "source", str, where) or "",
+        config=None if raw_config is None else config_from_dict(raw_config),
     )
 
 
@@ -292,4 +301,5 @@ def snapshot_from_dump(
         thread_stacks=dump.thread_stacks,
         entries=list(dump.entries if entries is None else entries),
         source=dump.source,
+        config=dump.config,
     )

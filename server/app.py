@@ -20,6 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry
 from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from flightdeck import __version__
@@ -28,7 +29,7 @@ from flightdeck.server.db import Database, connect, migrate
 from flightdeck.server.errors import ServerError
 from flightdeck.server.ingest import IngestService
 from flightdeck.server.live import JobState, LiveDiagnosis
-from flightdeck.server.metrics import IngestMetrics, SharedState, StateCollector
+from flightdeck.server.metrics import IngestMetrics, SharedState, StateCollector, WebhookMetrics
 from flightdeck.server.settings import ServerSettings
 from flightdeck.server.webhooks import WebhookSender
 from flightdeck.web.routes import SecurityHeadersMiddleware, WebSettings, make_router
@@ -102,37 +103,69 @@ class Services:
         self.db.dispose()
 
     def run_retention(self) -> int:
-        """Delete entries older than `retention_days` now; returns how many went."""
+        """Delete entries, NIXL history samples and finished webhook deliveries older than
+        `retention_days` now; returns how many entries went."""
         before = self.clock() - int(self.settings.retention_days * 86400 * NS)
+        # The outbox runs on the wall clock (see WebhookSender): its cut-off is taken from it.
+        outbox_before = self.webhooks.now_ns() - int(self.settings.retention_days * 86400 * NS)
         with self.db.write() as session, session.begin():
+            store.delete_nixl_samples_before(session=session, before_ns=before)
+            store.prune_webhook_outbox(session=session, before_ns=outbox_before)
             return store.delete_entries_before(session=session, before_ns=before)
 
+    def trim_entries(self) -> int:
+        """Apply the `entries_per_rank` window to the active jobs this process diagnoses."""
+        keep = self.settings.entries_per_rank
+        if keep is None:
+            return 0
+        now_ns = self.clock()
+        owned = self.live.cluster.owned if self.live.cluster is not None else None
+        deleted = 0
+        for js in self.live.jobs_snapshot():
+            if (now_ns - js.last_seen_ns) / NS > self.settings.job_idle_s:
+                continue
+            if owned is not None and js.job_id not in owned:
+                continue  # its owner trims it
+            with self.db.write() as session, session.begin():
+                deleted += store.trim_entries(session=session, job_id=js.job_id, keep_per_rank=keep)
+        return deleted
+
     def _retention_loop(self) -> None:
-        while not self._retention_stop.wait(self.settings.retention_interval_s):
+        s = self.settings
+        step = (
+            s.retention_interval_s
+            if s.entries_per_rank is None
+            else min(s.retention_interval_s, s.trim_interval_s)
+        )
+        next_retention = time.monotonic() + s.retention_interval_s
+        while not self._retention_stop.wait(step):
             try:
-                n = self.run_retention()
-                if n:
-                    log.info("retention: deleted %d entries", n)
+                if s.entries_per_rank is not None:
+                    n = self.trim_entries()
+                    if n:
+                        log.info("window: trimmed %d entries", n)
+                if time.monotonic() >= next_retention:
+                    next_retention = time.monotonic() + s.retention_interval_s
+                    n = self.run_retention()
+                    if n:
+                        log.info("retention: deleted %d entries", n)
             except OperationalError:
                 self.metrics.db_errors.inc()
             except Exception:
                 log.exception("retention failed")
 
     def on_finding_events(self, js: JobState, events: list[store.FindingEvent]) -> None:
-        """Count opened findings and publish every event to the webhooks."""
+        """Count opened findings and wake the webhook sender (the events are in its outbox, written
+        with the findings by `record_finding_events`)."""
         with self.shared.lock:
             for ev in events:
                 if ev.event == "finding.opened":
                     self.shared.findings_opened[ev.kind] += 1
-        for ev in events:
-            self.webhooks.publish(
-                {
-                    "event": ev.event,
-                    "job": js.name,
-                    "attempt": js.attempt,
-                    "finding": {**ev.data, "id": ev.row_id},
-                }
-            )
+        self.webhooks.notify()
+
+    def record_finding_events(self, session: Session, js: JobState, events: list[store.FindingEvent]) -> None:
+        """Write the events to the webhook outbox in the transaction that changed the findings."""
+        self.webhooks.enqueue(session=session, job=js.name, attempt=js.attempt, events=events)
 
 
 def build_services(
@@ -149,14 +182,25 @@ def build_services(
     metrics = IngestMetrics()
     shared = SharedState()
     client = http_client if http_client is not None else httpx.Client(timeout=settings.webhook_timeout_s)
-    webhooks = WebhookSender(settings=settings, client=client)
+    webhook_metrics = WebhookMetrics()
+    webhooks = WebhookSender(
+        settings=settings, db=db, client=client, metrics=webhook_metrics, on_db_error=metrics.db_errors.inc
+    )
     holder: list[Services] = []
 
     def on_events(js: JobState, events: list[store.FindingEvent]) -> None:
         holder[0].on_finding_events(js, events)
 
+    def record_events(session: Session, js: JobState, events: list[store.FindingEvent]) -> None:
+        holder[0].record_finding_events(session, js, events)
+
     live = LiveDiagnosis(
-        db=db, settings=settings, clock=clock, on_events=on_events, on_db_error=metrics.db_errors.inc
+        db=db,
+        settings=settings,
+        clock=clock,
+        on_events=on_events,
+        on_db_error=metrics.db_errors.inc,
+        record_events=record_events,
     )
     live.load()
     with db.read() as session:
@@ -166,6 +210,7 @@ def build_services(
         for a in store.nixl_agents(session=session):
             shared.set_nixl(a.host, a.agent, a.source, store.nixl_totals(a), a.sample)
     reg.register(StateCollector(live=live, shared=shared, ingest=metrics, clock=clock))
+    reg.register(webhook_metrics)
     ingest = IngestService(db=db, settings=settings, clock=clock, metrics=metrics, shared=shared, live=live)
     services = Services(
         settings=settings,

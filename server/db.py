@@ -97,12 +97,8 @@ def alembic_config() -> Config:
     return cfg
 
 
-def migrate(db: Database, revision: str = "heads") -> None:
-    """Upgrade the schema to `revision`; concurrent servers on one PostgreSQL take turns.
-
-    `heads` rather than `head`: features developed side by side add migrations on separate
-    branches until a merge revision joins them, and every branch must be applied.
-    """
+def migrate(db: Database, revision: str = "head") -> None:
+    """Upgrade the schema to `revision`; concurrent servers on one PostgreSQL take turns."""
     cfg = alembic_config()
     with db.write_engine.begin() as conn:
         if conn.dialect.name == "postgresql":

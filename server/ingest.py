@@ -7,6 +7,7 @@ of an ever-growing queue of threads and open transactions.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import secrets
@@ -110,6 +111,8 @@ class IngestService:
         self._shared = shared
         self._live = live
         self._slots = threading.BoundedSemaphore(settings.max_inflight_ingests)
+        #: Row ids this process already knows (signatures, hosts, groups, recently touched jobs).
+        self._cache = store.IngestCache()
 
     def authenticate(self, authorization: str | None) -> Collector:
         """The collector a `Authorization: Bearer <token>` header belongs to; AuthError if none."""
@@ -174,6 +177,7 @@ class IngestService:
         """Decode and apply one batch; returns the JSON answer. Raises ServerError subclasses."""
         limit = self._settings.max_request_bytes
         enc = (encoding or "identity").strip().lower()
+        sent = body
         try:
             if enc == "gzip":
                 body = gunzip_limited(body, limit)
@@ -202,8 +206,16 @@ class IngestService:
         try:
             with self._db.write() as session, session.begin():
                 result = store.ingest_batch(
-                    session=session, batch=batch, collector_id=collector.id, now_ns=now_ns
+                    session=session, batch=batch, collector_id=collector.id, now_ns=now_ns, cache=self._cache
                 )
+                if self._settings.cluster and not result.duplicate and result.jobs:
+                    # For the processes that own these jobs' diagnosis (read back in commit order).
+                    result.feed_ids = store.add_feed(
+                        session=session,
+                        job_ids=result.jobs,
+                        body=sent if enc == "gzip" else gzip.compress(sent, compresslevel=1),
+                        received_ns=self._clock(),
+                    )
                 nixl_rows = (
                     [
                         (a.host, a.agent, a.source, store.nixl_totals(a), a.sample)
@@ -218,6 +230,7 @@ class IngestService:
             raise UnavailableError(
                 "database busy or unavailable", retry_after_s=self._settings.retry_after_s
             ) from None
+        self._cache.learn(result.learned)  # committed: its ids exist
         self._metrics.latency.observe(time.perf_counter() - started)
         if result.duplicate:
             self._metrics.batches.labels("duplicate").inc()

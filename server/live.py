@@ -19,10 +19,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session
 
 from flightdeck.analysis import Finding, Options, RankSummary, Report, add_entries, diagnose
-from flightdeck.analysis.findings import MISMATCH_KINDS
+from flightdeck.analysis.config_skew import PeerJob
+from flightdeck.analysis.findings import CONFIG_KINDS, MISMATCH_KINDS
 from flightdeck.server import store
+from flightdeck.server.cluster import Cluster
 from flightdeck.server.db import Database
 from flightdeck.server.settings import ServerSettings
 from flightdeck.wire import Snapshot
@@ -72,6 +75,10 @@ class JobState:
     dirty_since: float = 0.0
     last_ingest: float = 0.0
     last_diagnosis: float = 0.0
+    #: Seconds the last diagnosis took (it spaces the next ones: `diagnosis_max_share`).
+    diagnosis_s: float = 0.0
+    #: Monotonic time of the last diagnosis that ran the straggler analysis.
+    last_stragglers: float = float("-inf")
     #: Epoch ns of the latest accepted batch for the job (server clock).
     last_seen_ns: int = 0
     #: Epoch ns this process first saw the job (server clock).
@@ -140,12 +147,16 @@ class LiveDiagnosis:
         on_events: Callable[[JobState, list[store.FindingEvent]], None],
         on_db_error: Callable[[], None],
         monotonic: Callable[[], float] = time.monotonic,
+        record_events: Callable[[Session, JobState, list[store.FindingEvent]], None] | None = None,
     ) -> None:
+        """`on_events` runs after the findings' transaction commits; `record_events` inside it
+        (the webhook outbox: an event is stored if and only if its finding change is)."""
         self._db = db
         self._settings = settings
         self._clock = clock
         self._mono = monotonic
         self._on_events = on_events
+        self._record_events = record_events
         self._on_db_error = on_db_error
         self._options = Options(
             stall_after_s=settings.stall_after_s, lost_after_intervals=settings.lost_after_intervals
@@ -155,6 +166,10 @@ class LiveDiagnosis:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.jobs: dict[int, JobState] = {}
+        #: Several servers on one PostgreSQL: which jobs this process diagnoses (see cluster.py).
+        self.cluster = Cluster(db=db, clock=clock, on_db_error=on_db_error) if settings.cluster else None
+        #: job id -> monotonic time of the last try to own it (cluster mode).
+        self._claim_tried: dict[int, float] = {}
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -191,6 +206,8 @@ class LiveDiagnosis:
         if self._thread is not None:
             self._thread.join(timeout_s)
             self._thread = None
+        if self.cluster is not None:
+            self.cluster.close()
 
     def _run(self) -> None:
         tick = max(0.02, min(0.1, self._settings.diagnosis_debounce_s / 4))
@@ -228,6 +245,10 @@ class LiveDiagnosis:
                     js.dirty_since = now
                 if js.status == "finished":
                     js.status = "running"
+            if self.cluster is not None:
+                # The owner folds every batch in feed order, its own ones included (cluster.py).
+                self.cluster.remember(result.feed_ids, result.snapshots)
+                return
             for applied in result.snapshots:
                 js = self.jobs[applied.job_id]
                 js.pending.append(applied.snapshot)
@@ -247,19 +268,30 @@ class LiveDiagnosis:
         due: list[JobState] = []
         with self._lock:
             jobs = list(self.jobs.values())
+        if self.cluster is not None:
+            jobs = self._cluster_step(jobs, now, now_ns)
         for js in jobs:
             self._fold(js)
             idle = (now_ns - js.last_seen_ns) / NS > s.job_idle_s
+            # A large job's diagnosis takes long: space them so it gets at most its share of a core.
+            rested = now - js.last_diagnosis >= js.diagnosis_s / s.diagnosis_max_share
             if js.dirty:
                 quiet = now - js.last_ingest >= s.diagnosis_debounce_s
                 # A job that never goes quiet (thousands of ranks pushing in turn) still gets looked at.
                 starving = now - js.dirty_since >= max(2.0, 4 * s.diagnosis_debounce_s)
-                if quiet or starving or force:
+                if force or ((quiet or starving) and rested):
                     due.append(js)
             elif (
                 js.summaries is not None
                 and not idle
-                and (force or (js.status != "finished" and now - js.last_diagnosis >= s.diagnosis_interval_s))
+                and (
+                    force
+                    or (
+                        js.status != "finished"
+                        and rested
+                        and now - js.last_diagnosis >= s.diagnosis_interval_s
+                    )
+                )
             ):
                 due.append(js)
             elif idle and js.summaries is not None and not js.pending:
@@ -267,6 +299,79 @@ class LiveDiagnosis:
         for js in due:
             self.diagnose_job(js)
         return len(due)
+
+    def _cluster_step(self, jobs: list[JobState], now: float, now_ns: int) -> list[JobState]:
+        """Own what can be owned, release idle jobs, queue the feed's new snapshots of the owned
+        jobs; returns the owned jobs (the others are diagnosed by another process)."""
+        c = self.cluster
+        assert c is not None
+        idle_s = self._settings.job_idle_s
+        if c.housekeeping():
+            if not c.check():
+                for js in jobs:
+                    js.summaries = None
+            jobs = self._discover(jobs, now_ns)
+        want = []
+        for js in jobs:
+            active = (now_ns - js.last_seen_ns) / NS <= idle_s
+            if js.job_id in c.owned:
+                if not active:
+                    c.release(js.job_id)
+                    js.summaries = None
+            elif active and now - self._claim_tried.get(js.job_id, -1e9) >= 1.0:
+                self._claim_tried[js.job_id] = now
+                want.append(js.job_id)
+        for job_id in c.claim(want):
+            js = self.jobs[job_id]
+            with self._lock:
+                js.pending.clear()
+                js.summaries = None  # rebuilt from the database, then the feed from there on
+                js.dirty = True
+                js.dirty_since = now
+        owned = [js for js in jobs if js.job_id in c.owned]
+        for js in jobs:
+            if js.job_id not in c.owned:
+                js.summaries = None
+        feed = c.read({js.job_id: (js.name, js.attempt) for js in owned if js.summaries is not None})
+        for job_id, snaps in feed.items():
+            js = self.jobs[job_id]
+            with self._lock:
+                js.pending.extend(snaps)
+                js.world_size = next((x.world_size for x in reversed(snaps) if x.world_size), js.world_size)
+                js.last_seen_ns = max(js.last_seen_ns, now_ns)
+                js.last_ingest = now
+                if not js.dirty:
+                    js.dirty = True
+                    js.dirty_since = now
+        return owned
+
+    def _discover(self, jobs: list[JobState], now_ns: int) -> list[JobState]:
+        """Learn the active jobs other processes ingested (to take them over should their owner
+        die) and the status of the jobs this process does not own."""
+        since = now_ns - int(self._settings.job_idle_s * NS)
+        try:
+            with self._db.read() as session:
+                rows = store.active_jobs(session=session, since_ns=since)
+        except OperationalError:
+            self._on_db_error()
+            return jobs
+        owned = self.cluster.owned if self.cluster is not None else set()
+        with self._lock:
+            for r in rows:
+                js = self.jobs.get(r.id)
+                if js is None:
+                    js = self.jobs[r.id] = JobState(
+                        job_id=r.id,
+                        name=r.name,
+                        attempt=r.attempt,
+                        world_size=r.world_size,
+                        status=r.status,
+                        first_seen_ns=r.first_seen_ns,
+                    )
+                js.last_seen_ns = max(js.last_seen_ns, r.last_seen_ns)
+                if r.id not in owned:
+                    js.status = r.status
+            return list(self.jobs.values())
 
     def _fold(self, js: JobState) -> None:
         with self._lock:
@@ -284,6 +389,10 @@ class LiveDiagnosis:
         summaries: dict[int, RankSummary] = {}
         try:
             with self._db.read() as session:
+                if self.cluster is not None:
+                    # One snapshot for the rows and the feed ids they include (cluster.py).
+                    session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+                    self.cluster.mark_seen(session, js.job_id)
                 job = store.get_job_by_id(session=session, job_id=js.job_id)
                 if job is None:
                     return
@@ -293,6 +402,7 @@ class LiveDiagnosis:
                 sids = {sid for r, _ in ranks for _, _, sid in (r.thread_stacks or []) if sid is not None}
                 stacks = store.stacks_by_id(session=session, ids=sids)
                 entries = store.load_entries(session=session, job_id=js.job_id)
+                configs = store.rank_configs(session=session, job_id=js.job_id)
         except OperationalError:
             self._on_db_error()
             return
@@ -319,6 +429,7 @@ class LiveDiagnosis:
                     for n, g in groups.items()
                 },
                 thread_stacks=store.thread_stacks_of(r, stacks),
+                config=configs.get(r.rank),
             )
             add_entries(s, entries.get(r.rank, []))
             summaries[r.rank] = s
@@ -346,6 +457,8 @@ class LiveDiagnosis:
             s.wrapped = snap.wrapped
             if snap.thread_stacks:
                 s.thread_stacks = snap.thread_stacks
+            if snap.config is not None:
+                s.config = snap.config
             js.rank_seen_ns[snap.rank] = snap.snapshot_time_ns
         for name, g in snap.groups.items():
             old = s.groups.get(name)
@@ -364,11 +477,17 @@ class LiveDiagnosis:
 
     def _count_collectives(self, js: JobState, s: RankSummary, snap: Snapshot) -> None:
         """Count each collective once: on the lowest member rank of its group."""
+        lowest_of: dict[str, int | None] = {}  # min() over a 4,096-member group once, not per entry
         for e in snap.entries:
             if e.is_p2p:
                 continue
-            info = s.groups.get(e.group)
-            lowest = min(info.ranks) if info is not None and info.ranks else (0 if e.group == "0" else None)
+            if e.group in lowest_of:
+                lowest = lowest_of[e.group]
+            else:
+                info = s.groups.get(e.group)
+                lowest = lowest_of[e.group] = (
+                    min(info.ranks) if info is not None and info.ranks else (0 if e.group == "0" else None)
+                )
             if lowest is not None and lowest != snap.rank:
                 continue
             if lowest is None:
@@ -387,9 +506,33 @@ class LiveDiagnosis:
             return
         summaries = list(js.summaries.values())
         now_ns = self._clock()
+        dirs = sorted({s.config.checkpoint_dir for s in summaries if s.config and s.config.checkpoint_dir})
+        peers: list[PeerJob] = []
+        if dirs:
+            # Cross-job rule (checkpoints shared across torch 2.14 / 2.15): the jobs sharing a dir.
+            try:
+                with self._db.read() as session:
+                    peers = store.checkpoint_peers(session=session, job_name=js.name, dirs=dirs)
+            except OperationalError:
+                self._on_db_error()
+        stragglers = now_mono - js.last_stragglers >= self._settings.straggler_interval_s
+        started = time.perf_counter()
         report = diagnose(
-            summaries, now_ns=now_ns, options=self._options, world_size=js.world_size, job=js.name
+            summaries,
+            now_ns=now_ns,
+            options=self._options,
+            world_size=js.world_size,
+            job=js.name,
+            peers=peers,
+            stragglers=stragglers,
         )
+        js.diagnosis_s = time.perf_counter() - started
+        if stragglers:
+            js.last_stragglers = now_mono
+        elif js.report is not None and all(f.kind in CONFIG_KINDS for f in report.findings):
+            # Between straggler analyses the last verdict stands (diagnose adds stragglers only to
+            # an otherwise healthy job, ahead of the configuration findings, which link to nothing).
+            report.findings[:0] = [f for f in js.report.findings if f.kind == "straggler"]
         # Job age by the server's clock: snapshot times say when the ranks wrote, not when we heard.
         first_seen = js.first_seen_ns or now_ns
         report.findings = live_findings(
@@ -406,6 +549,8 @@ class LiveDiagnosis:
                     status=status,
                     now_ns=now_ns,
                 )
+                if events and self._record_events is not None:
+                    self._record_events(session, js, events)
         except OperationalError:
             self._on_db_error()
             with self._lock:

@@ -21,7 +21,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from flightdeck.analysis.findings import MISMATCH_KINDS
+from flightdeck.analysis.findings import CONFIG_KINDS, MISMATCH_KINDS
 from flightdeck.server.live import SKEW_BUCKETS, LiveDiagnosis
 from flightdeck.server.models import JOB_STATUSES
 
@@ -215,6 +215,11 @@ class StateCollector(Collector):
             "Ranks whose snapshots stopped while others continue.",
             labels=["job"],
         )
+        config_skew = GaugeMetricFamily(
+            "flightdeck_job_config_skew_active",
+            "1 while a configuration finding of the kind (version_skew, config_skew) is open for the job.",
+            labels=["job", "kind"],
+        )
         open_ = GaugeMetricFamily("flightdeck_job_findings_open", "Open findings.", labels=["job", "kind"])
         opened = CounterMetricFamily(
             "flightdeck_job_findings", "Findings opened since start.", labels=["kind"]
@@ -280,6 +285,9 @@ class StateCollector(Collector):
             lost.add_metric([name], float(len(lost_ranks)))
             for kind, n in sorted(open_kinds.items()):
                 open_.add_metric([name, kind], float(n))
+            if report is not None:
+                for kind in sorted(CONFIG_KINDS):
+                    config_skew.add_metric([name, kind], 1.0 if open_kinds[kind] else 0.0)
             for (g, op), n in sorted(js.collectives.items()):
                 colls.add_metric([name, g, op], float(n))
             for g, h in sorted(js.skew.items()):
@@ -298,6 +306,7 @@ class StateCollector(Collector):
             culprits,
             waiting,
             lost,
+            config_skew,
             open_,
             opened,
             colls,
@@ -363,3 +372,32 @@ class StateCollector(Collector):
                 ),
             )
         yield from (tx_b, rx_b, tx_r, rx_r, xfer, post, errors, dropped, mem)
+
+
+#: Outcomes of `flightdeck_webhook_deliveries_total`.
+WEBHOOK_OUTCOMES = ("delivered", "failed", "dropped")
+
+
+class WebhookMetrics(Collector):
+    """The webhook sender's metrics: delivery outcomes of this process and the outbox depth (all
+    processes: it is read from the database by the sender, at most once per poll)."""
+
+    def __init__(self) -> None:
+        self.deliveries = _LabeledCount(WEBHOOK_OUTCOMES)
+        self.depth = 0
+
+    def collect(self) -> Iterable[Metric]:
+        """The webhook metric families."""
+        deliveries = CounterMetricFamily(
+            "flightdeck_webhook_deliveries",
+            "Webhook delivery attempts and give-ups by outcome.",
+            labels=["outcome"],
+        )
+        for k, v in sorted(self.deliveries.values().items()):
+            deliveries.add_metric([k], v)
+        depth = GaugeMetricFamily(
+            "flightdeck_webhook_outbox_depth_deliveries",
+            "Webhook deliveries waiting in the outbox.",
+            value=float(self.depth),
+        )
+        yield from (deliveries, depth)

@@ -20,6 +20,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     PrimaryKeyConstraint,
     SmallInteger,
@@ -104,6 +105,26 @@ class Rank(Base):
     version: Mapped[str] = mapped_column(String(64), default="")
     #: `[[thread_name, thread_id, stack_id or null], ...]` from the latest snapshot that had any.
     thread_stacks: Mapped[list[Any] | None] = mapped_column(JSON)
+
+
+class RankConfigRow(Base):
+    """The latest configuration report of one rank (versions, flight-recorder settings, group
+    timeouts, `TORCH_*` / `NCCL_*` env), as `flightdeck.records.config_to_dict`.
+
+    Rewritten only when the report changes (`config_hash`). `torch_version` and `checkpoint_dir`
+    are copied out of the JSON for the cross-job checkpoint rule, which looks jobs up by directory.
+    """
+
+    __tablename__ = "rank_configs"
+    __table_args__ = (Index("ix_rank_configs_checkpoint_dir", "checkpoint_dir"),)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    rank: Mapped[int] = mapped_column(Integer, primary_key=True)
+    config_hash: Mapped[str] = mapped_column(String(32))
+    #: Snapshot time (epoch ns) of the snapshot that carried this report.
+    reported_ns: Mapped[int] = mapped_column(BigInteger)
+    torch_version: Mapped[str | None] = mapped_column(String(64))
+    checkpoint_dir: Mapped[str | None] = mapped_column(String(512))
+    config: Mapped[dict[str, Any]] = mapped_column(JSON)
 
 
 class ProcessGroup(Base):
@@ -193,6 +214,23 @@ class NixlAgent(Base):
     carried: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
 
+class NixlSampleRow(Base):
+    """An earlier sample of a NIXL agent: the history rates are computed from (`nixl_rates`).
+
+    Thinned on write (at most one per `store.NIXL_HISTORY_STEP_NS` per agent, plus the last sample
+    of every counter run) and deleted by the retention task like collective entries.
+    """
+
+    __tablename__ = "nixl_samples"
+    __table_args__ = (Index("ix_nixl_samples_agent_time", "agent_id", "read_time_ns"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    agent_id: Mapped[int] = mapped_column(ForeignKey("nixl_agents.id", ondelete="CASCADE"))
+    read_time_ns: Mapped[int] = mapped_column(BigInteger)
+    run: Mapped[str] = mapped_column(String(128))
+    #: The `NixlSample.to_wire()` as received.
+    sample: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
 class FindingRow(Base):
     """One episode of a finding: opened, updated by every diagnosis that still sees it, resolved.
 
@@ -242,6 +280,20 @@ class CollectorToken(Base):
     last_push_ns: Mapped[int | None] = mapped_column(BigInteger)
 
 
+class FeedRow(Base):
+    """A batch as ingested, kept for a few minutes so that the process owning the job's diagnosis
+    (several servers on one PostgreSQL) sees what the other processes ingested, in commit order."""
+
+    __tablename__ = "ingest_feed"
+    __table_args__ = (Index("ix_ingest_feed_received", "received_ns"),)
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    job_id: Mapped[int] = mapped_column(Integer)
+    #: Server clock (epoch ns) at the end of the ingest transaction.
+    received_ns: Mapped[int] = mapped_column(BigInteger)
+    #: The batch as sent (gzip JSON, flightdeck.wire).
+    body: Mapped[bytes] = mapped_column(LargeBinary)
+
+
 class IngestedBatch(Base):
     """A batch id already applied: the same batch again changes nothing (idempotent ingest)."""
 
@@ -250,3 +302,40 @@ class IngestedBatch(Base):
     batch_id: Mapped[str] = mapped_column(String(128), primary_key=True)
     received_at_ns: Mapped[int] = mapped_column(BigInteger)
     collector_id: Mapped[int | None] = mapped_column(Integer)
+
+
+#: States of a webhook delivery (`WebhookDelivery.state`).
+WEBHOOK_STATES = ("pending", "delivered", "dropped")
+
+
+class WebhookDelivery(Base):
+    """One finding event for one webhook URL: the durable outbox the webhook sender delivers from.
+
+    Written in the transaction that opens or resolves the finding, so an event is neither lost by a
+    crash nor sent for a change that was rolled back. `event_id` is the same for every URL of one
+    event (receivers de-duplicate on it: delivery is at least once). Times are the sender's wall
+    clock (epoch ns); while a sender holds a row, `due_ns` is its lease and `claim` its token.
+    """
+
+    __tablename__ = "webhook_outbox"
+    __table_args__ = (
+        UniqueConstraint("event_id", "url", name="uq_webhook_outbox_event_url"),
+        Index("ix_webhook_outbox_state_due", "state", "due_ns"),
+    )
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    event_id: Mapped[str] = mapped_column(String(36))
+    url: Mapped[str] = mapped_column(String(2048))
+    #: The JSON body as sent.
+    payload: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_ns: Mapped[int] = mapped_column(BigInteger)
+    #: Next attempt not before this time; while claimed, when the claim expires.
+    due_ns: Mapped[int] = mapped_column(BigInteger)
+    #: Given up (state `dropped`) when not delivered by this time.
+    deadline_ns: Mapped[int] = mapped_column(BigInteger)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    #: One of `WEBHOOK_STATES`.
+    state: Mapped[str] = mapped_column(String(16), default="pending")
+    claim: Mapped[str | None] = mapped_column(String(32))
+    #: When it was delivered or dropped (the retention task deletes such rows after retention_days).
+    done_ns: Mapped[int | None] = mapped_column(BigInteger)
+    last_error: Mapped[str | None] = mapped_column(String(256))

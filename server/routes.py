@@ -11,6 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from flightdeck.nixl_rates import RATE_WINDOW_S, window_stats
 from flightdeck.server import store
 from flightdeck.server.app import Services
 from flightdeck.server.errors import NotFoundError
@@ -123,33 +124,7 @@ def list_jobs(svc: ServicesDep) -> list[dict[str, Any]]:
         return [_job_summary(j, counts.get(j.id, 0)) for j in jobs]
 
 
-@router.get("/api/v1/jobs/{job}", tags=["jobs"], dependencies=[ReadAuth])
-def get_job(svc: ServicesDep, job: str, attempt: int | None = None) -> dict[str, Any]:
-    """The job's status and its open findings, in the shape of `flightdeck analyze --format json`
-    (`healthy`, `job`, `now_s`, `ranks`, `findings`, `warnings`) plus `status` and `attempt`."""
-
-    with _read(svc) as session:
-        j = _job_or_404(session, job, attempt)
-        report = j.report
-        if report is None:
-            ranks = [r.rank for r, _ in store.job_ranks(session=session, job_id=j.id)]
-            expected = j.world_size or (max(ranks) + 1 if ranks else 0)
-            report = {
-                "healthy": True,
-                "job": j.name,
-                "now_s": _s(j.last_seen_ns),
-                "ranks": {
-                    "expected": expected,
-                    "with_dump": ranks,
-                    "without_dump": [r for r in range(expected) if r not in set(ranks)],
-                },
-                "findings": [],
-                "warnings": [],
-            }
-        return {**report, **_job_summary(j, len(report["findings"]))}
-
-
-@router.get("/api/v1/jobs/{job}/findings", tags=["jobs"], dependencies=[ReadAuth])
+@router.get("/api/v1/jobs/{job:path}/findings", tags=["jobs"], dependencies=[ReadAuth])
 def get_findings(svc: ServicesDep, job: str, attempt: int | None = None) -> dict[str, Any]:
     """Every finding episode of the job, open and resolved, with when it opened and resolved."""
 
@@ -159,7 +134,7 @@ def get_findings(svc: ServicesDep, job: str, attempt: int | None = None) -> dict
         return {"job": j.name, "attempt": j.attempt, "findings": [_finding_json(r) for r in rows]}
 
 
-@router.get("/api/v1/jobs/{job}/timeline", tags=["jobs"], dependencies=[ReadAuth])
+@router.get("/api/v1/jobs/{job:path}/timeline", tags=["jobs"], dependencies=[ReadAuth])
 def get_timeline(
     svc: ServicesDep,
     job: str,
@@ -188,25 +163,60 @@ def get_timeline(
         return {"job": j.name, "attempt": j.attempt, "entries": entries}
 
 
-@router.get("/api/v1/nixl/agents", tags=["nixl"], dependencies=[ReadAuth])
-def get_nixl_agents(svc: ServicesDep) -> list[dict[str, Any]]:
-    """Every NIXL agent with its latest sample and its counters summed over restarts."""
+# Job names may hold "/" (`{job:path}`): this route comes after the sub-routes, which would
+# otherwise be read as part of the name.
+@router.get("/api/v1/jobs/{job:path}", tags=["jobs"], dependencies=[ReadAuth])
+def get_job(svc: ServicesDep, job: str, attempt: int | None = None) -> dict[str, Any]:
+    """The job's status and its open findings, in the shape of `flightdeck analyze --format json`
+    (`healthy`, `job`, `now_s`, `ranks`, `findings`, `warnings`) plus `status` and `attempt`."""
 
     with _read(svc) as session:
-        return [
-            {
-                "host": a.host,
-                "agent": a.agent,
-                "source": a.source,
-                "pid": a.pid,
-                "local_rank": a.local_rank,
-                "run": a.run,
-                "read_time_s": _s(a.read_time_ns),
-                "totals": store.nixl_totals(a),
-                "latest": a.sample,
+        j = _job_or_404(session, job, attempt)
+        report = j.report
+        if report is None:
+            ranks = [r.rank for r, _ in store.job_ranks(session=session, job_id=j.id)]
+            expected = j.world_size or (max(ranks) + 1 if ranks else 0)
+            report = {
+                "healthy": True,
+                "job": j.name,
+                "now_s": _s(j.last_seen_ns),
+                "ranks": {
+                    "expected": expected,
+                    "with_dump": ranks,
+                    "without_dump": [r for r in range(expected) if r not in set(ranks)],
+                },
+                "findings": [],
+                "warnings": [],
             }
-            for a in store.nixl_agents(session=session)
-        ]
+        return {**report, **_job_summary(j, len(report["findings"]))}
+
+
+@router.get("/api/v1/nixl/agents", tags=["nixl"], dependencies=[ReadAuth])
+def get_nixl_agents(svc: ServicesDep) -> list[dict[str, Any]]:
+    """Every NIXL agent with its latest sample, its counters summed over restarts, and `window`:
+    its rates, new errors and transfer-time quantiles over the last `RATE_WINDOW_S` of samples
+    (null until two samples are kept)."""
+
+    with _read(svc) as session:
+        history = store.nixl_history(session=session, window_ns=int(RATE_WINDOW_S * NS))
+        out = []
+        for a in store.nixl_agents(session=session):
+            window = window_stats([*history.get(a.id, []), a.sample])
+            out.append(
+                {
+                    "host": a.host,
+                    "agent": a.agent,
+                    "source": a.source,
+                    "pid": a.pid,
+                    "local_rank": a.local_rank,
+                    "run": a.run,
+                    "read_time_s": _s(a.read_time_ns),
+                    "totals": store.nixl_totals(a),
+                    "latest": a.sample,
+                    "window": None if window is None else window.to_json(),
+                }
+            )
+        return out
 
 
 # --- operations ----------------------------------------------------------------------------------

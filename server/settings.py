@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -56,6 +56,20 @@ class ServerSettings(BaseSettings):
         description="Active jobs are re-diagnosed this often even without new data, so a hang is "
         "found when snapshots stop changing or a rank stops sending.",
     )
+    diagnosis_max_share: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="Largest share of one CPU core that re-diagnosing one job may take: a job whose "
+        "diagnosis takes d seconds is diagnosed at most every d / share seconds (only large jobs "
+        "are slowed down: 4,096 ranks take about a second).",
+    )
+    straggler_interval_s: float = Field(
+        default=10.0,
+        ge=0,
+        description="The arrival-skew (straggler) analysis, the costliest part of a diagnosis on "
+        "large jobs, runs at most this often per job; in between, its last verdict stands.",
+    )
     job_idle_s: float = Field(
         default=3600.0,
         gt=0,
@@ -85,7 +99,19 @@ class ServerSettings(BaseSettings):
     retention_days: float = Field(
         default=14.0,
         gt=0,
-        description="Collective entries older than this are deleted periodically; findings stay.",
+        description="Collective entries and NIXL history samples older than this are deleted "
+        "periodically; findings and each NIXL agent's latest sample stay.",
+    )
+    entries_per_rank: int | None = Field(
+        default=None,
+        ge=1,
+        description="Rolling window of raw collective entries: each rank of an active job keeps its "
+        "newest this many in the database (trimmed every trim_interval_s; findings, reports and the "
+        "in-memory summaries stay). Unset: only retention_days applies. 20,000 is about half an hour "
+        "at 10 collectives per second.",
+    )
+    trim_interval_s: float = Field(
+        default=60.0, gt=0, description="How often the entries_per_rank window is applied."
     )
     retention_interval_s: float = Field(
         default=3600.0, gt=0, description="How often the retention task runs."
@@ -109,13 +135,20 @@ class ServerSettings(BaseSettings):
         default=600.0,
         gt=0,
         description="Overall time after which an undelivered webhook event is dropped, whatever "
-        "attempts are left.",
+        "attempts are left, counted from the event (server restarts included).",
     )
-    webhook_queue_size: int = Field(
-        default=10_000,
-        ge=1,
-        description="Webhook deliveries waiting at most; beyond it new events are dropped (logged) "
-        "rather than blocking ingest or diagnosis.",
+    webhook_poll_interval_s: float = Field(
+        default=1.0,
+        gt=0,
+        description="How often the webhook sender looks for due deliveries in the outbox table: "
+        "retries, and events that another server process wrote or a restart left; this process's "
+        "new events are sent at once.",
+    )
+    cluster: bool = Field(
+        default=False,
+        description="Several server processes share this PostgreSQL database (behind one address): "
+        "each job's diagnosis is owned by one process at a time (a PostgreSQL advisory lock), which "
+        "reads the batches the other processes ingested from a short-lived feed table. PostgreSQL only.",
     )
     require_read_token: bool = Field(
         default=False,
@@ -142,6 +175,12 @@ class ServerSettings(BaseSettings):
             if not u.startswith(("http://", "https://")):
                 raise ValueError(f"webhook URL {u!r} must start with http:// or https://")
         return urls
+
+    @model_validator(mode="after")
+    def _cluster_needs_postgresql(self) -> ServerSettings:
+        if self.cluster and not self.effective_database_url.startswith("postgresql"):
+            raise ValueError("cluster mode needs a PostgreSQL database_url (advisory locks)")
+        return self
 
     @property
     def effective_database_url(self) -> str:

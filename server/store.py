@@ -14,26 +14,42 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import case, delete, func, select, text, update
+from sqlalchemy import and_, bindparam, case, delete, func, or_, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from flightdeck.analysis import Finding
-from flightdeck.records import Entry, Frame, Stack, ThreadStack, canonical_op, frames_to_wire
+from flightdeck.analysis.config_skew import PeerJob
+from flightdeck.analysis.findings import CONFIG_KINDS
+from flightdeck.records import (
+    Entry,
+    Frame,
+    RankConfig,
+    Stack,
+    ThreadStack,
+    canonical_op,
+    config_from_dict,
+    config_to_dict,
+    frames_to_wire,
+)
 from flightdeck.server.models import (
     STATE_CODES,
     STATE_NAMES,
     CollectorToken,
     EntryRow,
+    FeedRow,
     FindingRow,
     Host,
     IngestedBatch,
     Job,
     NixlAgent,
+    NixlSampleRow,
     ProcessGroup,
     Rank,
+    RankConfigRow,
     Signature,
     StackRow,
+    WebhookDelivery,
 )
 from flightdeck.wire import Batch, Snapshot
 
@@ -81,6 +97,54 @@ class IngestResult:
     jobs: dict[int, tuple[str, int]] = field(default_factory=dict)
     #: ids of the jobs this batch created.
     created_jobs: set[int] = field(default_factory=set)
+    #: Row ids this batch looked up or created, for `IngestCache.learn` once the batch commits.
+    learned: CacheUpdate | None = None
+    #: job id -> id of the batch's feed row (cluster mode, `add_feed`).
+    feed_ids: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class CacheUpdate:
+    """Row ids one batch found or created; valid only once its transaction committed."""
+
+    signatures: dict[str, int] = field(default_factory=dict)
+    hosts: dict[str, int] = field(default_factory=dict)
+    #: (job id, group name) -> (group row id, desc, members)
+    groups: dict[tuple[int, str], tuple[int, str, tuple[int, ...] | None]] = field(default_factory=dict)
+    #: (job name, attempt) -> (job row id, world size, server time of this write)
+    jobs: dict[tuple[str, int], tuple[int, int | None, int]] = field(default_factory=dict)
+    #: collector token id -> server time of this `last_push_ns` write
+    tokens: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class IngestCache:
+    """Per-process memory of rows that every batch of a job would otherwise look up or rewrite.
+
+    Signatures and hosts are content-addressed and never deleted: their ids are cached for good.
+    Process groups are rewritten only when their description or members change. The job row's
+    `last_seen_ns` and a token's `last_push_ns` are written at most every `touch_every_ns`: every
+    batch of a job updating the same row serializes all ingest transactions on its row lock.
+    Only committed ids are learned (`learn` after COMMIT), so a rolled-back batch leaves no id
+    of a row that does not exist.
+    """
+
+    touch_every_ns: int = 1_000_000_000
+    signatures: dict[str, int] = field(default_factory=dict)
+    hosts: dict[str, int] = field(default_factory=dict)
+    groups: dict[tuple[int, str], tuple[int, str, tuple[int, ...] | None]] = field(default_factory=dict)
+    jobs: dict[tuple[str, int], tuple[int, int | None, int]] = field(default_factory=dict)
+    tokens: dict[int, int] = field(default_factory=dict)
+
+    def learn(self, update: CacheUpdate | None) -> None:
+        """Remember what a committed batch found (dict updates: safe across ingest threads)."""
+        if update is None:
+            return
+        self.signatures.update(update.signatures)
+        self.hosts.update(update.hosts)
+        self.groups.update(update.groups)
+        self.jobs.update(update.jobs)
+        self.tokens.update(update.tokens)
 
 
 def claim_batch(*, session: Session, batch_id: str, collector_id: int | None, now_ns: int) -> bool:
@@ -98,27 +162,51 @@ def claim_batch(*, session: Session, batch_id: str, collector_id: int | None, no
     return session.execute(stmt).first() is not None
 
 
-def ingest_batch(*, session: Session, batch: Batch, collector_id: int | None, now_ns: int) -> IngestResult:
-    """Apply a decoded batch: jobs, ranks, groups, stacks, signatures, entries, NIXL samples."""
+def ingest_batch(
+    *,
+    session: Session,
+    batch: Batch,
+    collector_id: int | None,
+    now_ns: int,
+    cache: IngestCache | None = None,
+) -> IngestResult:
+    """Apply a decoded batch: jobs, ranks, groups, stacks, signatures, entries, NIXL samples.
+
+    With a `cache`, rows the process already knows are neither looked up nor rewritten; the ids
+    this batch found are in `result.learned`, for `cache.learn` after COMMIT.
+    """
     if not claim_batch(session=session, batch_id=batch.batch_id, collector_id=collector_id, now_ns=now_ns):
         return IngestResult(duplicate=True)
-    result = IngestResult(duplicate=False)
+    cache = cache or IngestCache(touch_every_ns=0)
+    learned = CacheUpdate()
+    result = IngestResult(duplicate=False, learned=learned)
     stack_ids = _stack_ids(session, batch)
-    sig_ids = _signature_ids(session, batch)
-    hosts = _host_ids(session, {s.host for s in batch.snapshots if s.host})
+    sig_ids = _signature_ids(session, batch, cache, learned)
+    hosts = _host_ids(session, {s.host for s in batch.snapshots if s.host}, cache, learned)
     job_ids: dict[tuple[str, int], int] = {}
     for s in batch.snapshots:
         key = (s.job, s.attempt)
-        if key not in job_ids:
+        if key in job_ids:
+            continue
+        known = cache.jobs.get(key)
+        if (
+            known is not None
+            and (s.world_size is None or s.world_size == known[1])
+            and now_ns - known[2] < cache.touch_every_ns
+        ):
+            job_id, created = known[0], False  # touched less than touch_every_ns ago
+        else:
             job_id, created = upsert_job(
                 session=session, name=s.job, attempt=s.attempt, world_size=s.world_size, seen_ns=now_ns
             )
-            job_ids[key] = job_id
-            result.jobs[job_id] = key
-            if created:
-                result.created_jobs.add(job_id)
-    group_ids = _group_ids(session, batch, job_ids)
+            learned.jobs[key] = (job_id, s.world_size or (known[1] if known else None), now_ns)
+        job_ids[key] = job_id
+        result.jobs[job_id] = key
+        if created:
+            result.created_jobs.add(job_id)
+    group_ids = _group_ids(session, batch, job_ids, cache, learned)
     _upsert_ranks(session, batch, job_ids, hosts, stack_ids, now_ns)
+    _upsert_rank_configs(session, batch, job_ids)
     # One row per (job, rank, record_id): a batch may carry several snapshots of a rank; the newest
     # wins, but a frame-less periodic snapshot must not drop the stack an older one sent.
     rows: dict[tuple[int, int, int], tuple[Any, ...]] = {}
@@ -180,10 +268,11 @@ def ingest_batch(*, session: Session, batch: Batch, collector_id: int | None, no
         from flightdeck.nixl_records import NixlSample
 
         upsert_nixl(session=session, samples=[NixlSample.from_wire(d) for d in batch.nixl])
-    if collector_id is not None:
+    if collector_id is not None and now_ns - cache.tokens.get(collector_id, 0) >= cache.touch_every_ns:
         session.execute(
             update(CollectorToken).where(CollectorToken.id == collector_id).values(last_push_ns=now_ns)
         )
+        learned.tokens[collector_id] = now_ns
     return result
 
 
@@ -223,20 +312,59 @@ _SQLITE_UPSERT = (
 _PG_STAGE = "CREATE TEMP TABLE IF NOT EXISTS entries_in (LIKE entries) ON COMMIT DELETE ROWS"
 _PG_COPY = f"COPY entries_in ({_COLS}) FROM STDIN"
 _PG_UPSERT = f"INSERT INTO entries ({_COLS}) SELECT {_COLS} FROM entries_in {_ON_CONFLICT}"  # noqa: S608
+#: PostgreSQL element type of each ENTRY_COLUMNS column, for the one-statement unnest upsert.
+_PG_TYPES = (
+    "int", "int", "bigint", "int", "int", "int", "int", "int", "smallint", "boolean",
+    "bigint", "bigint", "bigint", "float8", "int", "text", "int", "int",
+)  # fmt: skip
+_PG_UNNEST = (
+    f"INSERT INTO entries ({_COLS}) SELECT * FROM unnest("  # noqa: S608
+    + ", ".join(f"%s::{t}[]" for t in _PG_TYPES)
+    + f") {_ON_CONFLICT}"
+)
+#: Batches up to this many rows go as one INSERT ... SELECT FROM unnest(arrays): one round trip.
+#: Larger ones go through COPY, whose fixed cost (temp table, truncate: four round trips and
+#: catalog work) only pays off on big batches.
+_PG_UNNEST_MAX = 5_000
+
+
+def _pg_text(v: str) -> str:
+    return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _pg_array(col: Sequence[Any], typ: str) -> str:
+    """A column as a PostgreSQL array literal: several times cheaper for the driver to send than
+    a list, which it dumps element by element."""
+    items: Iterable[str]
+    if typ == "text":
+        items = map(_pg_text, col)
+    elif typ == "boolean":
+        items = ("t" if v else "f" for v in col)
+    elif None in col:
+        items = ("NULL" if v is None else repr(v) for v in col)
+    else:
+        items = map(repr, col)
+    return "{" + ",".join(items) + "}"
 
 
 def _upsert_entries(session: Session, rows: list[tuple[Any, ...]]) -> None:
     """Upsert entry tuples (ENTRY_COLUMNS order, unique keys) at driver speed.
 
     The hottest statement of the server, so it skips SQLAlchemy's per-row parameter processing:
-    SQLite gets one executemany (sqlite3 runs it in C); PostgreSQL gets COPY into a temporary
-    table and one INSERT ... SELECT ... ON CONFLICT, an order of magnitude faster than one
-    INSERT per row even when pipelined.
+    SQLite gets one executemany (sqlite3 runs it in C); PostgreSQL gets one INSERT ... SELECT
+    FROM unnest(array literals) ... ON CONFLICT (one round trip: the common collector batch of a
+    few hundred rows), or, above _PG_UNNEST_MAX rows, COPY into a temporary table and one
+    INSERT ... SELECT ... ON CONFLICT; both an order of magnitude faster than one INSERT per row
+    even when pipelined.
     """
     conn = session.connection()
     if conn.dialect.name == "postgresql":
         raw: Any = conn.connection.driver_connection
         with raw.cursor() as cur:
+            if len(rows) <= _PG_UNNEST_MAX:
+                cols = zip(*rows, strict=True)
+                cur.execute(_PG_UNNEST, [_pg_array(c, t) for c, t in zip(cols, _PG_TYPES, strict=True)])
+                return
             cur.execute(_PG_STAGE)
             with cur.copy(_PG_COPY) as copy:
                 for row in rows:
@@ -281,15 +409,20 @@ def upsert_job(
     return job_id, existed is None
 
 
-def _host_ids(session: Session, names: set[str]) -> dict[str, int]:
-    if not names:
-        return {}
+def _host_ids(session: Session, names: set[str], cache: IngestCache, learned: CacheUpdate) -> dict[str, int]:
+    out = {n: cache.hosts[n] for n in names if n in cache.hosts}
+    missing = sorted({n[:255] for n in names if n not in out})
+    if not missing:
+        return out
     session.execute(
         _insert(session, Host).on_conflict_do_nothing(index_elements=["name"]),
-        [{"name": n[:255]} for n in sorted(names)],
+        [{"name": n} for n in missing],
     )
-    rows = session.execute(select(Host.name, Host.id).where(Host.name.in_([n[:255] for n in names])))
-    return {n: i for n, i in rows.tuples()}
+    rows = dict(session.execute(select(Host.name, Host.id).where(Host.name.in_(missing))).tuples().all())
+    for n in names:
+        if n not in out and n[:255] in rows:
+            out[n] = learned.hosts[n] = rows[n[:255]]
+    return out
 
 
 def _stack_ids(session: Session, batch: Batch) -> dict[int, int]:
@@ -336,7 +469,9 @@ def _sig_key(e: Entry) -> SigKey:
     return (e.raw_op, e.backend, e.is_p2p, e.input_sizes, e.output_sizes, e.input_dtypes, e.output_dtypes)
 
 
-def _signature_ids(session: Session, batch: Batch) -> dict[SigKey, int]:
+def _signature_ids(
+    session: Session, batch: Batch, cache: IngestCache, learned: CacheUpdate
+) -> dict[SigKey, int]:
     keys = {_sig_key(e) for s in batch.snapshots for e in s.entries}
     if not keys:
         return {}
@@ -356,47 +491,58 @@ def _signature_ids(session: Session, batch: Batch) -> dict[SigKey, int]:
             [raw_op, backend, is_p2p, d["input_sizes"], d["output_sizes"], list(idt), list(odt)]
         )
         rows[k] = d
-    session.execute(
-        _insert(session, Signature).on_conflict_do_nothing(index_elements=["hash"]),
-        sorted(rows.values(), key=lambda d: str(d["hash"])),
-    )
-    ids: dict[str, int] = {}
-    hashes = sorted({str(d["hash"]) for d in rows.values()})
-    for chunk in _chunks(hashes, _IN_CHUNK):
-        ids.update(
-            dict(
+    ids: dict[str, int] = {
+        str(d["hash"]): cache.signatures[str(d["hash"])]
+        for d in rows.values()
+        if d["hash"] in cache.signatures
+    }
+    new = sorted((d for d in rows.values() if d["hash"] not in ids), key=lambda d: str(d["hash"]))
+    if new:
+        session.execute(_insert(session, Signature).on_conflict_do_nothing(index_elements=["hash"]), new)
+        hashes = sorted({str(d["hash"]) for d in new})
+        for chunk in _chunks(hashes, _IN_CHUNK):
+            found = dict(
                 session.execute(select(Signature.hash, Signature.id).where(Signature.hash.in_(chunk)))
                 .tuples()
                 .all()
             )
-        )
+            ids.update(found)
+            learned.signatures.update(found)
     return {k: ids[str(d["hash"])] for k, d in rows.items()}
 
 
 def _group_ids(
-    session: Session, batch: Batch, job_ids: dict[tuple[str, int], int]
+    session: Session,
+    batch: Batch,
+    job_ids: dict[tuple[str, int], int],
+    cache: IngestCache,
+    learned: CacheUpdate,
 ) -> dict[int, dict[str, int]]:
-    """job id -> group name -> group row id, creating groups (and updating desc / members)."""
-    wanted: dict[tuple[int, str], dict[str, Any]] = {}
+    """job id -> group name -> group row id, creating groups (and updating desc / members).
+
+    A group the cache holds with the same description and members is not written again: the
+    collector sends every rank's groups with each snapshot, and rewriting a 4,096-member list
+    per snapshot would be most of the work of a batch.
+    """
+    wanted: dict[tuple[int, str], tuple[str, tuple[int, ...] | None]] = {}
     for s in batch.snapshots:
         job_id = job_ids[(s.job, s.attempt)]
         for name, g in s.groups.items():
-            wanted[(job_id, name)] = {
-                "job_id": job_id,
-                "name": name[:128],
-                "desc": g.desc[:256],
-                "ranks": None if g.ranks is None else list(g.ranks),
-            }
+            wanted[(job_id, name[:128])] = (g.desc[:256], None if g.ranks is None else tuple(g.ranks))
         for e in s.entries:
             if (job_id, e.group) not in wanted:
-                wanted[(job_id, e.group)] = {
-                    "job_id": job_id,
-                    "name": e.group[:128],
-                    "desc": "",
-                    "ranks": None,
-                }
+                wanted[(job_id, e.group[:128])] = ("", None)
     out: dict[int, dict[str, int]] = {j: {} for j in job_ids.values()}
     if not wanted:
+        return out
+    write: dict[tuple[int, str], tuple[str, tuple[int, ...] | None]] = {}
+    for key, (desc, ranks) in wanted.items():
+        known = cache.groups.get(key)
+        if known is not None and desc in ("", known[1]) and (ranks is None or ranks == known[2]):
+            out[key[0]][key[1]] = known[0]
+        else:
+            write[key] = (desc or (known[1] if known else ""), ranks or (known[2] if known else None))
+    if not write:
         return out
     ins = _insert(session, ProcessGroup)
     ex = ins.excluded
@@ -407,14 +553,22 @@ def _group_ids(
             "ranks": func.coalesce(ex.ranks, ProcessGroup.ranks),
         },
     )
-    session.execute(stmt, [wanted[k] for k in sorted(wanted)])
+    session.execute(
+        stmt,
+        [
+            {"job_id": j, "name": n, "desc": d, "ranks": None if r is None else list(r)}
+            for (j, n), (d, r) in sorted(write.items())
+        ],
+    )
     for job_id in out:
-        names = [n for (j, n) in wanted if j == job_id]
+        names = [n for (j, n) in write if j == job_id]
         for chunk in _chunks(names, _IN_CHUNK):
             q = select(ProcessGroup.name, ProcessGroup.id).where(
                 ProcessGroup.job_id == job_id, ProcessGroup.name.in_(chunk)
             )
-            out[job_id].update(dict(session.execute(q).tuples().all()))
+            for n, gid in session.execute(q).tuples():
+                out[job_id][n] = gid
+                learned.groups[(job_id, n)] = (gid, *write[(job_id, n)])
     return out
 
 
@@ -485,7 +639,77 @@ def _upsert_ranks(
         # A late, older snapshot (a retried batch overtaken by a newer one) must not roll back.
         where=Rank.last_snapshot_ns <= ex.last_snapshot_ns,
     )
+    # Core execution: the ORM's bulk-insert path costs milliseconds per batch for nothing here.
+    session.connection().execute(stmt, rows)
+
+
+def _upsert_rank_configs(session: Session, batch: Batch, job_ids: dict[tuple[str, int], int]) -> None:
+    """Store each rank's newest configuration report; an unchanged report writes nothing."""
+    latest: dict[tuple[int, int], Snapshot] = {}
+    for s in batch.snapshots:
+        if s.config is None:
+            continue
+        key = (job_ids[(s.job, s.attempt)], s.rank)
+        old = latest.get(key)
+        if old is None or s.snapshot_time_ns >= old.snapshot_time_ns:
+            latest[key] = s
+    if not latest:
+        return
+    rows = []
+    for (job_id, rank), s in sorted(latest.items()):
+        assert s.config is not None
+        doc = config_to_dict(s.config)
+        rows.append(
+            {
+                "job_id": job_id,
+                "rank": rank,
+                "config_hash": _digest(doc),
+                "reported_ns": s.snapshot_time_ns,
+                "torch_version": (s.config.torch_version or "")[:64] or None,
+                "checkpoint_dir": (s.config.checkpoint_dir or "")[:512] or None,
+                "config": doc,
+            }
+        )
+    ins = _insert(session, RankConfigRow)
+    ex = ins.excluded
+    stmt = ins.on_conflict_do_update(
+        index_elements=["job_id", "rank"],
+        set_={
+            "config_hash": ex.config_hash,
+            "reported_ns": ex.reported_ns,
+            "torch_version": ex.torch_version,
+            "checkpoint_dir": ex.checkpoint_dir,
+            "config": ex.config,
+        },
+        # Only a changed report, and never an older one (a retried batch overtaken by a newer one).
+        where=(RankConfigRow.config_hash != ex.config_hash) & (RankConfigRow.reported_ns <= ex.reported_ns),
+    )
     session.execute(stmt, rows)
+
+
+def rank_configs(*, session: Session, job_id: int) -> dict[int, RankConfig]:
+    """rank -> its latest configuration report, for the ranks of the job that sent one."""
+    q = select(RankConfigRow.rank, RankConfigRow.config).where(RankConfigRow.job_id == job_id)
+    return {int(r): config_from_dict(c) for r, c in session.execute(q).tuples()}
+
+
+def checkpoint_peers(*, session: Session, job_name: str, dirs: Sequence[str]) -> list[PeerJob]:
+    """Other jobs (by name: attempts of this job are not peers) whose ranks report one of the
+    checkpoint directories `dirs`, with the torch versions they run there."""
+    if not dirs:
+        return []
+    q = (
+        select(Job.name, RankConfigRow.checkpoint_dir, RankConfigRow.torch_version)
+        .join(Job, Job.id == RankConfigRow.job_id)
+        .where(RankConfigRow.checkpoint_dir.in_(list(dirs)[:_IN_CHUNK]), Job.name != job_name)
+        .distinct()
+    )
+    found: dict[tuple[str, str], set[str]] = {}
+    for name, d, version in session.execute(q).tuples():
+        versions = found.setdefault((name, str(d)), set())
+        if version:
+            versions.add(version)
+    return [PeerJob(name, tuple(sorted(v)), d) for (name, d), v in sorted(found.items())]
 
 
 # --- NIXL ----------------------------------------------------------------------------------------
@@ -520,8 +744,29 @@ def _add_counters(base: dict[str, Any] | None, sample: dict[str, Any]) -> dict[s
     return out
 
 
+#: The history keeps at most one sample per agent per this many ns (plus the last sample of every
+#: counter run), so a collector pushing every 2 s costs ~8,640 rows per agent and day, not 43,200.
+#: Rates over `nixl_rates.RATE_WINDOW_S` still see several samples.
+NIXL_HISTORY_STEP_NS = 10 * 1_000_000_000
+
+
+def _keep_nixl_history(
+    *, session: Session, agent_id: int, run: str, read_time_ns: int, wire: dict[str, Any], force: bool
+) -> None:
+    """Add a sample to the agent's history unless one was kept less than a step before it."""
+    last = session.execute(
+        select(func.max(NixlSampleRow.read_time_ns)).where(NixlSampleRow.agent_id == agent_id)
+    ).scalar_one()
+    if last is not None and (
+        read_time_ns <= last or (not force and read_time_ns - last < NIXL_HISTORY_STEP_NS)
+    ):
+        return
+    session.add(NixlSampleRow(agent_id=agent_id, read_time_ns=read_time_ns, run=run, sample=wire))
+
+
 def upsert_nixl(*, session: Session, samples: Sequence[Any]) -> None:
-    """Store the latest sample per agent; a new counter run carries the old run's totals over."""
+    """Store the latest sample per agent and keep a thinned history of them (`nixl_samples`);
+    a new counter run carries the old run's totals over."""
     for smp in samples:
         wire = smp.to_wire()
         row = session.execute(
@@ -530,22 +775,41 @@ def upsert_nixl(*, session: Session, samples: Sequence[Any]) -> None:
             .with_for_update()
         ).scalar_one_or_none()
         if row is None:
-            session.add(
-                NixlAgent(
-                    host=smp.host,
-                    agent=smp.agent,
-                    source=smp.source,
-                    pid=smp.pid,
-                    local_rank=smp.local_rank,
-                    run=smp.run,
-                    read_time_ns=smp.read_time_ns,
-                    sample=wire,
-                    carried=None,
-                )
+            row = NixlAgent(
+                host=smp.host,
+                agent=smp.agent,
+                source=smp.source,
+                pid=smp.pid,
+                local_rank=smp.local_rank,
+                run=smp.run,
+                read_time_ns=smp.read_time_ns,
+                sample=wire,
+                carried=None,
+            )
+            session.add(row)
+            session.flush()  # the id, for the history row
+            _keep_nixl_history(
+                session=session,
+                agent_id=row.id,
+                run=smp.run,
+                read_time_ns=smp.read_time_ns,
+                wire=wire,
+                force=True,
             )
             continue
-        if row.run != smp.run:
+        new_run = row.run != smp.run
+        if new_run:
             row.carried = _add_counters(row.carried, row.sample)
+            # The old run's last sample ends its counting: keep it, so a window across the reset
+            # sees everything the old run counted.
+            _keep_nixl_history(
+                session=session,
+                agent_id=row.id,
+                run=row.run,
+                read_time_ns=row.read_time_ns,
+                wire=row.sample,
+                force=True,
+            )
         elif smp.read_time_ns < row.read_time_ns:
             continue  # an older sample of the same run: counters only grow, keep the newer one
         row.run = smp.run
@@ -553,6 +817,15 @@ def upsert_nixl(*, session: Session, samples: Sequence[Any]) -> None:
         row.local_rank = smp.local_rank
         row.read_time_ns = smp.read_time_ns
         row.sample = wire
+        _keep_nixl_history(
+            session=session,
+            agent_id=row.id,
+            run=smp.run,
+            read_time_ns=smp.read_time_ns,
+            wire=wire,
+            force=new_run,
+        )
+        session.flush()  # the next sample of this batch may be the same agent's: let it see this one
     session.flush()
 
 
@@ -564,6 +837,24 @@ def nixl_agents(*, session: Session) -> list[NixlAgent]:
 def nixl_totals(agent: NixlAgent) -> dict[str, Any]:
     """The agent's counters over all its runs (latest sample plus the carried totals)."""
     return _add_counters(agent.carried, agent.sample)
+
+
+def nixl_history(*, session: Session, window_ns: int) -> dict[int, list[dict[str, Any]]]:
+    """Per agent id: its kept samples of the `window_ns` before its latest one, oldest first
+    (the latest itself is `NixlAgent.sample`, and is left out here)."""
+    q = (
+        select(NixlSampleRow.agent_id, NixlSampleRow.sample)
+        .join(NixlAgent, NixlAgent.id == NixlSampleRow.agent_id)
+        .where(
+            NixlSampleRow.read_time_ns >= NixlAgent.read_time_ns - window_ns,
+            NixlSampleRow.read_time_ns < NixlAgent.read_time_ns,
+        )
+        .order_by(NixlSampleRow.agent_id, NixlSampleRow.read_time_ns)
+    )
+    out: dict[int, list[dict[str, Any]]] = {}
+    for agent_id, sample in session.execute(q).tuples():
+        out.setdefault(agent_id, []).append(dict(sample))
+    return out
 
 
 # --- jobs, ranks and entries (reads) -------------------------------------------------------------
@@ -579,6 +870,27 @@ def get_job(*, session: Session, name: str, attempt: int | None = None) -> Job |
     q = select(Job).where(Job.name == name)
     q = q.where(Job.attempt == attempt) if attempt is not None else q.order_by(Job.attempt.desc())
     return session.execute(q.limit(1)).scalar_one_or_none()
+
+
+@dataclass(frozen=True, slots=True)
+class JobBrief:
+    """A job's identity and status, without its stored report."""
+
+    id: int
+    name: str
+    attempt: int
+    world_size: int | None
+    status: str
+    first_seen_ns: int
+    last_seen_ns: int
+
+
+def active_jobs(*, session: Session, since_ns: int) -> list[JobBrief]:
+    """Jobs seen after `since_ns` (the report column, which can be large, is not read)."""
+    q = select(
+        Job.id, Job.name, Job.attempt, Job.world_size, Job.status, Job.first_seen_ns, Job.last_seen_ns
+    ).where(Job.last_seen_ns > since_ns)
+    return [JobBrief(*row) for row in session.execute(q).tuples()]
 
 
 def get_job_by_id(*, session: Session, job_id: int) -> Job | None:
@@ -703,6 +1015,12 @@ def rank_counts(*, session: Session) -> dict[int, int]:
     return {j: int(n) for j, n in session.execute(q).tuples()}
 
 
+def host_counts(*, session: Session) -> dict[int, int]:
+    """job id -> number of distinct hosts its ranks reported from (jobs without any are absent)."""
+    q = select(Rank.job_id, func.count(func.distinct(Rank.host_id))).group_by(Rank.job_id)
+    return {j: int(n) for j, n in session.execute(q).tuples()}
+
+
 def group_seq_ranges(*, session: Session, job_id: int) -> dict[int, tuple[int, int]]:
     """group row id -> (min, max) collective seq of the job's collective (non-p2p) entries."""
     q = (
@@ -798,6 +1116,7 @@ def table_counts(*, session: Session) -> dict[str, int]:
         Signature,
         EntryRow,
         NixlAgent,
+        NixlSampleRow,
         FindingRow,
         IngestedBatch,
     ):
@@ -871,7 +1190,14 @@ FindingKey = tuple[str, str, int, int]
 
 
 def finding_key(f: Finding) -> FindingKey:
-    """The identity of a finding across diagnoses: (kind, group, seq, rank)."""
+    """The identity of a finding across diagnoses: (kind, group, seq, rank).
+
+    A configuration finding is one per job and setting (and group), whoever the culprits are: its
+    group key is `<setting>` or `<setting>@<group>`.
+    """
+    if f.kind in CONFIG_KINDS:
+        setting = str((f.expected or f.actual or {}).get("setting") or "")
+        return (f.kind, (f"{setting}@{f.process_group}" if f.process_group else setting)[:128], -1, -1)
     per_rank = f.kind in ("rank_lost", "straggler", "missing_dump") or f.collective_seq_id is None
     rank = f.culprit_ranks[0] if per_rank and f.culprit_ranks else -1
     seq = f.collective_seq_id if f.collective_seq_id is not None else -1
@@ -1006,6 +1332,78 @@ def active_token(*, session: Session, token_hash: str) -> CollectorToken | None:
     return session.execute(q).scalar_one_or_none()
 
 
+# --- several servers on one PostgreSQL ----------------------------------------------------------
+
+#: First key of the advisory locks that give one process a job's diagnosis ("FDJ"); the job's
+#: row id is the second: no hash, no collisions.
+_JOB_LOCK_CLASS = 0x46444A
+
+
+def try_own_job(*, session: Session, job_id: int) -> bool:
+    """Take the session-level advisory lock of a job's diagnosis without waiting; True if held.
+
+    Session-level: the lock lives as long as the database connection, not the transaction, so
+    `session` must be bound to a connection the caller keeps open. A process that dies (or loses
+    its connection) releases its jobs; another one takes them on its next try.
+    """
+    q = text("SELECT pg_try_advisory_lock(:c, :j)")
+    return bool(session.execute(q, {"c": _JOB_LOCK_CLASS, "j": job_id}).scalar_one())
+
+
+def ping(*, session: Session) -> None:
+    """A round trip: raises OperationalError when the connection is broken."""
+    session.execute(text("SELECT 1"))
+
+
+def disown_job(*, session: Session, job_id: int) -> None:
+    """Release a job's diagnosis lock taken by `try_own_job` on the same connection."""
+    session.execute(text("SELECT pg_advisory_unlock(:c, :j)"), {"c": _JOB_LOCK_CLASS, "j": job_id})
+
+
+def add_feed(*, session: Session, job_ids: Iterable[int], body: bytes, received_ns: int) -> dict[int, int]:
+    """Keep an ingested batch (gzip body) in the feed, once per job it touched; job id -> feed id.
+
+    Call last in the batch's transaction: `received_ns` is then within a commit of being visible,
+    which is what lets `feed_ids` look back only a few seconds.
+    """
+    out = {}
+    for job_id in sorted(set(job_ids)):
+        stmt = (
+            _insert(session, FeedRow)
+            .values(job_id=job_id, received_ns=received_ns, body=body)
+            .returning(FeedRow.id)
+        )
+        out[job_id] = int(session.execute(stmt).scalar_one())
+    return out
+
+
+def feed_ids(*, session: Session, job_ids: Sequence[int], since_ns: int) -> list[tuple[int, int]]:
+    """(feed id, job id) of the visible feed rows of these jobs received after `since_ns`, by id."""
+    if not job_ids:
+        return []
+    q = (
+        select(FeedRow.id, FeedRow.job_id)
+        .where(FeedRow.received_ns > since_ns, FeedRow.job_id.in_(list(job_ids)))
+        .order_by(FeedRow.id)
+    )
+    return [(int(i), int(j)) for i, j in session.execute(q).tuples()]
+
+
+def feed_bodies(*, session: Session, ids: Sequence[int]) -> dict[int, bytes]:
+    """feed id -> gzip body."""
+    out: dict[int, bytes] = {}
+    for chunk in _chunks(sorted(ids), _IN_CHUNK):
+        for i, b in session.execute(select(FeedRow.id, FeedRow.body).where(FeedRow.id.in_(chunk))).tuples():
+            out[int(i)] = bytes(b)
+    return out
+
+
+def prune_feed(*, session: Session, before_ns: int) -> int:
+    """Delete feed rows received before `before_ns`; returns how many."""
+    res = session.execute(delete(FeedRow).where(FeedRow.received_ns < before_ns))
+    return int(getattr(res, "rowcount", 0) or 0)
+
+
 # --- retention -----------------------------------------------------------------------------------
 
 
@@ -1024,6 +1422,38 @@ def delete_entries_before(*, session: Session, before_ns: int) -> int:
     return deleted
 
 
+def delete_nixl_samples_before(*, session: Session, before_ns: int) -> int:
+    """Delete NIXL history samples read before `before_ns` (agents and their latest sample stay)."""
+    res = session.execute(delete(NixlSampleRow).where(NixlSampleRow.read_time_ns < before_ns))
+    return int(getattr(res, "rowcount", 0) or 0)
+
+
+def trim_entries(*, session: Session, job_id: int, keep_per_rank: int) -> int:
+    """Keep only each rank's newest `keep_per_rank` entries (by record id) of a job; returns how
+    many went. Each rank's newest id is one primary-key lookup and each delete one key range, so
+    the cost follows what is deleted, not what the job holds."""
+    highest = (
+        select(func.max(EntryRow.record_id))
+        .where(EntryRow.job_id == Rank.job_id, EntryRow.rank == Rank.rank)
+        .scalar_subquery()
+    )
+    tops = session.execute(select(Rank.rank, highest).where(Rank.job_id == job_id)).tuples().all()
+    cuts = [{"j": job_id, "r": r, "cut": hi - keep_per_rank} for r, hi in tops if hi is not None]
+    cuts = [c for c in cuts if c["cut"] >= 0]
+    if not cuts:
+        return 0
+    stmt = delete(EntryRow).where(
+        EntryRow.job_id == bindparam("j"),
+        EntryRow.rank == bindparam("r"),
+        EntryRow.record_id <= bindparam("cut"),
+    )
+    deleted = 0
+    for chunk in _chunks(cuts, _IN_CHUNK):
+        # Core executemany (the ORM has no bulk DELETE); both drivers report the total rowcount.
+        deleted += int(session.connection().execute(stmt, list(chunk)).rowcount or 0)
+    return deleted
+
+
 def db_size_bytes(*, session: Session, table: str) -> int | None:
     """Bytes a table uses with its indexes (PostgreSQL; SQLite when the dbstat table exists)."""
     if session.get_bind().dialect.name == "postgresql":
@@ -1037,3 +1467,129 @@ def db_size_bytes(*, session: Session, table: str) -> int | None:
         return None if v is None else int(v)
     except Exception:  # dbstat is a compile-time option of SQLite
         return None
+
+
+# --- webhook outbox ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedDelivery:
+    """A webhook delivery a sender holds (leased) until it settles it."""
+
+    row_id: int
+    event_id: str
+    url: str
+    payload: dict[str, Any]
+    #: Attempts so far, the one about to be made included.
+    attempts: int
+    deadline_ns: int
+
+
+def add_webhook_deliveries(*, session: Session, deliveries: Sequence[dict[str, Any]]) -> None:
+    """Put deliveries into the outbox; call in the transaction that stores what caused them.
+
+    Each dict: event_id, url, payload, created_ns, due_ns, deadline_ns.
+    """
+    if deliveries:
+        rows = [{**d, "attempts": 0, "state": "pending"} for d in deliveries]
+        session.connection().execute(_insert(session, WebhookDelivery), rows)
+
+
+def claim_webhook_deliveries(
+    *, session: Session, urls: Sequence[str], now_ns: int, limit: int, lease_ns: int, claim: str
+) -> list[ClaimedDelivery]:
+    """Take up to `limit` due deliveries to `urls`, earliest due first, and lease them to `claim`.
+
+    The k-th row's lease ends k * `lease_ns` from now: the sender posts them one after another.
+    PostgreSQL: `FOR UPDATE SKIP LOCKED`, so a row another server process is claiming is skipped
+    rather than waited for, and re-checked after its commit (its lease then makes it not due).
+    SQLite: the write session's BEGIN IMMEDIATE already serializes claims.
+    """
+    if not urls or limit <= 0:
+        return []
+    w = WebhookDelivery
+    q = (
+        select(w.id, w.event_id, w.url, w.payload, w.attempts, w.deadline_ns)
+        .where(w.state == "pending", w.due_ns <= now_ns, w.url.in_(list(urls)))
+        .order_by(w.due_ns, w.id)
+        .limit(limit)
+    )
+    if session.get_bind().dialect.name == "postgresql":
+        q = q.with_for_update(skip_locked=True)
+    rows = session.execute(q).tuples().all()
+    if not rows:
+        return []
+    stmt = (
+        update(w)
+        .where(w.id == bindparam("rid"))
+        .values(due_ns=bindparam("lease"), claim=claim, attempts=w.attempts + 1)
+    )
+    leases = [{"rid": r[0], "lease": now_ns + (k + 1) * lease_ns} for k, r in enumerate(rows)]
+    session.connection().execute(stmt, leases)
+    return [
+        ClaimedDelivery(row_id=int(i), event_id=e, url=u, payload=p, attempts=int(a) + 1, deadline_ns=int(dl))
+        for i, e, u, p, a, dl in rows
+    ]
+
+
+def settle_webhook_delivery(
+    *,
+    session: Session,
+    row_id: int,
+    claim: str,
+    state: str,
+    now_ns: int,
+    due_ns: int | None = None,
+    error: str | None = None,
+) -> bool:
+    """Record the outcome of an attempt on a delivery still leased to `claim`: `delivered` or
+    `dropped` (done), or `pending` again at `due_ns` (a retry). False when the lease was lost."""
+    values: dict[str, Any] = {"state": state, "claim": None, "last_error": error[:256] if error else None}
+    if state == "pending":
+        values["due_ns"] = due_ns if due_ns is not None else now_ns
+    else:
+        values["done_ns"] = now_ns
+    w = WebhookDelivery
+    res = session.execute(update(w).where(w.id == row_id, w.claim == claim).values(**values))
+    return int(getattr(res, "rowcount", 0) or 0) == 1
+
+
+def release_webhook_deliveries(*, session: Session, row_ids: Sequence[int], claim: str, now_ns: int) -> None:
+    """Hand back leased deliveries that were not attempted (the sender stops): due now, and the
+    attempt counted at the claim is taken back."""
+    if not row_ids:
+        return
+    w = WebhookDelivery
+    session.execute(
+        update(w)
+        .where(w.id.in_(list(row_ids)), w.claim == claim)
+        .values(claim=None, due_ns=now_ns, attempts=w.attempts - 1)
+    )
+
+
+def webhook_outbox_status(*, session: Session, urls: Sequence[str]) -> tuple[int, int | None]:
+    """(deliveries to `urls` waiting, the earliest due time among them or None)."""
+    if not urls:
+        return 0, None
+    w = WebhookDelivery
+    q = select(func.count(), func.min(w.due_ns)).where(w.state == "pending", w.url.in_(list(urls)))
+    n, due = session.execute(q).tuples().one()
+    return int(n), None if due is None else int(due)
+
+
+def webhook_deliveries(*, session: Session, event_id: str | None = None) -> list[WebhookDelivery]:
+    """The outbox's rows (of one event), oldest first."""
+    q = select(WebhookDelivery).order_by(WebhookDelivery.id)
+    if event_id is not None:
+        q = q.where(WebhookDelivery.event_id == event_id)
+    return list(session.execute(q).scalars())
+
+
+def prune_webhook_outbox(*, session: Session, before_ns: int) -> int:
+    """Delete deliveries done (delivered or dropped) before `before_ns`, and those whose deadline
+    passed before it (left pending for a URL no longer configured); returns how many."""
+    w = WebhookDelivery
+    res = session.execute(
+        delete(w).where(or_(and_(w.state != "pending", w.done_ns < before_ns), w.deadline_ns < before_ns))
+    )
+    return int(getattr(res, "rowcount", 0) or 0)

@@ -1,83 +1,143 @@
-"""Webhook delivery: every opened or resolved finding is POSTed as JSON to the configured URLs.
+"""Webhook delivery from a durable outbox: every opened or resolved finding is POSTed as JSON to
+the configured URLs, at least once.
 
-`publish` never blocks (a bounded queue; beyond it events are dropped and logged), so neither
-ingest nor the diagnosis waits on a slow receiver. One worker thread delivers; failed deliveries
-(connection errors, 429, 502, 503, 504) are retried with jittered exponential backoff that honours
-Retry-After, within `webhook_max_attempts` and an overall `webhook_deadline_s`. Other answers
-(a 4xx saying the payload is wrong) are not retried: sending the same body again cannot help.
+The diagnosis writes one outbox row per (event, URL) in the transaction that opens or resolves the
+finding (`WebhookSender.enqueue`): a crash or a restart loses no event, and a change that was rolled
+back sends none. One sender thread per server process claims due rows with a lease (on PostgreSQL
+with `FOR UPDATE SKIP LOCKED`, so two processes never send the same row at once), POSTs them and
+records the outcome. Each event has a stable id, in the body (`id`) and in the `Idempotency-Key`
+and `X-Flightdeck-Event-Id` headers: receivers de-duplicate on it, since a crash between a POST and
+its record sends the event again.
+
+Failed deliveries (connection errors, 429, 502, 503, 504) are retried with jittered exponential
+backoff that honours Retry-After, within `webhook_max_attempts` and `webhook_deadline_s` from the
+event. Other answers (a 4xx saying the payload is wrong) are final: the same body again cannot help.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import logging
-import queue
 import random
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session
 
+from flightdeck.server import store
+from flightdeck.server.db import Database
+from flightdeck.server.metrics import WebhookMetrics
 from flightdeck.server.settings import ServerSettings
 
 log = logging.getLogger(__name__)
 
+NS = 1_000_000_000
 RETRY_STATUS = frozenset({429, 502, 503, 504})
+#: Deliveries claimed per database round trip.
+CLAIM_BATCH = 16
+#: A claim outlives the POST timeout by this much before another sender may take the row.
+LEASE_MARGIN_S = 5.0
 
 
-@dataclass(order=True, slots=True)
-class _Delivery:
-    due: float
-    seq: int
-    url: str = field(compare=False)
-    payload: dict[str, Any] = field(compare=False)
-    deadline: float = field(compare=False)
-    attempt: int = field(default=0, compare=False)
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What one attempt leaves: `delivered`, `dropped`, or `pending` again at `due_ns`."""
+
+    state: str
+    due_ns: int | None = None
+    error: str | None = None
+
+
+def event_payload(
+    *, event_id: str, event: store.FindingEvent, job: str, attempt: int, now_ns: int
+) -> dict[str, Any]:
+    """The JSON body of one finding event."""
+    return {
+        "id": event_id,
+        "event": event.event,
+        "created_at_s": now_ns / NS,
+        "job": job,
+        "attempt": attempt,
+        "finding": {**event.data, "id": event.row_id},
+    }
 
 
 class WebhookSender:
-    """Delivers finding events to the webhook URLs from one background thread."""
+    """Writes finding events to the outbox and delivers them from one background thread.
+
+    `clock` (epoch ns) times the outbox: due times, leases and deadlines are compared across
+    server processes, so it is the wall clock, not the server's injectable diagnosis clock.
+    """
 
     def __init__(
         self,
         *,
         settings: ServerSettings,
+        db: Database,
         client: httpx.Client,
-        monotonic: Callable[[], float] = time.monotonic,
+        metrics: WebhookMetrics | None = None,
+        on_db_error: Callable[[], None] = lambda: None,
+        clock: Callable[[], int] = time.time_ns,
         jitter: Callable[[], float] = random.random,
     ) -> None:
         self._settings = settings
         self._urls = list(settings.webhook_urls)
+        self._db = db
         self._client = client
-        self._mono = monotonic
+        self.metrics = metrics if metrics is not None else WebhookMetrics()
+        self._on_db_error = on_db_error
+        self._clock = clock
         self._jitter = jitter
-        self._queue: queue.Queue[dict[str, Any]] = queue.Queue(maxsize=settings.webhook_queue_size)
-        self._heap: list[_Delivery] = []
-        self._seq = itertools.count()
+        self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        #: Deliveries that succeeded / were given up (for tests and logs).
-        self.delivered = 0
-        self.dropped = 0
 
     @property
     def enabled(self) -> bool:
         """Whether any URL is configured."""
         return bool(self._urls)
 
-    def publish(self, payload: dict[str, Any]) -> None:
-        """Queue an event for every URL; never blocks."""
-        if not self._urls:
-            return
-        try:
-            self._queue.put_nowait(payload)
-        except queue.Full:
-            self.dropped += len(self._urls)
-            log.warning("webhook queue full: dropped %s event", payload.get("event"))
+    def now_ns(self) -> int:
+        """The outbox clock (epoch ns)."""
+        return self._clock()
+
+    def enqueue(
+        self, *, session: Session, job: str, attempt: int, events: Sequence[store.FindingEvent]
+    ) -> list[str]:
+        """Write `events` to the outbox, one row per URL, in the caller's transaction (the one that
+        opened or resolved the findings); returns the event ids. Call `notify` after the commit."""
+        if not self._urls or not events:
+            return []
+        now = self._clock()
+        deadline = now + int(self._settings.webhook_deadline_s * NS)
+        ids: list[str] = []
+        rows: list[dict[str, Any]] = []
+        for ev in events:
+            event_id = str(uuid.uuid4())
+            ids.append(event_id)
+            payload = event_payload(event_id=event_id, event=ev, job=job, attempt=attempt, now_ns=now)
+            rows.extend(
+                {
+                    "event_id": event_id,
+                    "url": url,
+                    "payload": payload,
+                    "created_ns": now,
+                    "due_ns": now,
+                    "deadline_ns": deadline,
+                }
+                for url in self._urls
+            )
+        store.add_webhook_deliveries(session=session, deliveries=rows)
+        return ids
+
+    def notify(self) -> None:
+        """Wake the sender now (new events were committed), rather than at its next poll."""
+        self._wake.set()
 
     def start(self) -> None:
         """Start the delivery thread."""
@@ -88,70 +148,121 @@ class WebhookSender:
         self._thread.start()
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        """Stop the delivery thread (pending deliveries are abandoned)."""
+        """Stop the delivery thread; undelivered events stay in the outbox for the next start."""
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
             self._thread = None
 
     def pending(self) -> int:
-        """Deliveries not yet done (queued or waiting for a retry)."""
-        return self._queue.qsize() + len(self._heap)
+        """Deliveries to this process's URLs waiting in the outbox (of every server process)."""
+        with self._db.read() as session:
+            return store.webhook_outbox_status(session=session, urls=self._urls)[0]
 
     def _run(self) -> None:
+        poll = self._settings.webhook_poll_interval_s
         while not self._stop.is_set():
+            self._wake.clear()
             try:
-                self._step()
+                wait = self.step()
+            except OperationalError:
+                self._on_db_error()
+                wait = poll
             except Exception:  # the worker must not die; a bug here would silence every alert
-                log.exception("webhook worker step failed")
-                time.sleep(0.1)
+                log.exception("webhook sender step failed")
+                wait = poll
+            if wait > 0:
+                self._wake.wait(wait)
 
-    def _step(self) -> None:
-        now = self._mono()
-        wait = 0.5 if not self._heap else max(0.0, min(0.5, self._heap[0].due - now))
-        try:
-            payload = self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait()
-        except queue.Empty:
-            payload = None
-        now = self._mono()
-        if payload is not None:
-            for url in self._urls:
-                heapq.heappush(
-                    self._heap,
-                    _Delivery(now, next(self._seq), url, payload, now + self._settings.webhook_deadline_s),
+    def step(self) -> float:
+        """Claim the due deliveries, post them, record the outcomes; returns the seconds until
+        the next delivery is due (at most the poll interval)."""
+        poll = self._settings.webhook_poll_interval_s
+        # A read first: an idle sender must not take SQLite's write lock at every poll.
+        with self._db.read() as session:
+            depth, due = store.webhook_outbox_status(session=session, urls=self._urls)
+        self.metrics.depth = depth
+        if due is None or due > self._clock():
+            return poll if due is None else min(poll, (due - self._clock()) / NS)
+        claim = uuid.uuid4().hex
+        lease_ns = int((self._settings.webhook_timeout_s + LEASE_MARGIN_S) * NS)
+        with self._db.write() as session, session.begin():
+            claimed = store.claim_webhook_deliveries(
+                session=session,
+                urls=self._urls,
+                now_ns=self._clock(),
+                limit=CLAIM_BATCH,
+                lease_ns=lease_ns,
+                claim=claim,
+            )
+        if not claimed:
+            return min(poll, 0.05)  # due, but another process is claiming it right now
+        for k, d in enumerate(claimed):
+            if self._stop.is_set():
+                with self._db.write() as session, session.begin():
+                    store.release_webhook_deliveries(
+                        session=session,
+                        row_ids=[c.row_id for c in claimed[k:]],
+                        claim=claim,
+                        now_ns=self._clock(),
+                    )
+                return 0.0
+            outcome = self._attempt(d)
+            with self._db.write() as session, session.begin():
+                kept = store.settle_webhook_delivery(
+                    session=session,
+                    row_id=d.row_id,
+                    claim=claim,
+                    state=outcome.state,
+                    now_ns=self._clock(),
+                    due_ns=outcome.due_ns,
+                    error=outcome.error,
                 )
-        while self._heap and self._heap[0].due <= self._mono() and not self._stop.is_set():
-            self._attempt(heapq.heappop(self._heap))
+            if not kept:
+                log.warning(
+                    "webhook %s event %s: lease expired before the outcome was recorded", d.url, d.event_id
+                )
+            self.metrics.deliveries.labels("failed" if outcome.state == "pending" else outcome.state).inc()
+        with self._db.read() as session:
+            depth, due = store.webhook_outbox_status(session=session, urls=self._urls)
+        self.metrics.depth = depth
+        if len(claimed) == CLAIM_BATCH:
+            return 0.0  # more may be due already
+        if due is None:
+            return poll
+        return min(poll, max(0.0, (due - self._clock()) / NS))
 
-    def _attempt(self, d: _Delivery) -> None:
-        d.attempt += 1
+    def _attempt(self, d: store.ClaimedDelivery) -> Outcome:
+        s = self._settings
+        if self._clock() > d.deadline_ns:
+            log.warning(
+                "webhook %s event %s: deadline passed before it could be sent: dropped", d.url, d.event_id
+            )
+            return Outcome("dropped", error="deadline passed")
         retry_after: float | None = None
+        headers = {"Idempotency-Key": d.event_id, "X-Flightdeck-Event-Id": d.event_id}
         try:
-            resp = self._client.post(d.url, json=d.payload, timeout=self._settings.webhook_timeout_s)
+            resp = self._client.post(d.url, json=d.payload, headers=headers, timeout=s.webhook_timeout_s)
         except httpx.HTTPError as exc:
             reason = f"{type(exc).__name__}: {exc}"
         else:
             if resp.status_code < 300:
-                self.delivered += 1
-                return
+                return Outcome("delivered")
             if resp.status_code not in RETRY_STATUS:
-                self.dropped += 1
                 log.warning("webhook %s answered %s: not retried", d.url, resp.status_code)
-                return
+                return Outcome("dropped", error=f"HTTP {resp.status_code}")
             reason = f"HTTP {resp.status_code}"
             retry_after = _retry_after(resp.headers.get("retry-after"))
-        s = self._settings
-        backoff = min(s.webhook_backoff_max_s, s.webhook_backoff_initial_s * 2 ** (d.attempt - 1))
+        backoff = min(s.webhook_backoff_max_s, s.webhook_backoff_initial_s * 2 ** (d.attempts - 1))
         delay = backoff * (0.5 + self._jitter() / 2)  # jitter: receivers coming back are not stampeded
         if retry_after is not None:
             delay = max(delay, min(retry_after, s.webhook_backoff_max_s))
-        due = self._mono() + delay
-        if d.attempt >= s.webhook_max_attempts or due > d.deadline:
-            self.dropped += 1
-            log.warning("webhook %s failed %d times (%s): event dropped", d.url, d.attempt, reason)
-            return
-        d.due = due
-        heapq.heappush(self._heap, d)
+        due = self._clock() + int(delay * NS)
+        if d.attempts >= s.webhook_max_attempts or due > d.deadline_ns:
+            log.warning("webhook %s failed %d times (%s): event dropped", d.url, d.attempts, reason)
+            return Outcome("dropped", error=reason)
+        return Outcome("pending", due_ns=due, error=reason)
 
 
 def _retry_after(raw: str | None) -> float | None:

@@ -34,6 +34,7 @@ SIDECAR_TYPES: dict[str, Any] = {
     "exception": (str, type(None)),
     "thread_stacks": (list, type(None)),
     "last_progress_ns": (int, type(None)),
+    "config": dict,
 }
 
 
@@ -48,6 +49,12 @@ def check_sidecar(path: Path, *, kind: str, rank: int, job: str, world_size: int
     assert meta["attempt"] == 0 and meta["backend"] == "gloo" and meta["local_rank"] == rank
     assert meta["groups"]["0"] == {"desc": "default_pg", "ranks": list(range(world_size))}
     assert (meta["thread_stacks"] is None) == (kind == "periodic")
+    config = meta["config"]
+    assert config["torch_version"] == meta["torch_version"] and config["python_version"]
+    assert (
+        config["groups"]["0"]["backend"] == "cpu:gloo,cuda:gloo" and config["groups"]["0"]["timeout_ms"] > 0
+    )
+    assert all(name.startswith(("TORCH_", "NCCL_")) for name in config["env"])
     return meta
 
 
@@ -185,8 +192,13 @@ def test_blocked_rank_writes_stall_snapshot_with_stacks(hung_job: JobResult) -> 
     pending = [e for e in load_dump(stall)["entries"] if not e["retired"]]
     assert len(pending) == 1 and pending[0]["frames"], pending
     assert pending[0]["collective_seq_id"] == TEST_SCENARIOS["t_skip"].expected()["collective_seq_id"]
-    # The rank that left has nothing pending: no stall snapshot.
-    assert not (hung_job.spool / "rank_1.stall.pkl").exists()
+    # The rank that skipped the op has nothing pending, but it went quiet for longer than
+    # stall_after: its stall snapshot shows where it is instead of the collective.
+    quiet = check_sidecar(
+        hung_job.spool / "rank_1.stall.pkl", kind="stall", rank=1, job="t_skip", world_size=2
+    )
+    assert "commit" in main_stack(quiet), main_stack(quiet)
+    assert all(e["retired"] for e in load_dump(hung_job.spool / "rank_1.stall.pkl")["entries"])
 
 
 @pytest.mark.slow
@@ -198,7 +210,10 @@ def test_final_snapshot_carries_the_exception(hung_job: JobResult) -> None:
     # The main thread's stack is where the exception was raised, not the hook's.
     assert "reduce_bucket" in main_stack(meta)
     assert meta["snapshot_time_ns"] > load_sidecar(hung_job.spool / "rank_0.stall.pkl")["snapshot_time_ns"]
-    assert all(e["retired"] for e in load_dump(final)["entries"])  # a failed op is retired too
+    entries = load_dump(final)["entries"]
+    assert all(e["retired"] for e in entries)  # a failed op is retired too
+    # Written twice, fast without frames, then with them: the file left is the complete one.
+    assert all(e.get("frames") for e in entries)
     left = check_sidecar(
         hung_job.spool / "rank_1.final.pkl", kind="final", rank=1, job="t_skip", world_size=2
     )

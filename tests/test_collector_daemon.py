@@ -16,7 +16,7 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
-from flightdeck.collector.daemon import Collector
+from flightdeck.collector.daemon import GROUPS_RESEND_S, Collector
 from flightdeck.collector.frdump import load_raw, read_dump_file
 from flightdeck.collector.nixl_ring import OwnerFinder
 from flightdeck.collector.queue import NewBatch
@@ -137,6 +137,38 @@ def test_real_dumps_are_shipped_then_only_changed_entries(
     assert [(e["rid"], e["ret"]) for e in snaps[1]["entries"]] == [(rid, True) for rid in done]
     assert snaps[2]["entries"] == []
     assert harness.metric("flightdeck_collector_files_seen_total") == 6
+
+
+def test_groups_ship_when_new_then_again_only_after_the_resend_interval(
+    tmp_path: Path, recorder: Recorder
+) -> None:
+    now = [1000.0]
+    h = Harness(settings_for(tmp_path, recorder.url), monotonic=lambda: now[0])
+    try:
+        agents = stand_ins(tmp_path / "spool", "healthy_4")
+        for a in agents.values():
+            a.write()
+        h.flush_and_push()
+        first = {s["rank"]: s for d in recorder.docs() for s in d["snapshots"]}
+        assert set(first) == {0, 1, 2, 3}
+        assert all(s["groups"]["0"]["ranks"] == [0, 1, 2, 3] for s in first.values())
+
+        def ship_rank_1() -> dict[str, Any]:
+            assert agents[1].finish(1)
+            agents[1].write()
+            recorder.batches.clear()
+            h.flush_and_push()
+            (snap,) = [s for d in recorder.docs() for s in d["snapshots"]]
+            assert snap["rank"] == 1 and snap["entries"]
+            out: dict[str, Any] = snap
+            return out
+
+        now[0] += 1.0
+        assert ship_rank_1()["groups"] == {}  # unchanged: the server has them
+        now[0] += GROUPS_RESEND_S
+        assert ship_rank_1()["groups"] == first[1]["groups"]  # resent after the interval
+    finally:
+        h.close()
 
 
 def test_frames_of_a_final_snapshot_reship_entries_sent_without(

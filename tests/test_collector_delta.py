@@ -11,13 +11,13 @@ import pytest
 
 from flightdeck.collector.delta import RankState, diff, merge_progress, progress
 from flightdeck.collector.frdump import load_raw, read_dump_file
-from flightdeck.collector.incremental import read_changed
+from flightdeck.collector.incremental import IncrementalReader, read_changed
 from flightdeck.records import RankDump
 
 if TYPE_CHECKING:
-    from tests.test_collector_fixtures import FR_DATA
+    from tests.test_collector_fixtures import FR_DATA, AgentStandIn
 else:
-    from test_collector_fixtures import FR_DATA
+    from test_collector_fixtures import FR_DATA, AgentStandIn
 
 
 def real(name: str, scenario: str = "healthy_2") -> RankDump:
@@ -121,3 +121,45 @@ def test_incremental_read_matches_the_full_reader_and_falls_back_on_odd_entries(
     odd.write_bytes(pickle.dumps(raw))
     got = read_changed(odd, identify=lambda head: None, max_bytes=1 << 24)
     assert [e.record_id for e in got.dump.entries] == [e.record_id for e in full.entries]
+
+
+def test_reader_with_memory_ships_what_the_full_reader_ships(tmp_path: Path) -> None:
+    """The ring moves on (entries finish, the oldest leave, new ones come): the reader that compares
+    with the previous version ships exactly what a full scan and plan ship, and an unchanged ring
+    rewritten (a hung rank) ships nothing but its new snapshot time."""
+    agent = AgentStandIn(FR_DATA / "wrapped" / "rank_0.pkl", tmp_path / "rank_0.pkl")
+    entries = agent.entries
+    ahead = entries[-6:]  # kept back, enqueued later as new collectives
+    del entries[-6:]
+    reader = IncrementalReader()
+    state: RankState | None = None
+    for step in range(5):
+        agent.finish(2)
+        if step in (1, 3):
+            entries[:] = entries[3:] + ahead[:3]  # 3 leave the ring, 3 new enter
+            ahead = ahead[3:]
+        agent.write()
+        shipped = state
+
+        def identify(head: RankDump, shipped: RankState | None = shipped) -> RankState | None:
+            return shipped
+
+        full = read_changed(agent.target, identify=identify, max_bytes=1 << 24)
+        got = reader.read(agent.target, identify=identify, max_bytes=1 << 24)
+        assert got.dump.entries == full.dump.entries, step
+        assert (got.state, got.oldest_record_id, got.total_entries) == (
+            full.state,
+            full.oldest_record_id,
+            full.total_entries,
+        )
+        assert got.dump.snapshot_time_ns == agent.time_ns and got.dump.job == full.dump.job
+        state = got.state
+    assert state is not None and state.floor == entries[0]["record_id"]
+
+    agent.write()  # same ring, new sidecar: nothing to ship, the snapshot time moves on
+    got = reader.read(agent.target, identify=lambda head: state, max_bytes=1 << 24)
+    assert got.dump.entries == [] and got.total_entries == len(entries)
+    assert got.state.last_time_ns == agent.time_ns and got.state.entries == state.entries
+    assert got.dump.wrapped and got.oldest_record_id == entries[0]["record_id"]
+    # Another reader (another process, or a state from elsewhere) reads it in full: nothing either.
+    assert read_changed(agent.target, identify=lambda head: state, max_bytes=1 << 24).dump.entries == []

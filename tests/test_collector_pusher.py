@@ -148,6 +148,54 @@ def test_4xx_goes_to_dead_letters_once_and_the_queue_goes_on(rig: Rig, recorder:
     assert list(recorder.batches) == ["good", "bad"]
 
 
+def test_rejected_token_keeps_batches_queued_and_backs_off(
+    rig: Rig, recorder: Recorder, caplog: pytest.LogCaptureFixture
+) -> None:
+    recorder.script = [Scripted(401, body={"detail": "unknown or revoked token"})] * 3
+    rig.pusher.auth_backoff_max_s = 0.2
+    rig.queue.enqueue([batch("b1"), batch("b2")])
+    with caplog.at_level("DEBUG", logger="flightdeck.collector.pusher"):
+        assert not rig.pusher.drain(timeout_s=0.25)  # rejected, backing off: nothing sent, nothing lost
+        assert rig.queue.dead_letters() == [] and rig.queue.stats().depth == 2
+        assert rig.metric("flightdeck_collector_token_rejected") == 1
+        assert rig.pusher.drain(timeout_s=10)
+    assert [(bid, st) for bid, st, _ in recorder.requests] == [
+        ("b1", 401),
+        ("b1", 401),
+        ("b1", 401),
+        ("b1", 200),
+        ("b2", 200),
+    ]
+    assert rig.metric("flightdeck_collector_auth_failures_total") == 3
+    assert rig.metric("flightdeck_collector_batches_failed_total", reason="auth") == 3
+    assert rig.metric("flightdeck_collector_token_rejected") == 0
+    assert rig.queue.dead_letters() == []
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and errors[0].startswith(
+        "server rejected the collector token: HTTP 401 unknown or revoked token"
+    )
+
+
+def test_a_new_token_file_is_tried_at_once(tmp_path: Path, rig: Rig, recorder: Recorder) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("tok\n")
+    recorder.script = [Scripted(401, body={"detail": "unknown or revoked token"})]
+    rig.pusher.token_source = lambda: token_file.read_text().strip()
+    rig.pusher.auth_backoff_max_s = 600.0  # without the new token, the retry would be minutes away
+    # The operator writes the new token while the server is rejecting the old one.
+
+    def rotate() -> None:
+        token_file.write_text("new-token\n")
+
+    recorder.on_request = rotate
+    rig.queue.enqueue([batch("b1")])
+    assert rig.pusher.drain(timeout_s=10)
+    assert [(st, h["authorization"]) for _, st, h in recorder.requests] == [
+        (401, "Bearer tok"),
+        (200, "Bearer new-token"),
+    ]
+
+
 def test_500_is_retried_a_bounded_number_of_times(rig: Rig, recorder: Recorder) -> None:
     recorder.script = [Scripted(500)] * 3
     rig.queue.enqueue([batch("b1")])

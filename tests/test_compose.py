@@ -93,9 +93,21 @@ def test_env_example_covers_every_variable() -> None:
 
 
 def test_services_and_health_ordering(compose: Path) -> None:
-    """All five services exist; the server waits for a healthy PostgreSQL 16."""
+    """All six services exist; the server waits for a healthy PostgreSQL 16; two server replicas in
+    cluster mode sit behind one published address."""
     services = _config(compose)["services"]
-    assert set(services) == {"flightdeck", "postgres", "prometheus", "alertmanager", "grafana"}
+    assert set(services) == {
+        "flightdeck",
+        "flightdeck-lb",
+        "postgres",
+        "prometheus",
+        "alertmanager",
+        "grafana",
+    }
+    assert services["flightdeck"]["deploy"]["replicas"] == 2
+    assert services["flightdeck"]["environment"]["FLIGHTDECK_CLUSTER"] == "true"
+    assert "ports" not in services["flightdeck"]
+    assert [p["target"] for p in services["flightdeck-lb"]["ports"]] == [8470]
     assert services["flightdeck"]["depends_on"]["postgres"]["condition"] == "service_healthy"
     assert "pg_isready" in " ".join(services["postgres"]["healthcheck"]["test"])
     assert services["postgres"]["image"].startswith("postgres:16")

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
 import shutil
 import subprocess
+import sys
 import threading
 import time
 import warnings
@@ -35,6 +37,7 @@ from flightdeck.server.settings import ServerSettings
 from flightdeck.wire import Snapshot, snapshot_from_dump
 from tests.conftest import FakeClock
 from tests.metrics_doc import METRICS_DOC
+from tests.ops_stack import free_port
 from tests.test_server_support import body, make_batch, scenario_dumps, scenario_expected, snapshots
 
 with warnings.catch_warnings():
@@ -339,6 +342,159 @@ def test_two_servers_on_one_postgresql_agree(pg_database: str, clock: FakeClock)
         b.svc.close()
 
 
+def _start_server_process(url: str, log: Any) -> tuple[subprocess.Popen[bytes], str]:
+    """A real `flightdeck server` process in cluster mode on `url`; returns once /healthz answers."""
+    port = free_port()
+    env = {
+        **os.environ,
+        "FLIGHTDECK_DATABASE_URL": url,
+        "FLIGHTDECK_PORT": str(port),
+        "FLIGHTDECK_CLUSTER": "true",
+        "FLIGHTDECK_STALL_AFTER_S": str(STALL_S),
+        "FLIGHTDECK_DIAGNOSIS_DEBOUNCE_S": "0.1",
+        "FLIGHTDECK_DIAGNOSIS_INTERVAL_S": "0.3",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flightdeck", "server", "--log-level", "warning"],
+        env=env,
+        stdout=log,
+        stderr=log,
+    )
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
+                return proc, base
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline or proc.poll() is not None:
+            proc.kill()
+            raise RuntimeError("flightdeck server did not come up")
+        time.sleep(0.2)
+
+
+#: Keys that change with every diagnosis of a job that is still being watched.
+_VOLATILE = {"diagnosed_at_s", "updated_at_s", "now_s", "elapsed_s", "detail"}
+
+
+def _stable(doc: Any) -> Any:
+    """`doc` without the keys that move with each re-diagnosis (the owner keeps diagnosing)."""
+    if isinstance(doc, dict):
+        return {k: _stable(v) for k, v in doc.items() if k not in _VOLATILE}
+    if isinstance(doc, list):
+        return [_stable(v) for v in doc]
+    return doc
+
+
+def test_two_server_processes_share_jobs_without_duplicates(pg_database: str, tmp_path: Any) -> None:
+    """Two real server processes in cluster mode on one PostgreSQL, each ingesting half the ranks of
+    the same jobs: one of them diagnoses each job (advisory lock), from both halves (the feed), and
+    both answer the same; no finding is opened twice."""
+    import psycopg
+
+    schema = "two_processes"
+    with psycopg.connect(pg_database.replace("+psycopg", ""), autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    url = f"{pg_database}?options=-csearch_path%3D{schema}"
+    # The token first (this also migrates the schema, so the processes do not race to).
+    make_server(url, FakeClock(time.time_ns())).svc.close()
+    logs = [open(tmp_path / f"server{i}.log", "wb") for i in range(2)]  # noqa: SIM115 (closed below)
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        bases = []
+        for log in logs:
+            proc, base = _start_server_process(url, log)
+            procs.append(proc)
+            bases.append(base)
+        a, b = (httpx.Client(base_url=base, timeout=30) for base in bases)
+
+        def push(client: httpx.Client, snaps: list[Snapshot]) -> None:
+            data, headers = body(make_batch(snaps))
+            r = client.post("/api/v1/ingest", content=data, headers={**headers, **AUTH})
+            assert r.status_code == 200, r.text
+
+        def wait_for(job: str, status: str) -> None:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                if all(c.get(f"/api/v1/jobs/{job}").json().get("status") == status for c in (a, b)):
+                    return
+                time.sleep(0.2)
+            raise AssertionError(f"{job} not {status} on both: {a.get(f'/api/v1/jobs/{job}').json()}")
+
+        # A hang: ranks 0-1 arrive through one process, ranks 2-3 (2 is the culprit) through the other.
+        stuck = sorted(skip_stuck_view(), key=lambda x: x.rank)
+        push(a, stuck[:2])
+        push(b, stuck[2:])
+        wait_for("skip", "hung")
+        # A healthy job split the same way is finished only if its owner folded in both halves.
+        finals = sorted(
+            snapshots([merge(ds) for ds in scenario_dumps("healthy_4").values()]), key=lambda x: x.rank
+        )
+        push(b, finals[:2])
+        deadline = time.monotonic() + 60
+        while b.get("/api/v1/jobs/healthy_4").json().get("diagnosed_at_s") is None:
+            assert time.monotonic() < deadline, "healthy_4 never diagnosed"
+            time.sleep(0.1)
+        # Diagnosed already, so owned: the other half reaches the owner through the feed (or, if
+        # `a` owns it, from memory), not through a rebuild.
+        push(a, finals[2:])
+        wait_for("healthy_4", "finished")
+        time.sleep(1.5)  # several more diagnosis rounds on both processes
+        for path in (
+            "/api/v1/jobs",
+            "/api/v1/jobs/skip",
+            "/api/v1/jobs/skip/findings",
+            "/api/v1/jobs/healthy_4",
+        ):
+            ra, rb = a.get(path), b.get(path)
+            assert ra.status_code == rb.status_code == 200, path
+            assert _stable(ra.json()) == _stable(rb.json()), path
+        history = a.get("/api/v1/jobs/skip/findings").json()["findings"]
+        hang = [f for f in history if f["kind"] == "hang"]
+        assert len(hang) == 1 and hang[0]["open"], history
+        assert hang[0]["finding"]["culprit_ranks"] == [2]
+        identities = [
+            (f["kind"], f["finding"].get("process_group"), f["finding"].get("collective_seq_id"))
+            for f in history
+            if f["open"]
+        ]
+        assert len(identities) == len(set(identities)), history
+        assert a.get("/api/v1/jobs/healthy_4").json()["findings"] == []
+        # Each finding episode was opened by exactly one process (the job's owner): the processes'
+        # counters add up to the stored episodes, where two diagnosing processes would count twice.
+        opened = []
+        for c in (a, b):
+            text = c.get("/metrics").text
+            opened.append(
+                sum(
+                    float(line.rsplit(" ", 1)[1])
+                    for line in text.splitlines()
+                    if line.startswith("flightdeck_job_findings_total{")
+                )
+            )
+        stored = sum(
+            len(a.get(f"/api/v1/jobs/{j}/findings").json()["findings"]) for j in ("skip", "healthy_4")
+        )
+        print(f"findings opened per process: {opened}, stored episodes: {stored}")
+        assert sum(opened) == stored
+        a.close()
+        b.close()
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        for log in logs:
+            log.close()
+    errors = [(tmp_path / f"server{i}.log").read_text() for i in range(2)]
+    assert not any("Traceback" in e for e in errors), errors
+
+
 # --- backpressure --------------------------------------------------------------------------------
 
 
@@ -525,6 +681,32 @@ def test_retention_deletes_old_entries_and_keeps_findings(server: Server) -> Non
     assert deleted > 0 and counts["entries"] == 0
     assert counts["findings"] == 1
     assert counts["ingested_batches"] == 0
+
+
+def test_entry_window_keeps_each_ranks_newest_entries_and_the_findings(
+    database_url: str, clock: FakeClock
+) -> None:
+    srv = make_server(database_url, clock, entries_per_rank=4)
+    try:
+        stuck, _finals, t_k = healthy_prefix(10)
+        clock.now_ns = t_k + int((STALL_S + 1) * NS)
+        srv.push(stuck)
+        srv.diagnose()
+        with srv.svc.db.read() as session:
+            before = store.load_entries(session=session, job_id=1)
+        assert all(len(es) > 4 for es in before.values())
+        deleted = srv.svc.trim_entries()
+        with srv.svc.db.read() as session:
+            after = store.load_entries(session=session, job_id=1)
+        assert deleted == sum(len(es) - 4 for es in before.values())
+        for rank, es in before.items():
+            top = max(e.record_id for e in es)
+            assert [e.record_id for e in after[rank]] == list(range(top - 3, top + 1))
+        assert srv.counts()["findings"] == 1
+        srv.diagnose()  # the in-memory summaries keep the history: the verdict stands
+        assert srv.job("healthy_4")["findings"][0]["culprit_ranks"] == [3]
+    finally:
+        srv.svc.close()
 
 
 def test_health_and_openapi(server: Server) -> None:

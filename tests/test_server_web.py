@@ -8,14 +8,20 @@ by hand, and the HTML pages are read through the FastAPI TestClient in process.
 from __future__ import annotations
 
 import html
+import json
 import re
+import struct
 from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import pytest
 
+from flightdeck.collector.nixl_ring import OwnerFinder, RingConsumer
+from flightdeck.nixl_rates import histogram_quantile
+from flightdeck.nixl_records import NixlSample
 from flightdeck.records import Frame
 from flightdeck.web.routes import CSP
 from flightdeck.wire import Snapshot
@@ -23,8 +29,8 @@ from tests.conftest import FakeClock
 from tests.test_server_api import NS, STALL_S, Server, make_server, skip_stuck_view
 
 EVIL = "<script>alert(1)</script>"
-#: A job name cannot hold "/" (it is one path segment), so the name carries an unclosed tag.
-EVIL_JOB = "<script>alert(1)"
+#: A job id with a slash, a space and an unclosed tag: one URL path segment cannot hold it.
+EVIL_JOB = "team a/<script>alert(1)"
 
 
 @pytest.fixture
@@ -56,6 +62,9 @@ def test_jobs_page_lists_the_job(server: Server) -> None:
     assert "/jobs/skip" in r.text
     doc = server.client.get("/", params={"format": "json"}).json()
     assert [j["job"] for j in doc["jobs"]] == ["skip"]
+    (row,) = doc["jobs"]
+    assert (row["status"], row["hosts"], row["findings"]) == ("hung", "1", 1)
+    assert row["summary"] == "Hang: group 0, seq 12, all_reduce, culprit 2"
 
 
 def test_job_page_names_the_culprit(server: Server) -> None:
@@ -143,6 +152,41 @@ def test_script_in_job_name_and_frames_is_escaped(server: Server) -> None:
     assert EVIL in _text(pages[2].text)  # the frame is shown, as text
 
 
+def test_job_id_with_slash_space_and_tag(server: Server) -> None:
+    snaps = [replace(s, job=EVIL_JOB) for s in skip_stuck_view()]
+    _hung(server, snaps)
+    # Every link the pages print leads somewhere: the jobs page to the job, the job page to its
+    # cells, ranks and polling URL, the cell page back to the job.
+    jobs = server.client.get("/").text
+    (job_href,) = re.findall(r'href="(/jobs/[^"]*)"', jobs)
+    assert job_href == "/jobs/team%20a/%3Cscript%3Ealert%281%29"
+    r = server.client.get(html.unescape(job_href))
+    assert r.status_code == 200, r.text
+    doc = server.client.get(html.unescape(job_href), params={"format": "json"}).json()
+    assert doc["job"] == EVIL_JOB and [c["rank"] for c in doc["banner"]["culprits"]] == [2]
+    links = {html.unescape(u) for u in re.findall(r'(?:href|hx-get)="(/jobs/[^"]*)"', r.text)}
+    assert any("/cell?" in u for u in links) and any("/ranks/" in u for u in links)
+    for url in sorted(links):
+        page = server.client.get(url)
+        assert page.status_code == 200, url
+        assert EVIL_JOB not in page.text and "&lt;script&gt;alert(1)" in page.text, url
+    # The same id, sent as the decoded path a proxy might forward, and with the slash escaped.
+    for prefix in ["/jobs/team a/<script>alert(1)", "/jobs/" + quote(EVIL_JOB, safe="")]:
+        assert server.client.get(prefix).status_code == 200, prefix
+        assert server.client.get(prefix + "/ranks/2").status_code == 200, prefix
+        cell = server.client.get(prefix + "/cell", params={"group": "0", "seq": 12, "rank": 0})
+        assert cell.status_code == 200, prefix
+    assert server.client.get("/jobs/team a").status_code == 404
+    assert server.client.get("/jobs/team a/<script>alert(1)/ranks/9").status_code == 404
+    # The JSON API takes the same ids.
+    api = "/api/v1/jobs/" + quote(EVIL_JOB)
+    assert server.client.get(api).json()["job"] == EVIL_JOB
+    assert server.client.get(api + "/findings").json()["findings"][0]["kind"] == "hang"
+    entries = server.client.get(api + "/timeline", params={"group": "0", "seq_from": 12, "seq_to": 12})
+    assert entries.status_code == 200 and entries.json()["entries"]
+    assert server.client.get("/api/v1/jobs/team%20a").status_code == 404
+
+
 def test_api_and_metrics_are_unchanged(server: Server) -> None:
     _hung(server, skip_stuck_view())
     api = server.client.get("/api/v1/jobs")
@@ -166,3 +210,148 @@ def test_web_token_guards_the_pages_only(database_url: str, clock: FakeClock) ->
         assert srv.client.get("/api/v1/jobs").status_code == 200  # the API has its own auth setting
     finally:
         srv.svc.close()
+
+
+# --- NIXL: rates from the kept history of real samples --------------------------------------------
+
+NIXL_DATA = Path(__file__).resolve().parent / "data" / "nixl"
+
+
+class RingReads:
+    """Real samples of the committed NIXL 1.5.1 ring `initiator` (tests/data/nixl, written by a
+    real nixl agent pair), read by the collector's `RingConsumer` at chosen times.
+
+    The fixture holds phase 2 of the producer unread (4 WRITEs of 4 KiB, one failed post); phase 1
+    was consumed when it was made. `before_phase_2` puts the file as it was between the phases
+    (write position back at the read position: nothing unread), `phase_2` puts the real bytes
+    back, so a consumer polled in between sees exactly what the producer did in phase 2.
+    """
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.path = tmp_path / "ring" / "initiator"
+        self.path.parent.mkdir()
+        self.real = (NIXL_DATA / "ring-1.5.1" / "initiator").read_bytes()
+        self.now_ns = 0
+        self.finder = OwnerFinder(tmp_path)  # an empty /proc root: no owner process
+
+    def clock(self) -> int:
+        return self.now_ns
+
+    def consumer(self, at_ns: int) -> RingConsumer:
+        """A collector's consumer of the ring, started at `at_ns` (its counter run)."""
+        self.now_ns = at_ns
+        return RingConsumer(self.path, host="gpu-node-1", clock=self.clock, owner_finder=self.finder)
+
+    def before_phase_2(self) -> None:
+        data = bytearray(self.real)
+        _write_pos, read_pos = struct.unpack_from("<QQ", data, 0)
+        struct.pack_into("<Q", data, 0, read_pos)
+        self.path.write_bytes(bytes(data))
+
+    def phase_2(self) -> None:
+        self.path.write_bytes(self.real)
+
+    def poll(self, consumer: RingConsumer, at_ns: int) -> NixlSample:
+        self.now_ns = at_ns
+        return consumer.poll()
+
+
+def _agent(server: Server) -> dict[str, Any]:
+    (agent,) = server.client.get("/api/v1/nixl/agents").json()
+    assert isinstance(agent, dict)
+    return agent
+
+
+def test_nixl_rates_from_two_real_samples(server: Server, tmp_path: Path) -> None:
+    ring = RingReads(tmp_path)
+    expected = json.loads((NIXL_DATA / "expected.json").read_text())["1.5.1"]["ring"]
+    t0 = 1_800_000_000 * NS
+    consumer = ring.consumer(t0)
+    ring.before_phase_2()
+    s0 = ring.poll(consumer, t0)
+    ring.phase_2()
+    s1 = ring.poll(consumer, t0 + 20 * NS)
+    assert (s0.tx_bytes, s0.tx_requests) == (0, 0)
+    tx_bytes = expected[1]["tx_bytes"] - expected[0]["tx_bytes"]
+    tx_requests = expected[1]["tx_requests"] - expected[0]["tx_requests"]
+    assert (s1.tx_bytes, s1.tx_requests, s1.errors) == (tx_bytes, tx_requests, (("not_found", 1),))
+
+    assert server.push([], nixl=[s0.to_wire()]).status_code == 200
+    assert _agent(server)["window"] is None  # one sample: no rate yet
+    assert server.push([], nixl=[s1.to_wire()]).status_code == 200
+    assert server.counts()["nixl_samples"] == 2
+
+    window = _agent(server)["window"]
+    assert window["seconds"] == 20.0
+    assert window["tx_bytes_per_s"] == tx_bytes / 20  # 16 KiB in 20 s
+    assert window["tx_requests_per_s"] == tx_requests / 20
+    assert window["rx_bytes_per_s"] == 0.0
+    assert window["errors"] == {"not_found": 1} and window["events_dropped"] == 0
+    # The quantiles are those of phase 2's transfers: the first sample had none.
+    xfer = s1.xfer_time
+    assert window["xfer_time_us"] == {
+        "count": tx_requests,
+        "p50": histogram_quantile(0.5, xfer.bounds_us, xfer.counts),
+        "p90": histogram_quantile(0.9, xfer.bounds_us, xfer.counts),
+        "p99": histogram_quantile(0.99, xfer.bounds_us, xfer.counts),
+    }
+    assert window["xfer_time_us"]["p50"] is not None
+
+    # The page shows the same, as text, and its JSON twin carries the numbers.
+    view = server.client.get("/nixl", params={"format": "json"}).json()
+    (row,) = view["hosts"][0]["agents"]
+    assert row["rates"] == window
+    assert row["tx_rate"] == "819 B/s" and row["req_rate"] == "0.2/s"
+    assert row["window"] == "last 20.0 s" and row["new_errors"] == 1 and row["problem"] is True
+    text = _text(server.client.get("/nixl").text)
+    assert "819 B/s" in text and "✗ not_found: 1" in text and "1 new error" in text
+
+
+def test_nixl_rates_across_a_collector_restart(server: Server, tmp_path: Path) -> None:
+    ring = RingReads(tmp_path)
+    t0 = 1_800_000_000 * NS
+    first = ring.consumer(t0)
+    ring.before_phase_2()
+    s0 = ring.poll(first, t0)
+    ring.phase_2()
+    s1 = ring.poll(first, t0 + 20 * NS)
+    # The collector restarts (a new consumer: a new counter run) and finds phase 2 unread again.
+    ring.phase_2()
+    second = ring.consumer(t0 + 30 * NS)
+    s2 = ring.poll(second, t0 + 40 * NS)
+    assert s2.run != s1.run and s2.tx_bytes == s1.tx_bytes
+    for s in (s0, s1, s2):
+        assert server.push([], nixl=[s.to_wire()]).status_code == 200
+    agent = _agent(server)
+    window = agent["window"]
+    # Counted: phase 2 by the first run, then phase 2 again since the reset; none lost, none negative.
+    assert window["resets"] == 1 and window["seconds"] == 40.0
+    assert window["tx_bytes_per_s"] == 2 * s1.tx_bytes / 40
+    assert window["errors"] == {"not_found": 2}
+    assert window["xfer_time_us"]["count"] == 2 * s1.tx_requests
+    assert agent["totals"]["tx_bytes"] == 2 * s1.tx_bytes  # the metrics' totals agree
+
+
+def test_nixl_history_is_thinned_and_expires(server: Server, tmp_path: Path) -> None:
+    ring = RingReads(tmp_path)
+    t0 = server.clock.now_ns
+    consumer = ring.consumer(t0)
+    ring.phase_2()
+    # A collector pushing every 2 s for a minute: the history keeps one sample per 10 s.
+    for i in range(31):
+        assert server.push([], nixl=[ring.poll(consumer, t0 + 2 * i * NS).to_wire()]).status_code == 200
+    assert server.counts()["nixl_samples"] == 7  # t0, +10 s, ..., +60 s
+    window = _agent(server)["window"]
+    assert window["seconds"] == 60.0 and window["tx_bytes_per_s"] == 0.0  # nothing new after phase 2
+    server.clock.now_ns = t0 + 60 * NS
+    (row,) = server.client.get("/nixl", params={"format": "json"}).json()["hosts"][0]["agents"]
+    assert not row["stale"] and row["sampled"].endswith("UTC, 0 ms ago")
+    server.clock.advance(server.svc.settings.retention_days * 86400 + 120)
+    server.svc.run_retention()
+    assert server.counts()["nixl_samples"] == 0
+    agent = _agent(server)
+    assert agent["window"] is None and agent["latest"]["tx_requests"] == 4  # the agent stays
+    # The page says the agent went quiet, rather than showing old numbers as current.
+    (row,) = server.client.get("/nixl", params={"format": "json"}).json()["hosts"][0]["agents"]
+    assert row["stale"] and row["window"] == "no rate yet: one sample"
+    assert "⚠ no new sample" in server.client.get("/nixl").text

@@ -19,15 +19,18 @@ from urllib.parse import quote
 import pytest
 import uvicorn
 from fastapi import FastAPI
-from playwright.sync_api import Browser, Dialog, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Dialog, Page, Request, expect, sync_playwright
 
 from flightdeck.analysis import Options
 from flightdeck.collector.frdump import discover, merge, read_dump_file
+from flightdeck.collector.nixl_mp import read_mp_dir
 from flightdeck.records import Frame, RankDump
 from flightdeck.web.dump_data import DumpData, replicate_dumps
 from flightdeck.web.routes import SecurityHeadersMiddleware, make_router
 
 pytestmark = pytest.mark.slow
+# Generous: the CI machine runs several suites on two cores; these are not timing assertions.
+expect.set_options(timeout=20_000)
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -86,10 +89,19 @@ def base_url() -> Iterator[str]:
     if not CHROMIUM.exists():
         pytest.skip("no /usr/bin/chromium")
     dumps = live_dumps("skip")
+    # NIXL: the real samples of the committed prometheus_mp store of a real nixl agent pair.
+    nixl = read_mp_dir(FR.parent / "nixl" / "mp-1.5.1", host="nixl-host")[0]
     data = DumpData.from_dumps(
-        {"skip": dumps, "big": replicate_dumps(dumps, 1024), XSS_JOB: poisoned(dumps)},
+        {
+            "skip": dumps,
+            "big": replicate_dumps(dumps, 1024),
+            XSS_JOB: poisoned(dumps),
+            # Three groups: the world, pair 0-1, pair 2-3; rank 3 hangs pair23, then the world.
+            "subgroup_hang": live_dumps("subgroup_hang"),
+        },
         options=OPTIONS,
         active=["skip"],  # one live job, so the page polls as it would during an incident
+        nixl=[s.to_wire() for s in nixl],
     )
     app = FastAPI()
     app.add_middleware(SecurityHeadersMiddleware)
@@ -188,3 +200,83 @@ def test_hostile_frame_is_inert(page: Page, base_url: str) -> None:
     pg.screenshot(path=str(ARTIFACTS / "xss-inert.png"), full_page=True)
     assert dialogs == []
     assert pg.locator("script:not([src])").count() == 0
+
+
+def _is_poll(r: Request) -> bool:
+    return r.headers.get("hx-request") == "true"
+
+
+def _set_visibility(pg: Page, state: str) -> None:
+    """Tell the page its tab is hidden or visible, as the browser does when one switches tabs."""
+    pg.evaluate(
+        """(state) => {
+            Object.defineProperty(document, "visibilityState", {configurable: true, get: () => state});
+            Object.defineProperty(document, "hidden", {configurable: true, get: () => state === "hidden"});
+            document.dispatchEvent(new Event("visibilitychange"));
+        }""",
+        state,
+    )
+
+
+def test_live_refresh_pauses_while_the_tab_is_hidden(page: Page, base_url: str) -> None:
+    pg = page
+    polls: list[str] = []
+    pg.on("request", lambda r: polls.append(r.url) if _is_poll(r) else None)
+    pg.goto(f"{base_url}/")  # the jobs page refreshes itself: one of its jobs is live
+    with pg.expect_request(_is_poll, timeout=15_000):
+        pass
+    _set_visibility(pg, "hidden")
+    polls.clear()
+    pg.wait_for_timeout(5_000)  # two and a half polling periods
+    assert polls == [], "a hidden tab kept polling"
+    _set_visibility(pg, "visible")
+    with pg.expect_request(_is_poll, timeout=15_000):
+        pass
+
+
+def test_walltime_view_by_keyboard(page: Page, base_url: str) -> None:
+    pg = page
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    pg.goto(f"{base_url}/jobs/skip")
+    pg.get_by_role("link", name="wall time").click()
+    expect(pg.locator("#t-0-12")).to_be_attached()
+    assert "view=time" in pg.url
+    expect(pg.locator(".lane-note")).to_have_text("∅ never entered: seq 12")
+    # The stuck bar reaches the right end of the axis: the waiting ranks are still in it.
+    lane = pg.locator("tr.fold").first.locator("svg.lane").bounding_box()
+    bar = pg.locator("#t-0-12 rect").bounding_box()
+    assert lane is not None and bar is not None
+    assert abs((bar["x"] + bar["width"]) - (lane["x"] + lane["width"])) < 2
+    pg.screenshot(path=str(ARTIFACTS / "hang-walltime.png"), full_page=True)
+    pg.locator("#t-0-12").focus()
+    pg.keyboard.press("Enter")
+    expect(pg.locator("#cell-detail")).to_contain_text("reduce_bucket")
+    expect(pg.locator("#cell-heading")).to_be_focused()
+
+
+def test_nixl_page(page: Page, base_url: str) -> None:
+    pg = page
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    pg.goto(f"{base_url}/nixl")
+    expect(pg.locator("#agents")).to_contain_text("initiator")
+    expect(pg.locator("#agents")).to_contain_text("✗ not_found: 1")
+    pg.screenshot(path=str(ARTIFACTS / "nixl.png"), full_page=True)
+
+
+def test_group_selector_and_rank_filter(page: Page, base_url: str) -> None:
+    pg = page
+    pg.goto(f"{base_url}/jobs/subgroup_hang")
+    expect(pg.locator("#banner h2")).to_contain_text("Hang in group 2 (pair23) at seq 5")
+    expect(pg.locator("#timeline h2")).to_contain_text("Group 2")  # the root cause's group first
+    pg.locator("select[name=group]").select_option("0")
+    pg.get_by_role("button", name="Show").click()
+    expect(pg.locator("#timeline h2")).to_contain_text("Group 0 (default_pg)")
+    assert "group=0" in pg.url
+    expect(pg.locator("#c-0-13")).to_have_attribute("aria-label", "ranks 0–1, seq 13 barrier: in flight")
+    ranks = pg.locator("input[name=ranks]")
+    ranks.fill("2-3")
+    ranks.press("Enter")
+    expect(pg.locator("#timeline .summary")).to_contain_text("2 ranks in 1 row (filter: 2-3)")
+    expect(pg.locator("#c-0-13")).to_have_count(0)
+    expect(pg.locator("#c-2-13")).to_have_attribute("aria-label", "ranks 2–3, seq 13 barrier: never entered")
+    assert "ranks=2-3" in pg.url

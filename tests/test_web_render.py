@@ -23,6 +23,7 @@ from fastapi import FastAPI
 from flightdeck.analysis import Options
 from flightdeck.collector.frdump import discover, merge, read_dump_file
 from flightdeck.collector.nixl_mp import read_mp_dir
+from flightdeck.nixl_rates import histogram_quantile
 from flightdeck.records import Frame, RankDump
 from flightdeck.web import views
 from flightdeck.web.dump_data import DumpData, replicate_dumps
@@ -137,6 +138,46 @@ def test_live_fragment_matches_golden(data: DumpData, kind: str) -> None:
     assert r.status_code == 200
     assert r.text.startswith('<div id="live"')
     check_golden(f"{kind}.live.html", r.text)
+
+
+def test_walltime_fragment_matches_golden(data: DumpData) -> None:
+    r = client_get(app_for(data), "/jobs/skip?view=time", HX)
+    assert r.status_code == 200
+    check_golden("hang.walltime.html", r.text)
+
+
+def test_walltime_view_shows_who_waits_and_who_never_came(data: DumpData) -> None:
+    view = client_get(app_for(data), "/jobs/skip?view=time&format=json").json()
+    assert view["view"] == "time" and view["axis"]["ticks"][0] == view["axis"]["start"]
+    lanes = {tuple(lane["row"]["ranks"]): lane for lane in view["lanes"]}
+    assert set(lanes) == {(0, 1, 3), (2,)}
+    waiting = {b["seq"]: b for b in lanes[(0, 1, 3)]["bars"]}
+    stuck = waiting[12]
+    assert stuck["state"] == "in_flight" and stuck["stuck"]
+    # Still running at the verdict's "now", which is the right end of the axis.
+    assert stuck["x"] + stuck["width"] == pytest.approx(views.TIME_WIDTH)
+    assert "running since" in stuck["label"]
+    assert all(b["state"] == "completed" and b["x"] <= stuck["x"] for s, b in waiting.items() if s != 12)
+    culprit = lanes[(2,)]
+    assert 12 not in {b["seq"] for b in culprit["bars"]}
+    assert culprit["note"] == "∅ never entered: seq 12"
+    # Bars are links to the same cell detail as the grid's cells, and the choice survives paging.
+    html = client_get(app_for(data), "/jobs/skip?view=time").text
+    assert 'href="/jobs/skip/cell?group=0&amp;seq=12&amp;rank=0"' in html
+    assert 'href="/jobs/skip?group=0&amp;start=1&amp;expand=0&amp;view=time"' in html  # fold toggle
+    assert 'href="/jobs/skip?group=0&amp;start=1"' in html  # back to the sequence view
+
+
+def test_jobs_page_puts_hung_jobs_first(data: DumpData) -> None:
+    newest_first = [j["job"] for j in data.list_jobs()]
+    assert newest_first.index("skip") > 0, "the hung job is not the newest: the order shows the sort"
+    view = client_get(app_for(data), "/?format=json").json()
+    order = [(j["job"], j["status"]) for j in view["jobs"]]
+    assert order == [("skip", "hung"), ("op_order", "mismatch"), ("healthy_4", "finished")]
+    skip = view["jobs"][0]
+    assert skip["hosts"] == "1" and skip["findings"] >= 1 and skip["age"]
+    html = client_get(app_for(data), "/").text
+    assert "Open findings" in html and "Running for" in html
 
 
 def test_cell_fragment_matches_golden(data: DumpData) -> None:
@@ -304,6 +345,6 @@ def test_rank_ranges() -> None:
 
 def test_histogram_quantile_interpolates_like_prometheus() -> None:
     bounds, counts = [10.0, 20.0, 40.0], [0, 10, 10, 0]
-    assert views.histogram_quantile(0.5, bounds, counts) == 20.0
-    assert views.histogram_quantile(0.75, bounds, counts) == 30.0
-    assert views.histogram_quantile(0.5, bounds, [0, 0, 0, 0]) is None
+    assert histogram_quantile(0.5, bounds, counts) == 20.0
+    assert histogram_quantile(0.75, bounds, counts) == 30.0
+    assert histogram_quantile(0.5, bounds, [0, 0, 0, 0]) is None

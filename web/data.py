@@ -73,13 +73,17 @@ class WebData(Protocol):
     Dict shapes:
 
     * `list_jobs()` items: `{"job", "attempt", "active", "healthy", "ranks_expected",
-      "ranks_reporting", "last_seen_s", "root_cause"}` where `root_cause` is None or a finding
-      dict (`Finding.to_json()` shape); missing keys show as unknown.
+      "ranks_reporting", "hosts", "first_seen_s", "last_seen_s", "open_findings", "root_cause"}`
+      where `root_cause` is None or a finding dict (`Finding.to_json()` shape); missing keys
+      show as unknown.
     * `job_report(job)`: `Report.to_json()`.
     * `job_meta(job)`: `{"job", "attempt", "active", "world_size", "last_seen_s",
       "groups": [{"name", "desc", "ranks", "min_seq", "max_seq"}]}`.
-    * `nixl_agents()` items: `NixlSample.to_wire()` dicts, each optionally with `"previous"`: an
-      earlier sample of the same agent (same shape) from which rates are computed.
+    * `nixl_agents()` items: `NixlSample.to_wire()` dicts, each optionally with `"totals"` (the
+      counters summed over every counter run, same keys) and `"history"`: earlier samples of the
+      same agent (same shape, oldest first) within `flightdeck.nixl_rates.RATE_WINDOW_S` before
+      it, from which rates and recent quantiles are computed; and `"age_s"`: seconds since the
+      latest sample was read, when the implementation has a clock.
     """
 
     def list_jobs(self) -> list[dict[str, Any]]:
@@ -105,5 +109,5 @@ class WebData(Protocol):
         ...
 
     def nixl_agents(self) -> list[dict[str, Any]]:
-        """The latest NIXL telemetry sample of every agent."""
+        """The latest NIXL telemetry sample of every agent, with its totals and recent history."""
         ...

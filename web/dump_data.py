@@ -108,7 +108,19 @@ class DumpData:
                     "healthy": rep["healthy"],
                     "ranks_expected": rep["ranks"]["expected"],
                     "ranks_reporting": len(rep["ranks"]["with_dump"]),
+                    "hosts": len({d.host for d in j.dumps.values()}),
+                    # The oldest collective the rings still hold: a lower bound of the job's start.
+                    "first_seen_s": min(
+                        (
+                            e.time_created_ns / 1e9
+                            for d in j.dumps.values()
+                            for e in d.entries
+                            if e.time_created_ns
+                        ),
+                        default=None,
+                    ),
                     "last_seen_s": j.last_seen_s,
+                    "open_findings": len(rep["findings"]),
                     "root_cause": rep["findings"][0] if rep["findings"] else None,
                 }
             )

@@ -16,8 +16,8 @@ import hashlib
 import hmac
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
-from urllib.parse import urlencode
+from typing import Any, Literal
+from urllib.parse import quote, urlencode
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
@@ -172,7 +172,8 @@ def make_router(data: WebData, settings: WebSettings | None = None) -> APIRouter
     def page(request: Request, template: str, view: Any, *, status_code: int = 200) -> Response:
         if request.query_params.get("format") == "json":
             return JSONResponse(_jsonable(view), status_code=status_code, headers=SECURITY_HEADERS)
-        ctx = {"v": view, "here": cfg.base_path + request.url.path + _query(request)}
+        # The decoded path, quoted again: a job id may hold "?", "#", "%" or spaces.
+        ctx = {"v": view, "here": cfg.base_path + quote(request.scope["path"]) + _query(request)}
         block = None
         if request.headers.get("hx-request") == "true":
             names = _FRAGMENTS[template]
@@ -201,47 +202,7 @@ def make_router(data: WebData, settings: WebSettings | None = None) -> APIRouter
             return Response(status_code=304, headers=headers)
         return Response(static[name], media_type=_STATIC_TYPES[name], headers=headers)
 
-    @router.get("/jobs/{job}", response_class=HTMLResponse)
-    def job_page(
-        request: Request,
-        job: str,
-        group: str | None = None,
-        start: int | None = None,
-        ranks: str = Query(default="", max_length=2000),
-        expand: str = Query(default="", max_length=20000),
-    ) -> Response:
-        report, meta = data.job_report(job), data.job_meta(job)
-        if report is None or meta is None:
-            raise HTTPException(status_code=404, detail="no such job")
-        try:
-            rank_set = views.parse_ranks(ranks)
-            expanded = [int(x) for x in expand.split(",") if x.strip()]
-        except ValueError as exc:
-            raise HTTPException(status_code=400, detail=f"bad filter: {exc}") from None
-        group = group or views.default_group(report, meta)
-        gmeta = next((g for g in meta.get("groups") or [] if str(g.get("name")) == group), None)
-        window = None
-        if gmeta is not None and gmeta.get("max_seq") is not None:
-            incident = views.incident_finding(report, group)
-            window = views.plan_window(
-                min_seq=int(gmeta["min_seq"]),
-                max_seq=int(gmeta["max_seq"]),
-                stuck_seq=None if incident is None else int(incident["collective_seq_id"]),
-                start=start,
-                size=cfg.columns,
-            )
-        timeline = data.timeline(
-            job,
-            group=group,
-            ranks=None if rank_set is None else sorted(rank_set),
-            seqs=None if window is None else (window.first, window.last),
-        )
-        view = views.job_view(
-            report, meta, timeline, group=group, window=window, rank_filter=ranks.strip(), expand=expanded
-        )
-        return page(request, "job.html", view)
-
-    @router.get("/jobs/{job}/cell", response_class=HTMLResponse)
+    @router.get("/jobs/{job:path}/cell", response_class=HTMLResponse)
     def cell_page(request: Request, job: str, group: str, seq: int, rank: int) -> Response:
         report = data.job_report(job)
         if report is None:
@@ -274,13 +235,63 @@ def make_router(data: WebData, settings: WebSettings | None = None) -> APIRouter
         )
         return page(request, "cell.html", view)
 
-    @router.get("/jobs/{job}/ranks/{rank}", response_class=HTMLResponse)
+    @router.get("/jobs/{job:path}/ranks/{rank:int}", response_class=HTMLResponse)
     def rank_page(request: Request, job: str, rank: int) -> Response:
         report = data.job_report(job)
         detail = None if report is None else data.rank_detail(job, rank)
         if report is None or detail is None:
             raise HTTPException(status_code=404, detail="no such job or rank")
         return page(request, "rank.html", views.rank_view(report, detail, job=job))
+
+    # Job ids may hold "/" (`{job:path}`), so the job page is matched after its sub-pages: it
+    # would otherwise take ".../cell" and ".../ranks/3" for part of the id.
+    @router.get("/jobs/{job:path}", response_class=HTMLResponse)
+    def job_page(
+        request: Request,
+        job: str,
+        group: str | None = None,
+        start: int | None = None,
+        ranks: str = Query(default="", max_length=2000),
+        expand: str = Query(default="", max_length=20000),
+        view: Literal["seq", "time"] = "seq",
+    ) -> Response:
+        report, meta = data.job_report(job), data.job_meta(job)
+        if report is None or meta is None:
+            raise HTTPException(status_code=404, detail="no such job")
+        try:
+            rank_set = views.parse_ranks(ranks)
+            expanded = [int(x) for x in expand.split(",") if x.strip()]
+        except ValueError as exc:
+            raise HTTPException(status_code=400, detail=f"bad filter: {exc}") from None
+        group = group or views.default_group(report, meta)
+        gmeta = next((g for g in meta.get("groups") or [] if str(g.get("name")) == group), None)
+        window = None
+        if gmeta is not None and gmeta.get("max_seq") is not None:
+            incident = views.incident_finding(report, group)
+            window = views.plan_window(
+                min_seq=int(gmeta["min_seq"]),
+                max_seq=int(gmeta["max_seq"]),
+                stuck_seq=None if incident is None else int(incident["collective_seq_id"]),
+                start=start,
+                size=cfg.columns,
+            )
+        timeline = data.timeline(
+            job,
+            group=group,
+            ranks=None if rank_set is None else sorted(rank_set),
+            seqs=None if window is None else (window.first, window.last),
+        )
+        model = views.job_view(
+            report,
+            meta,
+            timeline,
+            group=group,
+            window=window,
+            rank_filter=ranks.strip(),
+            expand=expanded,
+            view=view,
+        )
+        return page(request, "job.html", model)
 
     return router
 

@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from flightdeck.analysis import Report
+from flightdeck.nixl_rates import RATE_WINDOW_S
 from flightdeck.server import store
 from flightdeck.server.db import Database
 from flightdeck.server.live import LiveDiagnosis
@@ -74,6 +75,7 @@ class StoreData:
         seen: set[str] = set()
         with self._db.read() as session:
             counts = store.rank_counts(session=session)
+            hosts = store.host_counts(session=session)
             jobs = store.list_jobs(session=session)
             newest: dict[str, int] = {}
             for j in jobs:
@@ -93,7 +95,10 @@ class StoreData:
                         "healthy": rep.get("healthy"),
                         "ranks_expected": (rep.get("ranks") or {}).get("expected") or j.world_size,
                         "ranks_reporting": counts.get(j.id, 0),
+                        "hosts": hosts.get(j.id, 0),
+                        "first_seen_s": j.first_seen_ns / NS,
                         "last_seen_s": j.last_seen_ns / NS,
+                        "open_findings": len(findings),
                         "root_cause": findings[0] if findings else None,
                     }
                 )
@@ -217,6 +222,18 @@ class StoreData:
             )
 
     def nixl_agents(self) -> list[dict[str, Any]]:
-        """The latest stored sample of every NIXL agent."""
+        """The latest stored sample of every NIXL agent, with its totals over all counter runs and
+        its kept samples of the rate window before the latest (`store.nixl_history`), and how
+        old the latest is by the server's clock."""
         with self._db.read() as session:
-            return [dict(a.sample) for a in store.nixl_agents(session=session)]
+            history = store.nixl_history(session=session, window_ns=int(RATE_WINDOW_S * NS))
+            now = self._clock()
+            return [
+                {
+                    **a.sample,
+                    "totals": store.nixl_totals(a),
+                    "history": history.get(a.id, []),
+                    "age_s": max(0.0, (now - a.read_time_ns) / NS),
+                }
+                for a in store.nixl_agents(session=session)
+            ]

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import urlencode
 
-from flightdeck.analysis.findings import MISMATCH_KINDS
+from flightdeck.analysis.findings import CONFIG_KINDS, MISMATCH_KINDS
 from flightdeck.analyze_cmd import _LIBRARY_MARKERS
+from flightdeck.nixl_rates import RATE_WINDOW_S, Quantiles, window_stats
 from flightdeck.records import Entry
 from flightdeck.web.data import EntryLike, RankDetail, RankTrack, TimelineData
 
@@ -61,6 +62,8 @@ TITLES: dict[str, str] = {
     "missing_dump": "Missing dumps",
     "straggler": "Straggler",
     "undecided": "Undecided",
+    "version_skew": "Version skew",
+    "config_skew": "Configuration skew",
 }
 
 
@@ -262,8 +265,14 @@ class JobRow:
     attempt: int
     active: bool
     healthy: bool | None
+    #: One of `JOB_STATUS_ORDER`.
     status: str
     ranks: str
+    hosts: str
+    #: Open findings (the root cause is the first).
+    findings: int
+    #: How long the job has been seen (first to last report), and when it last reported.
+    age: str
     last_seen: str
     summary: str
 
@@ -276,21 +285,41 @@ class JobsView:
     any_active: bool
 
 
+#: Job statuses in the order the jobs page lists them: the ones to act on first.
+JOB_STATUS_ORDER = ("hung", "mismatch", "lost", "fault", "unknown", "running", "finished")
+
+
+def _job_status(j: Mapping[str, Any], rc: Any) -> str:
+    """The server's job status when given (running / hung / mismatch / lost / finished), else
+    the one the verdict implies, as the server's `job_status` derives it."""
+    given = j.get("status")
+    if isinstance(given, str) and given in JOB_STATUS_ORDER:
+        return given
+    healthy = j.get("healthy")
+    if healthy is None:
+        return "unknown"
+    if not healthy:
+        kind = rc.get("kind") if isinstance(rc, Mapping) else None
+        if kind in ("hang", "state_mismatch"):
+            return "hung"
+        if kind in MISMATCH_KINDS:
+            return "mismatch"
+        return "lost" if kind == "rank_lost" else "fault"
+    return "running" if j.get("active") else "finished"
+
+
 def jobs_view(jobs: list[dict[str, Any]]) -> JobsView:
-    """The jobs page from `WebData.list_jobs()` items (unknown keys are ignored)."""
+    """The jobs page from `WebData.list_jobs()` items (unknown keys are ignored): hung jobs
+    first, then mismatched, lost, other faults, unknown, running and finished ones, each in the
+    given (newest first) order."""
     rows = []
     for j in jobs:
         healthy = j.get("healthy")
         rc = j.get("root_cause")
-        if healthy is None:
-            status = "unknown"
-        elif healthy:
-            status = "healthy"
-        else:
-            status = TITLES.get(str(rc.get("kind")), "Fault") if isinstance(rc, Mapping) else "Fault"
+        status = _job_status(j, rc)
         summary = ""
         if isinstance(rc, Mapping):
-            where = []
+            where = [TITLES.get(str(rc.get("kind")), str(rc.get("kind")))]
             if rc.get("process_group") is not None:
                 where.append(f"group {rc['process_group']}")
             if rc.get("collective_seq_id") is not None:
@@ -299,9 +328,10 @@ def jobs_view(jobs: list[dict[str, Any]]) -> JobsView:
                 where.append(str(rc["op"]))
             if rc.get("culprit_ranks"):
                 where.append(f"culprit {fmt_ranks(rc['culprit_ranks'], limit=4)}")
-            summary = ", ".join(where)
+            summary = where[0] + (": " + ", ".join(where[1:]) if len(where) > 1 else "")
         expected, reporting = j.get("ranks_expected"), j.get("ranks_reporting")
         ranks = f"{reporting}/{expected}" if expected is not None else str(reporting or "")
+        first, last = j.get("first_seen_s"), j.get("last_seen_s")
         rows.append(
             JobRow(
                 job=str(j.get("job", "")),
@@ -310,10 +340,16 @@ def jobs_view(jobs: list[dict[str, Any]]) -> JobsView:
                 healthy=None if healthy is None else bool(healthy),
                 status=status,
                 ranks=ranks,
+                hosts="" if j.get("hosts") is None else str(j["hosts"]),
+                findings=int(j.get("open_findings") or 0),
+                age=fmt_duration(float(last) - float(first))
+                if first is not None and last is not None
+                else "",
                 last_seen=fmt_datetime_s(j.get("last_seen_s")),
                 summary=summary,
             )
         )
+    rows.sort(key=lambda r: JOB_STATUS_ORDER.index(r.status))
     return JobsView(jobs=rows, any_active=any(r.active for r in rows))
 
 
@@ -399,7 +435,7 @@ def banner(finding: Mapping[str, Any], *, limit: int = 8) -> Banner:
     return Banner(
         kind=kind,
         title=TITLES.get(kind, kind),
-        severity="warning" if kind in ("straggler", "undecided", "missing_dump") else "fault",
+        severity="warning" if kind in ("straggler", "undecided", "missing_dump", *CONFIG_KINDS) else "fault",
         detail=str(finding.get("detail", "")),
         culprits=culprits[:limit],
         more_culprits=max(0, len(culprits) - limit),
@@ -432,6 +468,79 @@ def _finding_line(f: Mapping[str, Any]) -> FindingLine:
         text=", ".join(where) or str(f.get("detail", "")),
         consequence=f.get("consequence_of") is not None,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigSide:
+    """One value of a differing setting and who holds it."""
+
+    value: str
+    ranks: str
+    rank_count: int
+    hosts: str
+    majority: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigRow:
+    """One differing setting of the job's ranks (a version_skew / config_skew finding)."""
+
+    kind: str
+    setting: str
+    group: str | None
+    sides: list[ConfigSide]
+    detail: str
+
+
+#: What each config-skew setting is called on the page.
+CONFIG_SETTINGS: dict[str, str] = {
+    "torch_version": "torch version",
+    "torch_git_version": "torch build (git)",
+    "cuda_version": "CUDA version",
+    "nccl_version": "NCCL version",
+    "python_version": "Python version",
+    "python_floor": "torch / Python combination",
+    "checkpoint_compat": "checkpoint compatibility",
+    "fr_disabled": "flight recorder off",
+    "fr_buffer_size": "FR ring size (entries)",
+    "fr_buffer_bytes": "FR ring size looks like bytes",
+    "timeout_ms": "group timeout",
+    "timeout_vs_job": "group timeout vs the job's",
+    "dump_on_timeout": "dump on timeout",
+}
+
+
+def config_rows(report: Mapping[str, Any]) -> list[ConfigRow]:
+    """The configuration section: each config finding's values side by side, majority first."""
+    rows = []
+    for f in report.get("findings") or []:
+        if f.get("kind") not in CONFIG_KINDS:
+            continue
+        expected, actual = f.get("expected"), f.get("actual") or {}
+        setting = str((expected or actual).get("setting") or "")
+        raw_sides = ([expected] if expected else []) + list(actual.get("sides") or [])
+        sides = [
+            ConfigSide(
+                value=str(side.get("value", "")),
+                ranks=fmt_ranks([int(r) for r in side.get("ranks") or []]),
+                rank_count=len(side.get("ranks") or []),
+                hosts=", ".join(str(h) for h in (side.get("hosts") or [])[:8])
+                + (f" (+{len(side['hosts']) - 8} more)" if len(side.get("hosts") or []) > 8 else ""),
+                majority=expected is not None and i == 0,
+            )
+            for i, side in enumerate(raw_sides)
+            if isinstance(side, Mapping)
+        ]
+        rows.append(
+            ConfigRow(
+                kind=str(f["kind"]),
+                setting=CONFIG_SETTINGS.get(setting, setting),
+                group=None if f.get("process_group") is None else str(f["process_group"]),
+                sides=sides,
+                detail=str(f.get("detail", "")),
+            )
+        )
+    return rows
 
 
 @dataclass(frozen=True, slots=True)
@@ -504,6 +613,46 @@ class Window:
     incident_start: int | None
 
 
+@dataclass(frozen=True, slots=True)
+class Bar:
+    """One collective of a rank on the wall-time view: from creation to completion (or now)."""
+
+    seq: int
+    #: Position and length on a 0..`TIME_WIDTH` axis (SVG user units).
+    x: float
+    width: float
+    state: CellState
+    stuck: bool
+    label: str
+
+
+@dataclass(frozen=True, slots=True)
+class Lane:
+    """A row of the wall-time view: the row's (first rank's) collectives as bars."""
+
+    row: Row
+    member: bool
+    bars: list[Bar]
+    #: Cells with no bar, in words ("∅ never entered seq 12"), so absence reads as text too.
+    note: str
+
+
+@dataclass(frozen=True, slots=True)
+class TimeAxis:
+    """The wall-clock span of the wall-time view, with evenly spaced tick labels."""
+
+    start: str
+    end: str
+    span: str
+    ticks: list[str]
+
+
+#: Width of the wall-time axis in SVG user units (the SVG scales to the page).
+TIME_WIDTH = 1000.0
+#: Thinnest bar drawn, in those units: a 50 µs collective in a 10 s window stays visible.
+MIN_BAR = 3.0
+
+
 @dataclass(slots=True)
 class JobView:
     """The incident page of one job."""
@@ -527,6 +676,14 @@ class JobView:
     shown_ranks: int
     expand: frozenset[int]
     legend: list[StateStyle] = field(default_factory=lambda: list(STATES.values()))
+    #: "seq": columns are collectives in sequence order; "time": bars on a wall-clock axis.
+    view: str = "seq"
+    lanes: list[Lane] = field(default_factory=list)
+    axis: TimeAxis | None = None
+    #: When the verdict was made (its "now"): elapsed times are as of then.
+    as_of: str = ""
+    #: Settings that differ across the job's ranks (configuration section; empty: none).
+    config: list[ConfigRow] = field(default_factory=list)
 
     def query(self, **changes: Any) -> str:
         """The page's query string with `changes` applied (None drops a key), for links."""
@@ -535,8 +692,11 @@ class JobView:
             "start": self.window.first if self.window else None,
             "ranks": self.rank_filter or None,
             "expand": ",".join(str(k) for k in sorted(self.expand)) or None,
+            "view": self.view,
         }
         params.update(changes)
+        if params["view"] == "seq":
+            params["view"] = None  # the default: keep the URLs of the sequence view as they were
         return urlencode({k: v for k, v in params.items() if v is not None})
 
     def toggled(self, key: int) -> str | None:
@@ -628,6 +788,7 @@ def job_view(
     window: Window | None,
     rank_filter: str = "",
     expand: Collection[int] = (),
+    view: Literal["seq", "time"] = "seq",
 ) -> JobView:
     """The incident page: verdict banner, then the (rank x seq) timeline of `group` in `window`.
 
@@ -657,6 +818,8 @@ def job_view(
 
     columns: list[Column] = []
     rows: list[Row] = []
+    lanes: list[Lane] = []
+    axis: TimeAxis | None = None
     if window is not None:
         seqs = list(range(window.first, window.last + 1))
         bad = mismatched_cells(report_json, group)
@@ -674,6 +837,9 @@ def job_view(
                     votes[op] = votes.get(op, 0) + 1
             by_rank.append(at)
         col_op = {s: max(v.items(), key=lambda kv: kv[1])[0] if v else "" for s, v in op_votes.items()}
+        if stuck_seq in col_op and not col_op[stuck_seq] and incident is not None and incident.get("op"):
+            # No shown rank entered it (a filter on the culprits): the finding still knows the op.
+            col_op[stuck_seq] = str(incident["op"])
         columns = [Column(s, col_op[s], s == stuck_seq) for s in seqs]
         # Fold: ranks with the same state pattern share a row. Patterns are tuples of short
         # strings, hashed once per rank: 1,024 ranks x 40 columns is ~40k cheap state calls.
@@ -699,6 +865,11 @@ def job_view(
                 row.more_members = max(0, len(members) - MAX_EXPANDED)
             rows.append(row)
         rows.sort(key=lambda r: r.key)
+        if view == "time":
+            now_s = report_json.get("now_s")
+            now_ns = None if now_s is None else int(float(now_s) * 1e9)
+            at_rank = {t.rank: at for t, at in zip(tracks, by_rank, strict=True)}
+            lanes, axis = _time_lanes(rows, at_rank, now_ns)
     return JobView(
         job=str(report_json.get("job") or job_meta.get("job") or ""),
         attempt=int(job_meta.get("attempt") or 0),
@@ -708,6 +879,7 @@ def job_view(
         reporting_ranks=len(ranks_info.get("with_dump") or []),
         banner=the_banner,
         other_findings=[_finding_line(f) for f in findings[1:]],
+        config=config_rows(report_json),
         warnings=[str(w) for w in report_json.get("warnings") or []],
         groups=groups,
         group=group,
@@ -718,7 +890,90 @@ def job_view(
         rank_filter=rank_filter,
         shown_ranks=sum(r.count for r in rows),
         expand=frozenset(expand),
+        view=view,
+        lanes=lanes,
+        axis=axis,
+        as_of=fmt_datetime_s(report_json.get("now_s")),
     )
+
+
+def _span_ns(e: EntryLike, now_ns: int | None) -> tuple[int, int | None] | None:
+    """(created, end) of an entry in epoch ns; end None when unknown (unfinished, no clock)."""
+    created: Any
+    started: Any
+    completed: Any
+    dur: Any
+    if isinstance(e, Entry):
+        created, started, completed, dur = (
+            e.time_created_ns,
+            e.time_started_ns,
+            e.time_completed_ns,
+            e.duration_ms,
+        )
+    else:
+        created, started = e.get("time_created_ns"), e.get("time_started_ns")
+        completed, dur = e.get("time_completed_ns"), e.get("duration_ms")
+    if not created:
+        return None
+    end = completed or None
+    if end is None and _finished(e) and dur is not None:
+        end = int(started or created) + int(float(dur) * 1e6)
+    if end is None and not _finished(e):
+        end = now_ns  # still running: up to the verdict's now
+    return int(created), None if end is None else max(int(end), int(created))
+
+
+def _time_lanes(
+    rows: list[Row], at_rank: Mapping[int, Mapping[int, EntryLike]], now_ns: int | None
+) -> tuple[list[Lane], TimeAxis | None]:
+    """The wall-time view of the rows shown (folded rows by their first rank, expanded members)."""
+    shown: list[tuple[Row, bool]] = []
+    for r in rows:
+        shown.append((r, False))
+        shown.extend((m, True) for m in r.members)
+    spans: dict[tuple[int, int], tuple[int, int | None]] = {}
+    for r, _ in shown:
+        for seq, e in at_rank.get(r.rank, {}).items():
+            sp = _span_ns(e, now_ns)
+            if sp is not None:
+                spans[(r.rank, seq)] = sp
+    if not spans:
+        return [], None
+    t0 = min(c for c, _ in spans.values())
+    t1 = max(max(c, end or c) for c, end in spans.values())
+    width_ns = max(t1 - t0, 1)
+    lanes = []
+    for r, member in shown:
+        bars = []
+        missing: dict[str, list[int]] = {}
+        for cell in r.cells:
+            sp = spans.get((r.rank, cell.seq))
+            if sp is None:
+                missing.setdefault(cell.words, []).append(cell.seq)
+                continue
+            created, end = sp
+            x = (created - t0) / width_ns * TIME_WIDTH
+            w = ((end if end is not None else created) - created) / width_ns * TIME_WIDTH
+            w = max(MIN_BAR, min(w, TIME_WIDTH - x)) if x < TIME_WIDTH - MIN_BAR else MIN_BAR
+            x = min(x, TIME_WIDTH - w)
+            took = "" if end is None else f", {fmt_duration((end - created) / 1e9)}"
+            since = "running since" if cell.state == "in_flight" else "from"
+            bars.append(
+                Bar(
+                    seq=cell.seq,
+                    x=round(x, 2),
+                    width=round(w, 2),
+                    state=cell.state,
+                    stuck=cell.stuck,
+                    label=f"{cell.label} ({since} {fmt_time_ns(created)}{took})",
+                )
+            )
+        symbols = {st.words: st.symbol for st in STATES.values()}
+        note = "; ".join(f"{symbols.get(w, '')} {w}: seq {fmt_ranks(seqs)}" for w, seqs in missing.items())
+        lanes.append(Lane(row=r, member=member, bars=bars, note=note))
+    ticks = [fmt_time_ns(t0 + width_ns * i // 4) for i in range(5)]
+    axis = TimeAxis(start=ticks[0], end=ticks[-1], span=fmt_duration(width_ns / 1e9), ticks=ticks)
+    return lanes, axis
 
 
 def _row(
@@ -925,25 +1180,6 @@ def rank_view(report_json: Mapping[str, Any], detail: RankDetail, *, job: str) -
 # --- NIXL -----------------------------------------------------------------------------------------
 
 
-def histogram_quantile(q: float, bounds: Sequence[float], counts: Sequence[int]) -> float | None:
-    """The q-quantile of a histogram with non-cumulative `counts` (last bucket +Inf), linearly
-    interpolated within the bucket as Prometheus' histogram_quantile does; None when empty.
-    A quantile in the +Inf bucket is reported as the highest finite bound."""
-    total = sum(counts)
-    if total == 0 or not bounds:
-        return None
-    target = q * total
-    seen = 0.0
-    for i, c in enumerate(counts):
-        if c and seen + c >= target:
-            if i >= len(bounds):
-                return float(bounds[-1])
-            lo = 0.0 if i == 0 else float(bounds[i - 1])
-            return lo + (float(bounds[i]) - lo) * ((target - seen) / c)
-        seen += c
-    return float(bounds[-1])
-
-
 def _fmt_us(us: float | None) -> str:
     if us is None:
         return "–"
@@ -954,27 +1190,48 @@ def _fmt_us(us: float | None) -> str:
     return f"{us / 1e6:.2f} s"
 
 
+def _fmt_rate(n: float) -> str:
+    return f"{n:.0f}/s" if n >= 100 else f"{n:.1f}/s"
+
+
 @dataclass(frozen=True, slots=True)
 class AgentRow:
-    """One NIXL agent."""
+    """One NIXL agent: totals over its whole life, rates and quantiles over the recent window."""
 
     host: str
     agent: str
     pid: str
     local_rank: str
     source: str
+    #: Whether the owning process runs: "running", "exited", "not found" (ring owner unknown).
     alive: str
+    #: When the newest sample was read (UTC clock time), and how long ago when known.
+    sampled: str
+    #: No sample for longer than the rate window: the rates describe the past, not now.
+    stale: bool
+    #: Bytes moved over every counter run.
     tx: str
     rx: str
+    #: Over the window; "–" until two samples are kept.
     tx_rate: str
     rx_rate: str
     req_rate: str
+    #: "last 58 s", or why there is no rate yet.
+    window: str
+    #: Transfer-time quantiles of the window's transfers, else of the current counter run.
     p50: str
     p90: str
     p99: str
+    #: What the quantiles describe: "last 58 s (12 transfers)", "since start", "no transfers".
+    quantile_scope: str
+    #: Failures by kind over every counter run, and how many of them are new in the window.
     errors: list[tuple[str, int]]
+    new_errors: int
     dropped: int
+    new_dropped: int
     problem: bool
+    #: The window as `NixlWindow.to_json()` (numbers, for the JSON twin); None without a window.
+    rates: dict[str, Any] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -993,55 +1250,77 @@ class NixlView:
     agents: int
     total_errors: int
     total_dropped: int
-
-
-def _rate(cur: Mapping[str, Any], prev: Mapping[str, Any] | None, key: str) -> float | None:
-    """Per-second rate of a counter between two samples of the same counter lifetime."""
-    if not prev or prev.get("run") != cur.get("run"):
-        return None
-    dt = (int(cur.get("read_time_ns", 0)) - int(prev.get("read_time_ns", 0))) / 1e9
-    diff = int(cur.get(key, 0)) - int(prev.get(key, 0))
-    if dt <= 0 or diff < 0:
-        return None
-    return diff / dt
+    #: Errors and dropped events in the agents' recent windows: what is happening now.
+    new_errors: int
+    new_dropped: int
+    window_s: float
 
 
 def nixl_view(agents: list[dict[str, Any]]) -> NixlView:
-    """The NIXL page from `WebData.nixl_agents()` (NixlSample wire dicts, optional `previous`)."""
+    """The NIXL page from `WebData.nixl_agents()`: `NixlSample.to_wire()` dicts, each optionally
+    with `totals` (counters over every counter run) and `history` (earlier samples of the same
+    agent in the rate window, oldest first; see `flightdeck.nixl_rates`)."""
     by_host: dict[str, list[AgentRow]] = {}
-    total_err = total_drop = 0
+    total_err = total_drop = new_err = new_drop = 0
     for a in sorted(agents, key=lambda a: (str(a.get("host")), str(a.get("agent")))):
-        prev = a.get("previous")
-        hist = a.get("xfer_time") or {}
-        bounds, counts = hist.get("bounds_us") or [], hist.get("counts") or []
-        qs = [histogram_quantile(q, bounds, counts) for q in (0.5, 0.9, 0.99)]
-        errors = sorted((str(k), int(v)) for k, v in (a.get("errors") or {}).items())
-        dropped = int(a.get("events_dropped") or 0)
+        history = [h for h in a.get("history") or [] if isinstance(h, Mapping)]
+        win = window_stats([*history, a])
+        totals = a.get("totals") or a
+        errors = sorted((str(k), int(v)) for k, v in (totals.get("errors") or {}).items() if int(v))
+        dropped = int(totals.get("events_dropped") or 0)
+        w_err = 0 if win is None else sum(win.errors.values())
+        w_drop = 0 if win is None else win.events_dropped
         total_err += sum(n for _, n in errors)
         total_drop += dropped
-        rates = {k: _rate(a, prev, k) for k in ("tx_bytes", "rx_bytes", "tx_requests", "rx_requests")}
-        req = None
-        if rates["tx_requests"] is not None and rates["rx_requests"] is not None:
-            req = rates["tx_requests"] + rates["rx_requests"]
+        new_err += w_err
+        new_drop += w_drop
+        if win is not None and win.xfer_time is not None and win.xfer_time.count:
+            q = win.xfer_time
+            scope = f"last {fmt_duration(win.seconds)} ({q.count} transfer{'s' if q.count != 1 else ''})"
+        else:
+            hist = a.get("xfer_time") or {}
+            q = Quantiles.of(hist.get("bounds_us") or [], hist.get("counts") or [])
+            if not q.count:
+                scope = "no transfers"
+            elif win is None:
+                scope = f"since start ({q.count} transfer{'s' if q.count != 1 else ''})"
+            else:
+                scope = f"none in last {fmt_duration(win.seconds)}; since start: {q.count}"
         alive = a.get("writer_alive")
+        read_ns = a.get("read_time_ns")
+        age_s = a.get("age_s")
+        stale = age_s is not None and float(age_s) > RATE_WINDOW_S
+        sampled = "" if read_ns is None else fmt_time_ns(int(read_ns)) + " UTC"
+        if sampled and age_s is not None:
+            sampled += f", {fmt_duration(float(age_s))} ago"
         row = AgentRow(
             host=str(a.get("host", "?")),
             agent=str(a.get("agent", "?")),
             pid="?" if a.get("pid") is None else str(a["pid"]),
             local_rank="–" if a.get("local_rank") is None else str(a["local_rank"]),
             source=str(a.get("source", "")),
-            alive="unknown" if alive is None else ("alive" if alive else "gone"),
-            tx=fmt_bytes(int(a.get("tx_bytes") or 0)),
-            rx=fmt_bytes(int(a.get("rx_bytes") or 0)),
-            tx_rate="–" if rates["tx_bytes"] is None else fmt_bytes(rates["tx_bytes"]) + "/s",
-            rx_rate="–" if rates["rx_bytes"] is None else fmt_bytes(rates["rx_bytes"]) + "/s",
-            req_rate="–" if req is None else f"{req:.1f}/s",
-            p50=_fmt_us(qs[0]),
-            p90=_fmt_us(qs[1]),
-            p99=_fmt_us(qs[2]),
+            alive="not found" if alive is None else ("running" if alive else "exited"),
+            sampled=sampled,
+            stale=stale,
+            tx=fmt_bytes(int(totals.get("tx_bytes") or 0)),
+            rx=fmt_bytes(int(totals.get("rx_bytes") or 0)),
+            tx_rate="–" if win is None else fmt_bytes(win.tx_bytes_per_s) + "/s",
+            rx_rate="–" if win is None else fmt_bytes(win.rx_bytes_per_s) + "/s",
+            req_rate="–" if win is None else _fmt_rate(win.tx_requests_per_s + win.rx_requests_per_s),
+            window="no rate yet: one sample" if win is None else f"last {fmt_duration(win.seconds)}",
+            p50=_fmt_us(q.p50_us),
+            p90=_fmt_us(q.p90_us),
+            p99=_fmt_us(q.p99_us),
+            quantile_scope=scope,
             errors=errors,
+            new_errors=w_err,
             dropped=dropped,
-            problem=bool(errors) or dropped > 0 or alive is False,
+            new_dropped=w_drop,
+            # Failures long past should not light the row up at 3 a.m.: with a window, only new
+            # ones do (the totals stay in the errors column).
+            problem=alive is False
+            or (bool(w_err or w_drop) if win is not None else bool(errors) or dropped > 0),
+            rates=None if win is None else win.to_json(),
         )
         by_host.setdefault(row.host, []).append(row)
     return NixlView(
@@ -1049,4 +1328,7 @@ def nixl_view(agents: list[dict[str, Any]]) -> NixlView:
         agents=sum(len(r) for r in by_host.values()),
         total_errors=total_err,
         total_dropped=total_drop,
+        new_errors=new_err,
+        new_dropped=new_drop,
+        window_s=RATE_WINDOW_S,
     )

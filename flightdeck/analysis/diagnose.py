@@ -8,11 +8,13 @@ then hangs, and each later finding that follows from an earlier one points back 
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from flightdeck.analysis.config_skew import PeerJob, RankConfigRef, config_findings
 from flightdeck.analysis.findings import (
     MISMATCH_KINDS,
     Finding,
@@ -44,8 +46,15 @@ def diagnose(
     options: Options | None = None,
     world_size: int | None = None,
     job: str | None = None,
+    peers: Sequence[PeerJob] = (),
+    stragglers: bool = True,
 ) -> Report:
-    """Diagnose one job (one attempt) from the latest summary of each rank it has."""
+    """Diagnose one job (one attempt) from the latest summary of each rank it has.
+
+    `peers`: other jobs, for the cross-job configuration rules (see `config_skew`).
+    `stragglers=False` skips the arrival-skew analysis (no straggler findings, no
+    `arrival_skew_s`): the costliest part on large jobs, which a live server runs less often.
+    """
     opts = options or Options()
     by_rank: dict[int, RankSummary] = {}
     for s in summaries:
@@ -75,9 +84,10 @@ def diagnose(
     for g in groups:
         f = _mismatch(g, by_rank)
         if f is not None:
+            f.elapsed_s = _pending_for(g, f.collective_seq_id, by_rank, now_ns)
             findings.append(f)
         findings.extend(_p2p(g, by_rank, now_ns, opts))
-    findings.extend(_lost(by_rank, now_ns, opts))
+    findings.extend(_per_host(_lost(by_rank, now_ns, opts), by_rank))
     for g in groups:
         f = _hang(g, by_rank, without, now_ns, opts)
         if f is not None:
@@ -85,10 +95,11 @@ def diagnose(
     if without:
         findings.append(_missing(without))
     roots = _link_consequences(findings)
-    report.arrival_skew_s, stragglers = _stragglers(groups, by_rank, opts)
-    if not findings:
-        # A straggler is worth a finding on an otherwise healthy job; beside a fault it is noise.
-        findings.extend(stragglers)
+    if stragglers:
+        report.arrival_skew_s, slow = _stragglers(groups, by_rank, opts)
+        if not findings:
+            # A straggler is worth a finding on an otherwise healthy job; beside a fault it is noise.
+            findings.extend(slow)
     _order(findings, roots)
     report.findings = findings
     if not report.findings and _nothing_compared(by_rank):
@@ -99,6 +110,13 @@ def diagnose(
                 "or dumped before the first collective): nothing can be decided.",
             )
         )
+    # How the ranks are set up, after what they ran: context, never a consequence of either.
+    report.findings.extend(
+        config_findings(
+            [RankConfigRef(s.rank, s.host, s.config) for s in by_rank.values() if s.config is not None],
+            peers=peers,
+        )
+    )
     return report
 
 
@@ -111,22 +129,26 @@ def _group_sort_key(name: str) -> tuple[int, int | str]:
 
 def _groups(by_rank: dict[int, RankSummary], world_size: int | None) -> list[_Group]:
     """Every process group with its members: from metadata/pg_config, else from who recorded it."""
+    # One pass over the ranks (not one per group: thousands of groups times thousands of ranks).
     names: set[str] = set()
-    for s in by_rank.values():
+    declared_by: dict[str, Counter[tuple[int, ...]]] = {}
+    descs_by: dict[str, Counter[str]] = {}
+    recorded_by: dict[str, list[int]] = {}
+    for r, s in by_rank.items():
         names.update(s.tracks)
         names.update(s.groups)
+        for name in s.tracks:
+            recorded_by.setdefault(name, []).append(r)
+        for name, info in s.groups.items():
+            if info.ranks:
+                declared_by.setdefault(name, Counter())[info.ranks] += 1
+            if info.desc and info.desc != "undefined":
+                descs_by.setdefault(name, Counter())[info.desc] += 1
     out: list[_Group] = []
     for name in sorted(names, key=_group_sort_key):
-        declared: Counter[tuple[int, ...]] = Counter()
-        descs: Counter[str] = Counter()
-        for s in by_rank.values():
-            info = s.groups.get(name)
-            if info is not None:
-                if info.ranks:
-                    declared[info.ranks] += 1
-                if info.desc and info.desc != "undefined":
-                    descs[info.desc] += 1
-        recorded = tuple(sorted(r for r, s in by_rank.items() if name in s.tracks))
+        declared = declared_by.get(name) or Counter()
+        descs = descs_by.get(name) or Counter()
+        recorded = tuple(sorted(recorded_by.get(name, ())))
         if declared:
             members = declared.most_common(1)[0][0]
         elif name == "0" or descs.get("default_pg"):
@@ -227,6 +249,18 @@ def _mismatch(g: _Group, by_rank: dict[int, RankSummary]) -> Finding | None:
     if first_bad is None:
         return None
     return _mismatch_at(g, first_bad, tracks, by_rank)
+
+
+def _pending_for(g: _Group, seq: int | None, by_rank: dict[int, RankSummary], now_ns: int) -> float | None:
+    """Seconds the divergent collective has been in flight on the first member that entered it
+    (None when it finished everywhere: a silent mismatch blocks nobody)."""
+    created = [
+        e.time_created_ns
+        for r in g.members
+        if r in by_rank and seq is not None
+        if (e := by_rank[r].entry_at(g.name, seq)) is not None and not e.finished
+    ]
+    return max(0.0, (now_ns - min(created)) / NS) if created else None
 
 
 def _scan(tracks: dict[int, GroupTrack], lo: int, hi: int) -> int | None:
@@ -454,7 +488,12 @@ def _lost(by_rank: dict[int, RankSummary], now_ns: int, opts: Options) -> list[F
     if len(times) < 2:
         return []
     finals = {r for r, s in by_rank.items() if s.kind == "final"}
+    # Sorted once: "how many ranks wrote later than t + threshold" is then a bisection, not a scan
+    # of every rank per rank (quadratic: seconds per diagnosis at 4,096 ranks).
+    ordered = sorted(times.values())
+    newest = ordered[-1]
     lost: list[int] = []
+    finals_missing: set[int] = set()
     reasons: dict[int, str] = {}
     for r, t in times.items():
         s = by_rank[r]
@@ -462,17 +501,34 @@ def _lost(by_rank: dict[int, RankSummary], now_ns: int, opts: Options) -> list[F
             continue  # a plain PyTorch dump says nothing about liveness
         interval = s.interval_s
         threshold_ns = int((opts.lost_after_intervals * interval if interval else opts.lost_after_s) * NS)
-        later = [r2 for r2, t2 in times.items() if r2 != r and t2 - t > threshold_ns]
-        if s.kind != "final" and finals and len(finals) + 1 >= 2 and len(finals) >= len(by_rank) // 2:
+        # Ranks whose newest snapshot is more than the threshold after this one (never r itself).
+        later = len(ordered) - bisect.bisect_right(ordered, t + threshold_ns)
+        # A rank still snapshotting after the others' finals is alive (blocked, perhaps), not lost;
+        # while another rank may still be, a rank is only taken for dead once silent as long as a
+        # lost one (it may merely not have snapshotted since the others exited).
+        last_final = max((times[f] for f in finals if f in times), default=None)
+        exited_before = last_final is None or t <= last_final
+        alone = all(s2.kind in ("final", "dump") for r2, s2 in by_rank.items() if r2 != r)
+        if (
+            s.kind != "final"
+            and finals
+            and exited_before
+            and (alone or now_ns - t > threshold_ns)
+            and len(finals) + 1 >= 2
+            and len(finals) >= len(by_rank) // 2
+        ):
             lost.append(r)
+            finals_missing.add(r)
             reasons[r] = "it left no final snapshot while the other ranks wrote theirs on exit"
-        elif s.kind != "final" and later and len(later) >= max(1, (len(times) - 1) // 2):
+        elif s.kind != "final" and later and later >= max(1, (len(times) - 1) // 2):
             lost.append(r)
-            reasons[r] = f"its snapshots stopped {(max(times.values()) - t) / NS:.1f} s before the others'"
+            reasons[r] = f"its snapshots stopped {(newest - t) / NS:.1f} s before the others'"
     out: list[Finding] = []
     for r in sorted(lost):
         s = by_rank[r]
         last = _last_entry(s)
+        # Where the rank was lost: the collective the others had reached, else its own last one.
+        at = last
         where = ""
         if last is not None:
             where = (
@@ -483,29 +539,44 @@ def _lost(by_rank: dict[int, RankSummary], now_ns: int, opts: Options) -> list[F
                 [
                     e
                     for r2, s2 in by_rank.items()
-                    if r2 != r and (e := s2.entry_at(last.group, s2.tracks[last.group].last_seq)) is not None
+                    # Ranks outside the lost rank's last group (a subgroup) hold no track of it.
+                    if r2 != r
+                    and last.group in s2.tracks
+                    and (e := s2.entry_at(last.group, s2.tracks[last.group].last_seq)) is not None
                 ]
                 if last.group
                 else []
             )
             ahead = [e for e in others if e.collective_seq_id > last.collective_seq_id]
             if ahead:
-                e0 = max(ahead, key=lambda e: e.collective_seq_id)
-                where += (
+                e0 = at = max(ahead, key=lambda e: e.collective_seq_id)
+                reached = (
                     f" The other ranks had reached {e0.op} {_sizes(e0.input_sizes)} "
-                    f"{','.join(e0.input_dtypes)} (collective_seq_id {e0.collective_seq_id}) when it died; "
-                    "the collectives in between completed, so it died inside that one. Unless it was killed from "
-                    "outside, suspect gloo's abort (SIGABRT) on a size or dtype it did not expect there."
+                    f"{','.join(e0.input_dtypes)} (collective_seq_id {e0.collective_seq_id})"
                 )
+                if r in finals_missing:
+                    where += (
+                        f"{reached} when it died; the collectives in between completed, so it died inside that "
+                        "one. Unless it was killed from outside, suspect gloo's abort (SIGABRT) on a size or "
+                        "dtype it did not expect there."
+                    )
+                else:
+                    # Silence is not death: a stopped process, a host or a link down look the same.
+                    where += (
+                        f"{reached} when its snapshots stopped; the collectives in between completed, so it "
+                        "went silent in that one or just before it: it died or was stopped, or its host or "
+                        "link is down. If it died, suspect gloo's abort (SIGABRT) on a size or dtype it did "
+                        "not expect there."
+                    )
         t = s.snapshot_time_ns or now_ns
         out.append(
             Finding(
                 kind="rank_lost",
                 detail=f"{_fmt_ranks([r], by_rank).capitalize()} is lost: {reasons[r]}.{where}",
-                process_group=last.group if last else None,
-                process_group_desc=s.group_desc(last.group) if last else "",
-                collective_seq_id=last.collective_seq_id if last else None,
-                op=last.op if last else None,
+                process_group=at.group if at else None,
+                process_group_desc=s.group_desc(at.group) if at else "",
+                collective_seq_id=at.collective_seq_id if at else None,
+                op=at.op if at else None,
                 culprit_ranks=[r],
                 elapsed_s=max(0.0, (now_ns - t) / NS),
                 culprits=_refs([r], by_rank),
@@ -514,6 +585,41 @@ def _lost(by_rank: dict[int, RankSummary], now_ns: int, opts: Options) -> list[F
             )
         )
     return out
+
+
+def _per_host(lost: list[Finding], by_rank: dict[int, RankSummary]) -> list[Finding]:
+    """Fold the lost ranks of a host that went silent as a whole into one finding for that host.
+
+    Every rank of one host lost while ranks on other hosts go on points at the host (down, link
+    cut, collector or processes stopped), not at N unrelated ranks; the on-call engineer should
+    read "host X" first. Without a live host to compare with, nothing is folded.
+    """
+    if len(lost) < 2:
+        return lost
+    hosts: dict[str, list[int]] = {}
+    for r, s in by_rank.items():
+        if s.host:
+            hosts.setdefault(s.host, []).append(r)
+    by_culprit = {f.culprit_ranks[0]: f for f in lost if len(f.culprit_ranks) == 1}
+    silent = [h for h, ranks in hosts.items() if len(ranks) >= 2 and all(r in by_culprit for r in ranks)]
+    if not silent or len(silent) == len(hosts):
+        return lost
+    folded: set[int] = set()
+    out: list[Finding] = []
+    for host in sorted(silent):
+        ranks = sorted(hosts[host])
+        folded.update(ranks)
+        first = by_culprit[ranks[0]]
+        first.culprit_ranks = ranks
+        first.culprits = _refs(ranks, by_rank)
+        first.elapsed_s = min(by_culprit[r].elapsed_s or 0.0 for r in ranks)
+        first.detail = (
+            f"Host {host} went silent: all {len(ranks)} of its ranks ({', '.join(map(str, ranks))}) stopped "
+            "reporting while the other hosts go on: the host is down, its network link is cut, or its "
+            f"processes are stopped. {first.detail}"
+        )
+        out.append(first)
+    return out + [f for f in lost if not set(f.culprit_ranks) & folded]
 
 
 def _last_entry(s: RankSummary) -> Entry | None:
@@ -569,29 +675,44 @@ def _hang(
     else:
         seq = high
         culprits = list(missing_members)
-    entered = sorted(r for r, v in last.items() if v >= seq)
-    stuck: dict[int, Entry] = {}
-    for r in entered:
-        e = by_rank[r].entry_at(g.name, seq)
-        if e is None:
-            continue
-        # With a member that never entered, the collective cannot have succeeded anywhere: gloo marks
-        # it retired when it fails (timeout, peer gone), which is not completion. Ranks that moved
-        # past it (async ops) are the exception.
-        if not e.finished or (culprits and last[r] == seq):
-            stuck[r] = e
+    entered, stuck = _stuck_at(g.name, seq, last, culprits, by_rank)
+    stale = False
+    if not stuck and low < high:
+        # Every rank holding `seq` finished it, so the members behind did take part in it: what is
+        # stale is their data (snapshots stopped: a cut link, a stopped or killed process), not their
+        # position. The others wait in their oldest collective still in flight, or the one they
+        # failed in; the stale members are the ones not seen entering it.
+        later = _pending_seq(g.name, low, entered, by_rank)
+        if later is not None:
+            seq, stale = later, True
+            culprits = sorted(r for r, v in last.items() if v < seq)
+            entered, stuck = _stuck_at(g.name, seq, last, culprits, by_rank)
     if not stuck:
         return None
     first = min(stuck.values(), key=lambda e: e.time_created_ns)
     elapsed = (now_ns - first.time_created_ns) / NS
-    if elapsed < opts.stall_after_s:
+    # No need to wait out stall_after when a member already failed in it (exited with the error):
+    # the collective cannot complete any more. But not before every culprit has been silent as
+    # long as a lost rank: one merely between two snapshots would otherwise be named with the dead.
+    failed = any(_failed_in(by_rank[r], e) for r, e in stuck.items()) and all(
+        _silent(by_rank[c], now_ns, opts) for c in culprits if c in by_rank
+    )
+    if elapsed < opts.stall_after_s and not (culprits and failed):
         return None
     waiting = sorted(stuck)
     finished_here = [r for r in entered if r not in stuck]
     label = _group_label(g)
     what = f"{first.op} {_sizes(first.input_sizes)} {','.join(first.input_dtypes)}".rstrip()
     kind: FindingKind = "hang"
-    if culprits and low < high:
+    if culprits and stale:
+        one = len(culprits) == 1
+        detail = (
+            f"Hang in {label} at collective_seq_id {seq} ({what}): {_fmt_ranks(waiting)} "
+            f"{'has' if len(waiting) == 1 else 'have'} waited {elapsed:.1f} s; {_fmt_ranks(culprits, by_rank)} "
+            f"{'was' if one else 'were'} not seen entering it: {'its' if one else 'their'} last snapshots "
+            "predate it (the process stopped or died, or its host or link is down)."
+        )
+    elif culprits and low < high:
         detail = (
             f"Hang in {label} at collective_seq_id {seq} ({what}): {_fmt_ranks(culprits, by_rank)} never "
             f"entered it; {_fmt_ranks(waiting)} {'has' if len(waiting) == 1 else 'have'} waited {elapsed:.1f} s."
@@ -663,6 +784,63 @@ def _hang(
                 else " It then exited without an error."
             )
     return finding
+
+
+def _stuck_at(
+    group: str, seq: int, last: dict[int, int], culprits: list[int], by_rank: dict[int, RankSummary]
+) -> tuple[list[int], dict[int, Entry]]:
+    """The members that entered (group, seq), and the entries of those still stuck in it."""
+    entered = sorted(r for r, v in last.items() if v >= seq)
+    stuck: dict[int, Entry] = {}
+    for r in entered:
+        e = by_rank[r].entry_at(group, seq)
+        if e is None:
+            continue
+        # With a member that never entered, the collective cannot have succeeded anywhere: gloo marks
+        # it retired when it fails (timeout, peer gone), which is not completion. Ranks that moved
+        # past it (async ops) are the exception. "Never entered" needs a culprit snapshot taken after
+        # the collective began (or its final one); an older one only says it is not known to have
+        # entered, so then only a rank that failed in it (exited with an error there) is stuck.
+        fresh = all(_newer_than(by_rank[c], e.time_created_ns) for c in culprits if c in by_rank)
+        if not e.finished or (culprits and last[r] == seq and (fresh or _failed_in(by_rank[r], e))):
+            stuck[r] = e
+    return entered, stuck
+
+
+def _newer_than(s: RankSummary, t_ns: int) -> bool:
+    """Whether the rank's data shows its state after `t_ns` (its final state always does)."""
+    return s.kind == "final" or s.snapshot_time_ns is None or s.snapshot_time_ns >= t_ns
+
+
+def _failed_in(s: RankSummary, e: Entry) -> bool:
+    """Whether the rank exited with an error inside `e`, its newest collective (gloo retires that too)."""
+    return s.kind == "final" and bool(s.exception) and e is _last_entry(s) and e.state != "completed"
+
+
+def _silent(s: RankSummary, now_ns: int, opts: Options) -> bool:
+    """Whether the rank has sent nothing for as long as makes a rank lost (or has exited)."""
+    if s.kind == "final" or s.snapshot_time_ns is None:
+        return True
+    threshold = opts.lost_after_intervals * s.interval_s if s.interval_s else opts.lost_after_s
+    return (now_ns - s.snapshot_time_ns) / NS > threshold
+
+
+def _pending_seq(group: str, after: int, ranks: list[int], by_rank: dict[int, RankSummary]) -> int | None:
+    """The oldest collective of `group` past `after` that one of `ranks` is in: unfinished, or the
+    last one of a rank that exited with an error in it (gloo retires a failed collective too)."""
+    found: list[int] = []
+    for r in ranks:
+        s = by_rank[r]
+        track = s.tracks.get(group)
+        if track is None or not track.tail:
+            continue
+        found.extend(
+            e.collective_seq_id for e in track.tail if e.collective_seq_id > after and not e.finished
+        )
+        tip = track.tail[-1]
+        if _failed_in(s, tip) and tip.collective_seq_id > after:
+            found.append(tip.collective_seq_id)
+    return min(found) if found else None
 
 
 def _missing(without: list[int]) -> Finding:

@@ -18,6 +18,8 @@ FindingKind = Literal[
     "missing_dump",
     "straggler",
     "undecided",
+    "version_skew",
+    "config_skew",
 ]
 
 #: Order in which findings are listed: root causes before their consequences.
@@ -32,8 +34,13 @@ KIND_ORDER: dict[str, int] = {
     "missing_dump": 7,
     "undecided": 8,
     "straggler": 9,
+    # Set up before the first collective: context for whatever else was found, listed after it.
+    "version_skew": 10,
+    "config_skew": 11,
 }
 
+#: Findings about how the ranks are set up (flightdeck.analysis.config_skew), not what they ran.
+CONFIG_KINDS = frozenset({"version_skew", "config_skew"})
 MISMATCH_KINDS = frozenset({"collective_type_mismatch", "size_mismatch", "dtype_mismatch", "p2p_mismatch"})
 
 

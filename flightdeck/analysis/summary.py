@@ -14,7 +14,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from flightdeck.records import Entry, Frame, GroupInfo, RankDump, Stack, ThreadStack
+from flightdeck.records import (
+    Entry,
+    Frame,
+    GroupInfo,
+    RankConfig,
+    RankDump,
+    Stack,
+    ThreadStack,
+    config_from_dict,
+    config_to_dict,
+)
 
 #: Entries kept in full per group (the frontier: where each rank is and what it waits on).
 TAIL = 4
@@ -116,6 +126,8 @@ class RankSummary:
     sig_frames: dict[int, Stack] = field(default_factory=dict)
     thread_stacks: tuple[ThreadStack, ...] = ()
     warnings: tuple[str, ...] = ()
+    #: The rank's configuration report, when its agent wrote one.
+    config: RankConfig | None = None
 
     def group_desc(self, group: str) -> str:
         """The group's description as this rank knows it ("" when unknown)."""
@@ -153,6 +165,7 @@ def summarize(dump: RankDump) -> RankSummary:
         groups=dict(dump.groups),
         thread_stacks=dump.thread_stacks,
         warnings=dump.warnings,
+        config=dump.config,
     )
     add_entries(s, dump.entries)
     return s
@@ -279,6 +292,7 @@ def summary_to_dict(s: RankSummary) -> dict[str, Any]:
             for t in s.thread_stacks
         ],
         "warnings": list(s.warnings),
+        "config": None if s.config is None else config_to_dict(s.config),
     }
 
 
@@ -333,4 +347,5 @@ def summary_from_dict(d: dict[str, Any]) -> RankSummary:
             for t in d["thread_stacks"]
         ),
         warnings=tuple(d.get("warnings") or ()),
+        config=None if d.get("config") is None else config_from_dict(d["config"]),
     )

@@ -1,0 +1,663 @@
+"""Load generator: N simulated ranks on H simulated hosts push to real `flightdeck server` processes.
+
+It speaks the collector's protocol: one batch per host and snapshot interval (`flightdeck.wire`
+`encode_batch`, gzip, `Authorization: Bearer`, `Idempotency-Key` = the batch id), each rank's
+snapshot carrying only its new or changed entries (what `collector/delta.py` ships: a collective
+is shipped when it appears, and again when it completes if it was in flight at the snapshot), one
+request in flight per host, retried on 429/503 after `Retry-After` like `collector/pusher.py`.
+
+Each rank runs `--rate` collectives per second, round-robin over `--groups` kinds of process
+groups (the world, per-host blocks, same-local-rank stripes, two-host blocks, ...). At `--fault-at`
+seconds one rank stops (`--fault hang`: every other rank waits in the next world collective) or
+enters that collective with other sizes (`--fault mismatch`); the generator polls
+`GET /api/v1/jobs/{job}/findings` until the finding appears.
+
+Reports delivered entries/s, per-request and delivery latency percentiles (early vs late half of
+the run, to show growth), the delivery lag behind the snapshot time, fault -> finding, server CPU
+and peak RSS (from /proc), machine CPU, and the database size. Traffic goes to 127.0.0.1 only.
+
+    # spawn the servers on a fresh database (dropped afterwards) and run 60 s:
+    python -m bench.loadgen --spawn postgresql --servers 1 --ranks 1024 --hosts 128 --duration 60
+    # against running servers:
+    python -m bench.loadgen --url http://127.0.0.1:8470 --token fdk_... --server-pid 1234 ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gzip
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+from flightdeck import __version__
+from flightdeck.analysis.findings import MISMATCH_KINDS
+from flightdeck.collector.daemon import GROUPS_RESEND_S
+from flightdeck.records import Entry, GroupInfo, canonical_op
+from flightdeck.wire import Batch, Snapshot, encode_batch
+
+try:
+    import orjson
+
+    def _dumps(doc: Any) -> bytes:
+        return orjson.dumps(doc)
+
+except ImportError:  # pragma: no cover - depends on the installation
+
+    def _dumps(doc: Any) -> bytes:
+        return json.dumps(doc, separators=(",", ":")).encode()
+
+
+NS = 1_000_000_000
+PG_ADMIN = os.environ.get("FLIGHTDECK_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
+#: (raw op, input size) of the collectives of each group kind, cycled.
+OPS = (
+    ("nccl:all_reduce", 4_194_304),
+    ("nccl:all_gather", 1_048_576),
+    ("nccl:reduce_scatter", 1_048_576),
+    ("nccl:broadcast", 65_536),
+)
+#: How long a collective runs: the ones younger than this at a snapshot are shipped in flight.
+DURATION_NS = 20_000_000
+RING = 2000
+
+
+# --- the simulated job ------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Topology:
+    """Ranks, hosts and the process groups of every rank (group names as torch numbers them)."""
+
+    ranks: int
+    hosts: int
+    kinds: int
+    #: rank -> kind -> (group name, desc, members)
+    member: list[list[tuple[str, str, tuple[int, ...]]]] = field(default_factory=list)
+
+    @property
+    def per_host(self) -> int:
+        """Ranks per host."""
+        return self.ranks // self.hosts
+
+    def build(self) -> None:
+        """Lay out the groups: kind 0 the world, then blocks and stripes of ranks."""
+        n, rph = self.ranks, self.per_host
+        world = tuple(range(n))
+        self.member = [[("0", "default_pg", world)] for _ in range(n)]
+        next_name = 1
+        for k in range(1, self.kinds):
+            parts: list[tuple[int, ...]]
+            if k % 2 == 1:  # contiguous blocks: 1, 2, 4 ... hosts wide
+                size = min(n, rph * (1 << (k // 2)))
+                parts = [tuple(range(s, min(n, s + size))) for s in range(0, n, size)]
+            else:  # stripes: the same local rank on every host (data parallel)
+                stride = rph
+                parts = [tuple(range(o, n, stride)) for o in range(stride)]
+            for p in parts:
+                name = str(next_name)
+                next_name += 1
+                info = (name, f"kind{k}", p)
+                for r in p:
+                    self.member[r].append(info)
+
+    def host_ranks(self, h: int) -> range:
+        """The ranks of host `h`."""
+        return range(h * self.per_host, (h + 1) * self.per_host)
+
+
+@dataclass(slots=True)
+class RankSim:
+    """One rank: which collectives it created, and which were shipped while still in flight."""
+
+    rank: int
+    jitter_ns: int
+    next_i: int = 0
+    #: Collective index -> entry shipped as started (shipped again once completed).
+    in_flight: dict[int, Entry] = field(default_factory=dict)
+    #: Generator time (epoch ns) the rank last shipped its groups.
+    groups_sent_ns: int = 0
+
+
+@dataclass(slots=True)
+class Sim:
+    """The job: every rank's state, the fault, and how to build a host's batch."""
+
+    job: str
+    topo: Topology
+    rate: float
+    interval_s: float
+    t0_ns: int
+    fault: str
+    fault_rank: int
+    fault_index: int | None
+    #: Groups go again after this many seconds (the collector's GROUPS_RESEND_S); 0: every snapshot.
+    groups_resend_s: float
+    ranks: list[RankSim] = field(default_factory=list)
+
+    def entry(self, r: RankSim, i: int, now_ns: int, *, stuck: bool = False) -> Entry:
+        """Collective `i` of rank `r`, as its ring holds it at `now_ns`."""
+        kinds = self.topo.kinds
+        k = i % kinds
+        name = self.topo.member[r.rank][k][0]
+        raw_op, size = OPS[k % len(OPS)]
+        if self.fault == "mismatch" and stuck and r.rank == self.fault_rank:
+            size += 1
+        created = self.t0_ns + int(i * NS / self.rate) + r.jitter_ns
+        done = not stuck and now_ns >= created + DURATION_NS
+        return Entry(
+            record_id=i,
+            group=name,
+            collective_seq_id=i // kinds + 1,
+            p2p_seq_id=0,
+            op_id=i + 1,
+            backend="nccl",
+            op=canonical_op(raw_op),
+            raw_op=raw_op,
+            is_p2p=False,
+            input_sizes=((size,),),
+            output_sizes=((size,),),
+            input_dtypes=("Float",),
+            output_dtypes=("Float",),
+            state="completed" if done else "started",
+            retired=done,
+            time_created_ns=created,
+            time_started_ns=created + 10_000,
+            time_completed_ns=created + DURATION_NS if done else None,
+            duration_ms=DURATION_NS / 1e6 if done else None,
+            timeout_ms=600_000,
+            thread_name="",
+        )
+
+    def last_index(self, r: RankSim, now_ns: int) -> int:
+        """The last collective index the rank has created by `now_ns` (fault included)."""
+        n = int((now_ns - self.t0_ns - r.jitter_ns) * self.rate / NS)
+        if self.fault_index is not None:
+            stop = (
+                self.fault_index - 1
+                if r.rank == self.fault_rank and self.fault == "hang"
+                else self.fault_index
+            )
+            n = min(n, stop)
+        return n
+
+    def snapshot(self, r: RankSim, now_ns: int, host: str) -> Snapshot:
+        """The rank's periodic snapshot at `now_ns`: only new and changed entries."""
+        entries: list[Entry] = []
+        for i in list(r.in_flight):
+            e = self.entry(r, i, now_ns, stuck=i == self.fault_index)
+            if e.state == "completed":
+                entries.append(e)
+                del r.in_flight[i]
+        last = self.last_index(r, now_ns)
+        for i in range(r.next_i, last + 1):
+            e = self.entry(r, i, now_ns, stuck=i == self.fault_index)
+            entries.append(e)
+            if e.state != "completed":
+                r.in_flight[i] = e
+        r.next_i = max(r.next_i, last + 1)
+        groups = {}
+        if not r.groups_sent_ns or now_ns - r.groups_sent_ns >= self.groups_resend_s * NS:
+            groups = {n: GroupInfo(n, d, m) for n, d, m in self.topo.member[r.rank]}
+            r.groups_sent_ns = now_ns
+        return Snapshot(
+            job=self.job,
+            attempt=0,
+            rank=r.rank,
+            snapshot_time_ns=now_ns,
+            kind="periodic",
+            world_size=self.topo.ranks,
+            local_rank=r.rank % self.topo.per_host,
+            host=host,
+            pid=100_000 + r.rank,
+            torch_version="2.13.0",
+            backend="nccl",
+            version="2.10",
+            interval_s=self.interval_s,
+            oldest_record_id=max(0, r.next_i - RING),
+            groups=groups,
+            entries=entries,
+            source="loadgen",
+        )
+
+    def host_batch(self, h: int, now_ns: int) -> tuple[str, bytes, int]:
+        """(batch id, gzip body, entries) of host `h`'s batch at `now_ns`, as the collector builds it."""
+        host = f"sim-{h:05d}"
+        snaps = [self.snapshot(self.ranks[r], now_ns, host) for r in self.topo.host_ranks(h)]
+        batch_id = str(uuid.uuid4())
+        doc = encode_batch(Batch(batch_id, host, __version__, time.time_ns(), snapshots=snaps))
+        body = gzip.compress(_dumps(doc), compresslevel=3)
+        return batch_id, body, sum(len(s.entries) for s in snaps)
+
+
+# --- measurement --------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Stats:
+    """What the senders observed."""
+
+    start: float
+    request_s: list[tuple[float, float]] = field(default_factory=list)  # (t, seconds)
+    delivery_s: list[tuple[float, float]] = field(default_factory=list)  # (t, first try -> ok)
+    lag_s: list[float] = field(default_factory=list)  # snapshot time -> delivered
+    entries: int = 0
+    #: (seconds since start, entries) of every delivered batch.
+    entry_log: list[tuple[float, int]] = field(default_factory=list)
+    batches: int = 0
+    bytes_sent: int = 0
+    throttled: int = 0
+    unavailable: int = 0
+    errors: int = 0
+    late_ticks: int = 0
+    finding_s: float | None = None
+    finding_kind: str = ""
+    #: Finding episodes of the job at the end, by kind (one expected: the fault's).
+    findings: dict[str, int] = field(default_factory=dict)
+
+
+def pct(values: list[float], p: float) -> float:
+    """The p-th percentile (nearest rank) of `values`, 0 when empty."""
+    if not values:
+        return 0.0
+    s = sorted(values)
+    return s[min(len(s) - 1, int(p / 100 * len(s)))]
+
+
+def proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process (and its waited-for children) from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return sum(int(x) for x in fields[11:15]) / tick
+
+
+def proc_rss_bytes(pid: int) -> int:
+    """Resident memory of a process from /proc."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def machine_busy() -> tuple[float, float]:
+    """(busy, total) jiffies of the whole machine since boot."""
+    parts = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = parts[3] + parts[4]
+    return float(sum(parts) - idle), float(sum(parts))
+
+
+def pg_backend_cpu_s(url: str) -> float:
+    """CPU seconds so far of the PostgreSQL backends connected to the database at `url` (the
+    servers' pooled connections live for the whole run), read from /proc: PostgreSQL runs here."""
+    if not url.startswith("postgresql"):
+        return 0.0
+    import psycopg
+
+    with psycopg.connect(url.replace("+psycopg", "").split("?")[0]) as conn:
+        pids = [
+            int(r[0])
+            for r in conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            ).fetchall()
+        ]
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(OSError):  # ended meanwhile
+            total += proc_cpu_s(pid)
+    return total
+
+
+def db_size(url: str) -> int:
+    """Bytes of the database: PostgreSQL's pg_database_size, or the SQLite file and its WAL."""
+    if url.startswith("sqlite"):
+        path = Path(url.split("///", 1)[1])
+        return sum(p.stat().st_size for p in (path, Path(f"{path}-wal")) if p.exists())
+    import psycopg
+
+    with psycopg.connect(url.replace("+psycopg", "").split("?")[0]) as conn:
+        row = conn.execute("SELECT pg_database_size(current_database())").fetchone()
+        return int(row[0]) if row else 0
+
+
+# --- the run ------------------------------------------------------------------------------------
+
+
+async def sender(
+    client: httpx.AsyncClient,
+    url: str,
+    token: str,
+    queue: asyncio.Queue[tuple[str, bytes, int, int] | None],
+    stats: Stats,
+) -> None:
+    """Deliver one host's batches in order, one at a time, retrying 429/503 like the pusher."""
+    headers = {
+        "Content-Type": "application/json",
+        "Content-Encoding": "gzip",
+        "Authorization": f"Bearer {token}",
+    }
+    while True:
+        item = await queue.get()
+        if item is None:
+            return
+        batch_id, body, n, snap_ns = item
+        first = time.perf_counter()
+        while True:
+            t = time.perf_counter()
+            try:
+                resp = await client.post(
+                    f"{url}/api/v1/ingest", content=body, headers={**headers, "Idempotency-Key": batch_id}
+                )
+            except httpx.HTTPError:
+                stats.errors += 1
+                await asyncio.sleep(0.5)
+                continue
+            now = time.perf_counter()
+            if resp.status_code in (429, 503):
+                if resp.status_code == 429:
+                    stats.throttled += 1
+                else:
+                    stats.unavailable += 1
+                retry = float(resp.headers.get("Retry-After", "1"))
+                await asyncio.sleep(retry * (0.5 + random.random()))
+                continue
+            if resp.status_code != 200:
+                stats.errors += 1
+                print(f"batch {batch_id}: HTTP {resp.status_code} {resp.text[:200]}", file=sys.stderr)
+                break
+            stats.request_s.append((now - stats.start, now - t))
+            stats.delivery_s.append((now - stats.start, now - first))
+            stats.lag_s.append((time.time_ns() - snap_ns) / NS)
+            stats.entries += n
+            stats.entry_log.append((now - stats.start, n))
+            stats.batches += 1
+            stats.bytes_sent += len(body)
+            break
+
+
+async def poll_findings(
+    client: httpx.AsyncClient, url: str, job: str, sim: Sim, stats: Stats, stop: asyncio.Event
+) -> None:
+    """Poll the findings API from the fault on; record when the expected finding appears."""
+    if sim.fault_index is None:
+        return
+    fault_ns = sim.t0_ns + int(sim.fault_index * NS / sim.rate)
+    await asyncio.sleep(max(0.0, (fault_ns - time.time_ns()) / NS))
+    kinds = {"hang"} if sim.fault == "hang" else set(MISMATCH_KINDS)
+    while not stop.is_set():
+        try:
+            r = await client.get(f"{url}/api/v1/jobs/{job}/findings", timeout=10)
+            if r.status_code == 200:
+                for f in r.json()["findings"]:
+                    culprits = f["finding"].get("culprit_ranks") or []
+                    right = sim.fault == "mismatch" or sim.fault_rank in culprits
+                    if f["kind"] in kinds and f["open"] and right:
+                        stats.finding_s = (time.time_ns() - fault_ns) / NS
+                        stats.finding_kind = f["kind"]
+                        return
+        except httpx.HTTPError:
+            pass
+        await asyncio.sleep(0.2)
+
+
+async def drive(args: argparse.Namespace, urls: list[str], token: str, pids: list[int]) -> dict[str, Any]:
+    """Run the simulated job against `urls` for `args.duration` seconds; returns the figures."""
+    topo = Topology(args.ranks, args.hosts, args.groups)
+    topo.build()
+    rng = random.Random(7)
+    t0 = time.time_ns()
+    fault_index = None
+    if args.fault != "none":
+        i = int(args.fault_at * args.rate)
+        fault_index = i + (-i) % args.groups  # a world collective (kind 0)
+    sim = Sim(
+        job=args.job or f"loadgen-{uuid.uuid4().hex[:6]}",
+        topo=topo,
+        rate=args.rate,
+        interval_s=args.interval,
+        t0_ns=t0,
+        fault=args.fault,
+        fault_rank=args.fault_rank % args.ranks,
+        fault_index=fault_index,
+        groups_resend_s=args.groups_resend_s,
+        ranks=[RankSim(r, rng.randrange(0, 2_000_000)) for r in range(args.ranks)],
+    )
+    stats = Stats(start=time.perf_counter())
+    limits = httpx.Limits(max_connections=args.hosts + 8, max_keepalive_connections=args.hosts + 8)
+    cpu0 = {p: proc_cpu_s(p) for p in pids}
+    busy0 = machine_busy()
+    gen0 = time.process_time()
+    rss_peak = dict.fromkeys(pids, 0)
+    stop = asyncio.Event()
+    async with httpx.AsyncClient(limits=limits, timeout=60) as client:
+        queues: list[asyncio.Queue[tuple[str, bytes, int, int] | None]] = [
+            asyncio.Queue() for _ in range(args.hosts)
+        ]
+        senders = [
+            asyncio.create_task(sender(client, urls[h % len(urls)], token, queues[h], stats))
+            for h in range(args.hosts)
+        ]
+        poller = asyncio.create_task(poll_findings(client, urls[0], sim.job, sim, stats, stop))
+        # Hosts snapshot at their own phase within the interval, like independent collectors.
+        phase = [args.interval * h / args.hosts for h in range(args.hosts)]
+        end = time.monotonic() + args.duration
+        start = time.monotonic()
+        k = 0
+        backlog_max = 0
+        next_rss = 0.0
+        while time.monotonic() < end:
+            for h in range(args.hosts):
+                due = start + k * args.interval + phase[h]
+                delay = due - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                elif delay < -args.interval / 2:
+                    stats.late_ticks += 1
+                if time.monotonic() >= end:
+                    break
+                now_ns = time.time_ns()
+                batch_id, body, n = sim.host_batch(h, now_ns)
+                queues[h].put_nowait((batch_id, body, n, now_ns))
+                backlog_max = max(backlog_max, queues[h].qsize())
+                if time.monotonic() >= next_rss:
+                    next_rss = time.monotonic() + 1.0
+                    for p in pids:
+                        rss_peak[p] = max(rss_peak[p], proc_rss_bytes(p))
+            k += 1
+        gen_wall = time.perf_counter() - stats.start
+        for q in queues:
+            q.put_nowait(None)
+        await asyncio.wait(senders, timeout=args.drain_s)
+        drained = all(t.done() for t in senders)
+        for t in senders:
+            t.cancel()
+        if not poller.done() and sim.fault_index is not None:
+            await asyncio.wait([poller], timeout=args.stall_after + 10)
+        stop.set()
+        poller.cancel()
+        try:
+            doc = (await client.get(f"{urls[0]}/api/v1/jobs/{sim.job}/findings", timeout=30)).json()
+            for f in doc["findings"]:
+                stats.findings[f["kind"]] = stats.findings.get(f["kind"], 0) + 1
+        except (httpx.HTTPError, ValueError, KeyError):
+            pass
+    wall = time.perf_counter() - stats.start
+    busy1 = machine_busy()
+    cpu = {p: (proc_cpu_s(p) - cpu0[p]) / wall for p in pids}
+    for p in pids:
+        rss_peak[p] = max(rss_peak[p], proc_rss_bytes(p))
+    half = gen_wall / 2
+    early = [s for t, s in stats.request_s if t < half]
+    late = [s for t, s in stats.request_s if half <= t <= gen_wall]
+    offered = args.ranks * args.rate
+    # Steady state: from 10 s in to the fault (after it the simulated job stops making entries).
+    t_end = args.fault_at if args.fault != "none" else gen_wall
+    steady = sum(n for t, n in stats.entry_log if 10.0 <= t < t_end) / max(1e-9, t_end - 10.0)
+    return {
+        "job": sim.job,
+        "ranks": args.ranks,
+        "hosts": args.hosts,
+        "servers": len(urls),
+        "interval_s": args.interval,
+        "rate_per_rank": args.rate,
+        "duration_s": args.duration,
+        "groups_resend_s": args.groups_resend_s,
+        "wall_s": round(wall, 1),
+        "offered_collectives_per_s": offered,
+        "entries_per_s": round(stats.entries / wall),
+        "steady_entries_per_s": round(steady),
+        "batches_per_s": round(stats.batches / wall, 1),
+        "entries": stats.entries,
+        "kib_per_batch": round(stats.bytes_sent / max(1, stats.batches) / 1024, 1),
+        "bytes_per_rank_per_s": round(stats.bytes_sent / wall / args.ranks),
+        "request_ms": {p: round(pct([s for _, s in stats.request_s], p) * 1000) for p in (50, 90, 99)},
+        "request_ms_early_late_p50": [round(pct(early, 50) * 1000), round(pct(late, 50) * 1000)],
+        "request_ms_early_late_p99": [round(pct(early, 99) * 1000), round(pct(late, 99) * 1000)],
+        "delivery_ms": {p: round(pct([s for _, s in stats.delivery_s], p) * 1000) for p in (50, 99)},
+        "lag_s": {p: round(pct(stats.lag_s, p), 2) for p in (50, 99, 100)},
+        "backlog_max_batches_per_host": backlog_max,
+        "drained": drained,
+        "throttled_429": stats.throttled,
+        "unavailable_503": stats.unavailable,
+        "errors": stats.errors,
+        "late_ticks": stats.late_ticks,
+        "fault": args.fault,
+        "fault_to_finding_s": None if stats.finding_s is None else round(stats.finding_s, 2),
+        "finding_after_stall_s": (
+            None
+            if stats.finding_s is None
+            else round(stats.finding_s - (args.stall_after if args.fault == "hang" else 0.0), 2)
+        ),
+        "finding_kind": stats.finding_kind,
+        "findings": stats.findings,
+        "server_cpu": [round(c, 2) for c in cpu.values()],
+        "server_rss_mib": [round(r / 2**20) for r in rss_peak.values()],
+        "generator_cpu": round((time.process_time() - gen0) / wall, 2),
+        "machine_busy": round((busy1[0] - busy0[0]) / max(1.0, busy1[1] - busy0[1]), 2),
+    }
+
+
+# --- spawned servers ----------------------------------------------------------------------------
+
+
+@contextmanager
+def spawned(args: argparse.Namespace) -> Iterator[tuple[list[str], str, list[int], str]]:
+    """Fresh database + token + `args.servers` server processes; yields (urls, token, pids, db url)."""
+    from bench.server_ingest import free_port, make_token, start_server
+
+    env = {
+        "FLIGHTDECK_STALL_AFTER_S": str(args.stall_after),
+        "FLIGHTDECK_MAX_INFLIGHT_INGESTS": str(args.inflight),
+    }
+    if args.servers > 1:
+        env["FLIGHTDECK_CLUSTER"] = "true"
+    with tempfile.TemporaryDirectory() as tmp:
+        name = ""
+        if args.spawn == "sqlite":
+            url = f"sqlite:///{tmp}/loadgen.db"
+        else:
+            import psycopg
+
+            name = f"flightdeck_scale_{uuid.uuid4().hex[:8]}"
+            with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
+                admin.execute(f'CREATE DATABASE "{name}"')
+            base = PG_ADMIN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
+            url = f"{base}/{name}"
+        procs = []
+        try:
+            token = make_token(url)
+            for _ in range(args.servers):
+                port = free_port()
+                procs.append((start_server(url, port, env), port))
+            yield [f"http://127.0.0.1:{p}" for _, p in procs], token, [pr.pid for pr, _ in procs], url
+        finally:
+            for pr, _ in procs:
+                pr.terminate()
+            for pr, _ in procs:
+                try:
+                    pr.wait(30)
+                except Exception:
+                    pr.kill()
+            if name:
+                import psycopg
+
+                with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
+                    admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line."""
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--spawn", choices=["sqlite", "postgresql"], help="start servers on a fresh database")
+    ap.add_argument("--servers", type=int, default=1, help="server processes to spawn (--spawn)")
+    ap.add_argument("--url", action="append", default=[], help="server base URL (repeat: round-robin)")
+    ap.add_argument("--token", default=os.environ.get("FLIGHTDECK_TOKEN", ""), help="collector token")
+    ap.add_argument("--server-pid", type=int, action="append", default=[], help="measure this pid")
+    ap.add_argument("--database-url", default="", help="for the database size (with --url)")
+    ap.add_argument("--job", default="", help="job name (default: a fresh one)")
+    ap.add_argument("--ranks", type=int, default=256)
+    ap.add_argument("--hosts", type=int, default=32)
+    ap.add_argument("--groups", type=int, default=3, help="kinds of process groups (>= 1)")
+    ap.add_argument("--rate", type=float, default=10.0, help="collectives per second per rank")
+    ap.add_argument("--interval", type=float, default=2.0, help="snapshot interval (s)")
+    ap.add_argument("--duration", type=float, default=60.0, help="seconds of traffic")
+    ap.add_argument("--drain-s", type=float, default=60.0, help="wait this long for queued batches")
+    ap.add_argument("--fault", choices=["none", "hang", "mismatch"], default="hang")
+    ap.add_argument("--fault-at", type=float, default=None, help="seconds in (default: 2/3 of duration)")
+    ap.add_argument("--fault-rank", type=int, default=5)
+    ap.add_argument("--stall-after", type=float, default=5.0, help="the servers' FLIGHTDECK_STALL_AFTER_S")
+    ap.add_argument("--inflight", type=int, default=4, help="FLIGHTDECK_MAX_INFLIGHT_INGESTS (--spawn)")
+    ap.add_argument(
+        "--groups-resend-s",
+        type=float,
+        default=GROUPS_RESEND_S,
+        help="ship a rank's groups when new and again after this long, as the collector does "
+        "(0: in every snapshot, as collectors before this change did)",
+    )
+    args = ap.parse_args(argv)
+    if args.ranks % args.hosts:
+        ap.error("--ranks must be a multiple of --hosts")
+    if args.fault_at is None:
+        args.fault_at = args.duration * 2 / 3
+    if not args.spawn and not args.url:
+        ap.error("give --spawn or --url")
+    for u in args.url:
+        if not u.startswith(("http://127.0.0.1", "http://localhost")):
+            ap.error("the load generator only talks to 127.0.0.1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run once and print the figures as JSON."""
+    args = parse_args(argv)
+    if args.spawn:
+        with spawned(args) as (urls, token, pids, url):
+            pg0 = pg_backend_cpu_s(url)
+            t0 = time.perf_counter()
+            out = asyncio.run(drive(args, urls, token, pids))
+            if args.spawn == "postgresql":
+                out["postgres_cpu"] = round((pg_backend_cpu_s(url) - pg0) / (time.perf_counter() - t0), 2)
+            out["db"] = args.spawn
+            out["db_mib"] = round(db_size(url) / 2**20, 1)
+    else:
+        out = asyncio.run(drive(args, args.url, args.token, args.server_pid))
+        if args.database_url:
+            out["db_mib"] = round(db_size(args.database_url) / 2**20, 1)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

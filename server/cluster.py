@@ -1,0 +1,207 @@
+"""Several server processes on one PostgreSQL: who diagnoses which job, and what it must read.
+
+Any process ingests any batch (a load balancer spreads the collectors), but each job is diagnosed
+by exactly one process at a time: the one holding the job's PostgreSQL advisory lock
+(`store.try_own_job`, on a connection this module keeps open). Findings are therefore opened
+and resolved once, whichever process received the batches.
+
+The owner needs every batch of its jobs, including those the other processes ingested. Each
+ingest transaction also writes its batch to the short-lived `ingest_feed` table (`store.add_feed`,
+last in the transaction); the owner reads the feed rows it has not seen yet, in id order, and
+folds their snapshots in. Its own batches it takes from memory (`remember`), in the same order.
+A process that takes a job over rebuilds the job's summaries from the database and marks the
+feed rows visible to that same read as seen, so each batch is folded in exactly once.
+
+Per rank, feed order is delivery order: a collector sends a rank's next batch only after the
+server acknowledged (committed) the previous one, so its feed id is larger.
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from sqlalchemy import Connection
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session
+
+from flightdeck.server import store
+from flightdeck.server.db import Database
+from flightdeck.wire import Snapshot, decode_batch
+
+try:
+    import orjson
+
+    _loads: Callable[[bytes], Any] = orjson.loads
+except ImportError:  # pragma: no cover - depends on the installation
+    import json
+
+    _loads = json.loads
+
+log = logging.getLogger(__name__)
+
+NS = 1_000_000_000
+#: How far back (server clock) the feed is read. A feed row is stamped at the end of its ingest
+#: transaction, so it becomes visible within a commit of its stamp; the margin covers slow commits
+#: and clock differences between the server processes.
+FEED_LOOKBACK_S = 15.0
+#: Feed rows older than this are deleted (by any process).
+FEED_KEEP_S = 120.0
+#: How often the feed is pruned and the job list re-read (to take over jobs of a process that died).
+HOUSEKEEPING_S = 5.0
+
+
+class Cluster:
+    """One process's share of the cluster: the jobs it owns and the feed rows it has folded in."""
+
+    def __init__(self, *, db: Database, clock: Callable[[], int], on_db_error: Callable[[], None]) -> None:
+        self._db = db
+        self._clock = clock
+        self._on_db_error = on_db_error
+        self._conn: Connection | None = None
+        self.owned: set[int] = set()
+        #: feed ids folded in (or covered by a rebuild), with their stamp: pruned past the lookback.
+        self._seen: dict[int, int] = {}
+        #: feed id -> (stamp, job id, snapshots) of this process's own batches of owned jobs.
+        self._local: dict[int, tuple[int, int, list[Snapshot]]] = {}
+        self._last_housekeeping = 0
+
+    # --- ownership ------------------------------------------------------------------------------
+
+    def _session(self) -> Session:
+        if self._conn is None:
+            # Autocommit: lock calls must not leave a transaction open on the lock connection.
+            self._conn = self._db.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        return Session(bind=self._conn)
+
+    def claim(self, job_ids: Iterable[int]) -> list[int]:
+        """Try to own each of these jobs; returns the ones newly owned (to be rebuilt)."""
+        got = []
+        try:
+            with self._session() as session:
+                for job_id in job_ids:
+                    if job_id not in self.owned and store.try_own_job(session=session, job_id=job_id):
+                        self.owned.add(job_id)
+                        got.append(job_id)
+        except OperationalError:
+            self._lost()
+        return got
+
+    def release(self, job_id: int) -> None:
+        """Give a job's diagnosis up (the job went idle)."""
+        if job_id not in self.owned:
+            return
+        self.owned.discard(job_id)
+        try:
+            with self._session() as session:
+                store.disown_job(session=session, job_id=job_id)
+        except OperationalError:
+            self._lost()
+
+    def check(self) -> bool:
+        """False when the lock connection broke: every lock is gone (the caller drops its jobs)."""
+        if self._conn is None:
+            return not self.owned
+        try:
+            with self._session() as session:
+                store.ping(session=session)
+            return True
+        except OperationalError:
+            self._lost()
+            return False
+
+    def _lost(self) -> None:
+        self._on_db_error()
+        log.warning("cluster: lost the lock connection; %d jobs released", len(self.owned))
+        self.owned.clear()
+        if self._conn is not None:
+            try:
+                self._conn.invalidate()
+                self._conn.close()
+            except Exception:  # already broken: nothing more to release
+                log.debug("cluster: closing the broken lock connection failed", exc_info=True)
+            self._conn = None
+
+    def close(self) -> None:
+        """Close the lock connection (releases every job)."""
+        self.owned.clear()
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    # --- the feed -------------------------------------------------------------------------------
+
+    def remember(self, feed_ids: dict[int, int], snapshots: list[store.AppliedSnapshot]) -> None:
+        """Keep this process's own committed batch for the owned jobs (no need to read it back)."""
+        stamp = self._clock()
+        for job_id, feed_id in feed_ids.items():
+            if job_id in self.owned:
+                snaps = [a.snapshot for a in snapshots if a.job_id == job_id]
+                self._local[feed_id] = (stamp, job_id, snaps)
+
+    def mark_seen(self, session: Session, job_id: int) -> None:
+        """Mark the feed rows visible to `session` as folded in (they are in its rebuild read)."""
+        now = self._clock()
+        for feed_id, _ in store.feed_ids(
+            session=session, job_ids=[job_id], since_ns=now - int(FEED_LOOKBACK_S * NS)
+        ):
+            self._seen[feed_id] = now
+            self._local.pop(feed_id, None)
+
+    def read(self, jobs: dict[int, tuple[str, int]]) -> dict[int, list[Snapshot]]:
+        """Snapshots of the feed rows of these jobs (id -> (name, attempt)) not folded in yet, per
+        job, in feed order."""
+        out: dict[int, list[Snapshot]] = {}
+        if not jobs:
+            return out
+        job_ids = sorted(jobs)
+        now = self._clock()
+        try:
+            with self._db.read() as session:
+                rows = store.feed_ids(
+                    session=session, job_ids=job_ids, since_ns=now - int(FEED_LOOKBACK_S * NS)
+                )
+                new = [(i, j) for i, j in rows if i not in self._seen]
+                fetch = [i for i, _ in new if i not in self._local]
+                bodies = store.feed_bodies(session=session, ids=fetch) if fetch else {}
+        except OperationalError:
+            self._on_db_error()
+            return out
+        for feed_id, job_id in new:
+            self._seen[feed_id] = now
+            local = self._local.pop(feed_id, None)
+            if local is not None:
+                out.setdefault(job_id, []).extend(local[2])
+                continue
+            key = jobs[job_id]
+            snaps = _decode(bodies.get(feed_id, b""), job_id, feed_id)
+            out.setdefault(job_id, []).extend(s for s in snaps if (s.job, s.attempt) == key)
+        return out
+
+    def housekeeping(self) -> bool:
+        """Prune the feed and the memory of it every HOUSEKEEPING_S; True when it ran."""
+        now = self._clock()
+        if now - self._last_housekeeping < HOUSEKEEPING_S * NS:
+            return False
+        self._last_housekeeping = now
+        horizon = now - int(2 * FEED_LOOKBACK_S * NS)
+        self._seen = {i: t for i, t in self._seen.items() if t >= horizon}
+        self._local = {i: v for i, v in self._local.items() if v[0] >= horizon}
+        try:
+            with self._db.write() as session, session.begin():
+                store.prune_feed(session=session, before_ns=now - int(FEED_KEEP_S * NS))
+        except OperationalError:
+            self._on_db_error()
+        return True
+
+
+def _decode(body: bytes, job_id: int, feed_id: int) -> list[Snapshot]:
+    """Every snapshot of a feed body (a batch may hold other jobs' too: the caller filters)."""
+    try:
+        batch = decode_batch(_loads(gzip.decompress(body)))
+    except (OSError, ValueError) as exc:  # it was valid when ingested: log, skip
+        log.error("cluster: feed row %d of job %d unreadable: %s", feed_id, job_id, exc)
+        return []
+    return batch.snapshots

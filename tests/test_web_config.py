@@ -1,0 +1,62 @@
+"""The job page's configuration section (issue 9), rendered through the real router from the
+committed dumps of a real 4-rank gloo job whose ranks are given differing configuration reports
+(plain records, as the reader would produce them from the agent's sidecars)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from flightdeck.records import GroupConfig, RankConfig
+from flightdeck.web import views
+from flightdeck.web.dump_data import DumpData
+from tests.test_web_render import HX, XSS, _need, app_for, client_get, live_dumps
+
+CONFIG = RankConfig(
+    torch_version="2.13.0+cpu",
+    python_version="3.11.7",
+    fr_buffer_size=2000,
+    dump_on_timeout=True,
+    groups=(GroupConfig("0", "default_pg", "cpu:gloo", 60_000),),
+)
+
+
+def _data() -> DumpData:
+    _need("healthy_4")
+    dumps = live_dumps("healthy_4", final=True)
+    skewed = []
+    for d in dumps:
+        cfg = CONFIG
+        if d.rank == 3:
+            cfg = replace(CONFIG, torch_version=XSS, fr_buffer_size=0)
+        skewed.append(replace(d, config=cfg, host="<i>host</i>" if d.rank == 3 else d.host))
+    return DumpData.from_dumps({"healthy_4": skewed, "plain": dumps})
+
+
+def test_configuration_section_shows_values_side_by_side_escaped() -> None:
+    data = _data()
+    r = client_get(app_for(data), "/jobs/healthy_4", HX)
+    assert r.status_code == 200
+    html = r.text
+    assert '<section id="configuration"' in html
+    section = html.split('<section id="configuration"', 1)[1].split("</section>", 1)[0]
+    assert "torch version" in section and "flight recorder off" in section
+    assert "<code>2.13.0+cpu</code> <small>majority</small>" in section
+    assert "<td>0–2</td>" in section and "<td>3</td>" in section
+    assert XSS not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in section
+    assert "<i>host</i>" not in html and "&lt;i&gt;host&lt;/i&gt;" in section
+    rows = views.config_rows(data.job_report("healthy_4") or {})
+    assert [(row.kind, row.setting) for row in rows] == [
+        ("version_skew", "torch version"),
+        ("config_skew", "flight recorder off"),
+    ]
+    torch_row = rows[0]
+    assert [(s.value, s.rank_count, s.majority) for s in torch_row.sides] == [
+        ("2.13.0+cpu", 3, True),
+        (XSS, 1, False),
+    ]
+
+
+def test_no_section_without_differences() -> None:
+    r = client_get(app_for(_data()), "/jobs/plain", HX)
+    assert r.status_code == 200
+    assert "configuration" not in r.text
