@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, ClassVar
@@ -342,21 +342,21 @@ def test_two_servers_on_one_postgresql_agree(pg_database: str, clock: FakeClock)
         b.svc.close()
 
 
-def _start_server_process(url: str, log: Any) -> tuple[subprocess.Popen[bytes], str]:
-    """A real `flightdeck server` process in cluster mode on `url`; returns once /healthz answers."""
+def start_server_process(env: Mapping[str, str], log: Any) -> tuple[subprocess.Popen[bytes], str]:
+    """A real `flightdeck server` process on a free port, with quick diagnosis settings and `env`
+    on top of ours; returns (process, base URL) once /healthz answers."""
     port = free_port()
-    env = {
+    full = {
         **os.environ,
-        "FLIGHTDECK_DATABASE_URL": url,
         "FLIGHTDECK_PORT": str(port),
-        "FLIGHTDECK_CLUSTER": "true",
         "FLIGHTDECK_STALL_AFTER_S": str(STALL_S),
         "FLIGHTDECK_DIAGNOSIS_DEBOUNCE_S": "0.1",
         "FLIGHTDECK_DIAGNOSIS_INTERVAL_S": "0.3",
+        **env,
     }
     proc = subprocess.Popen(
         [sys.executable, "-m", "flightdeck", "server", "--log-level", "warning"],
-        env=env,
+        env=full,
         stdout=log,
         stderr=log,
     )
@@ -370,6 +370,7 @@ def _start_server_process(url: str, log: Any) -> tuple[subprocess.Popen[bytes], 
             pass
         if time.monotonic() > deadline or proc.poll() is not None:
             proc.kill()
+            proc.wait(10)
             raise RuntimeError("flightdeck server did not come up")
         time.sleep(0.2)
 
@@ -405,7 +406,9 @@ def test_two_server_processes_share_jobs_without_duplicates(pg_database: str, tm
     try:
         bases = []
         for log in logs:
-            proc, base = _start_server_process(url, log)
+            proc, base = start_server_process(
+                {"FLIGHTDECK_DATABASE_URL": url, "FLIGHTDECK_CLUSTER": "true"}, log
+            )
             procs.append(proc)
             bases.append(base)
         a, b = (httpx.Client(base_url=base, timeout=30) for base in bases)

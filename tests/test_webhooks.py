@@ -9,10 +9,8 @@ arrives, under the same id in the body and both headers.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -33,7 +31,14 @@ from flightdeck.server.webhooks import WebhookSender
 from flightdeck.wire import Snapshot
 from tests.conftest import FakeClock
 from tests.ops_stack import free_port
-from tests.test_server_api import STALL_S, Server, healthy_prefix, make_server, skip_stuck_view
+from tests.test_server_api import (
+    STALL_S,
+    Server,
+    healthy_prefix,
+    make_server,
+    skip_stuck_view,
+    start_server_process,
+)
 from tests.test_server_support import body, make_batch, renamed
 
 NS = 1_000_000_000
@@ -312,39 +317,6 @@ def test_retry_rules(tmp_path: Path) -> None:
 # --- real server processes -----------------------------------------------------------------------
 
 
-def _start(env: dict[str, str], log: Any) -> tuple[subprocess.Popen[bytes], str]:
-    """A real `flightdeck server` process with `env` on top of ours; returns once /healthz answers."""
-    port = free_port()
-    full = {
-        **os.environ,
-        "FLIGHTDECK_PORT": str(port),
-        "FLIGHTDECK_STALL_AFTER_S": str(STALL_S),
-        "FLIGHTDECK_DIAGNOSIS_DEBOUNCE_S": "0.1",
-        "FLIGHTDECK_DIAGNOSIS_INTERVAL_S": "0.3",
-        "FLIGHTDECK_ALLOW_UNAUTHENTICATED_INGEST": "true",
-        **env,
-    }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "flightdeck", "server", "--log-level", "warning"],
-        env=full,
-        stdout=log,
-        stderr=log,
-    )
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
-                return proc, base
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline or proc.poll() is not None:
-            proc.kill()
-            proc.wait(10)
-            raise RuntimeError("flightdeck server did not come up")
-        time.sleep(0.2)
-
-
 def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
     for p in procs:
         if p.poll() is None:
@@ -400,7 +372,7 @@ def test_event_survives_sigkill_of_the_server(tmp_path: Path) -> None:
     rcv: Receiver | None = None
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        proc, base = _start(env, logs[0])
+        proc, base = start_server_process({"FLIGHTDECK_ALLOW_UNAUTHENTICATED_INGEST": "true", **env}, logs[0])
         procs.append(proc)
         _push(base, skip_stuck_view())
         _wait("the hang", lambda: _status(base, "skip") == "hung")
@@ -413,7 +385,7 @@ def test_event_survives_sigkill_of_the_server(tmp_path: Path) -> None:
         stored = {r.event_id for r in before}
         print(f"\nundelivered at SIGKILL: {len(before)} rows, attempts {[r.attempts for r in before]}")
         rcv = Receiver(port=port)
-        proc, base = _start(env, logs[1])
+        proc, base = start_server_process({"FLIGHTDECK_ALLOW_UNAUTHENTICATED_INGEST": "true", **env}, logs[1])
         procs.append(proc)
         _wait("the delivery", lambda: all(r.state == "delivered" for r in _outbox(db)))
         posts = rcv.snapshot()
@@ -456,7 +428,7 @@ def test_two_server_processes_deliver_each_event_once(pg_database: str, tmp_path
     try:
         bases = []
         for log in logs:
-            proc, base = _start(env, log)
+            proc, base = start_server_process({"FLIGHTDECK_ALLOW_UNAUTHENTICATED_INGEST": "true", **env}, log)
             procs.append(proc)
             bases.append(base)
         for k, job in enumerate(jobs):
