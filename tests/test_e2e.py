@@ -432,6 +432,13 @@ def test_gloo_job_to_collector_to_server(tmp_path: Path) -> None:
         assert isinstance(f["collective_seq_id"], int) and f["collective_seq_id"] > 5
         assert f["culprits"][0]["pid"] == ranks[1].pid
         assert f["elapsed_s"] >= STALL_AFTER_S
+        # The culprit went quiet (no collective pending): its agent's stall snapshot, taken while
+        # the others waited, says where it is instead of the collective.
+        f = wait_until(
+            lambda: (g := hang()) is not None and g["culprit_frames"] and g, 60, "the culprit's stack"
+        )
+        assert f["culprit_frames"][0]["name"] == "load_batch", f["culprit_frames"]
+        assert "Its main thread is in load_batch (worker.py:" in f["detail"], f["detail"]
     finally:
         stop_all(reversed(procs), timeout_s=30)
         for log in logs.values():

@@ -777,6 +777,13 @@ def _hang(
                     f"{last_e.group}, collective_seq_id {last_e.collective_seq_id}, "
                     f"{'finished' if last_e.finished else 'unfinished'})."
                 )
+        main = _main_stack(cs)
+        if main and cs.kind != "final":
+            # Taken while the others waited: where the culprit is stuck instead (a data loader, I/O).
+            top = main[0]
+            finding.detail += (
+                f" Its main thread is in {top.name} ({top.filename.rsplit('/', 1)[-1]}:{top.line})."
+            )
         if cs.kind == "final":
             finding.detail += (
                 f" It then exited with {cs.exception}."
