@@ -242,7 +242,8 @@ class IngestService:
                 self._shared.collector_push_ns[collector.name] = now_ns
         for host, agent, source, totals, sample in nixl_rows:
             self._shared.set_nixl(host, agent, source, totals, sample)
-        self._live.submit(result)
+        # How old the batch is: a collector emptying its queue after an outage sends old ones.
+        self._live.submit(result, source=batch.collector_host, lag_s=(now_ns - batch.sent_at_ns) / 1e9)
         self._live.wake()
         return {
             "duplicate": False,

@@ -93,6 +93,10 @@ class JobState:
     counted_seq: dict[str, int] = field(default_factory=dict)
     skew: dict[str, SkewHistogram] = field(default_factory=dict)
     skew_hi: dict[str, int] = field(default_factory=dict)
+    #: collector host -> (age in seconds of its latest batch when it arrived, monotonic arrival).
+    batch_lag: dict[str, tuple[float, float]] = field(default_factory=dict)
+    #: Monotonic time since when a collector of the job has been replaying old batches.
+    replaying_since: float | None = None
 
 
 def job_status(report: Report, summaries: Sequence[RankSummary], world_size: int | None) -> str:
@@ -221,8 +225,11 @@ class LiveDiagnosis:
 
     # --- ingest side ----------------------------------------------------------------------------
 
-    def submit(self, result: store.IngestResult) -> None:
-        """Queue a committed batch's snapshots for their jobs (called by ingest, after commit)."""
+    def submit(self, result: store.IngestResult, *, source: str = "", lag_s: float = 0.0) -> None:
+        """Queue a committed batch's snapshots for their jobs (called by ingest, after commit).
+
+        `source` is the collector that sent it and `lag_s` how old the batch was on arrival.
+        """
         now = self._mono()
         now_ns = self._clock()
         with self._lock:
@@ -240,6 +247,7 @@ class LiveDiagnosis:
                     )
                 js.last_seen_ns = now_ns
                 js.last_ingest = now
+                js.batch_lag[source] = (lag_s, now)
                 if not js.dirty:
                     js.dirty = True
                     js.dirty_since = now
@@ -272,6 +280,8 @@ class LiveDiagnosis:
             jobs = self._cluster_step(jobs, now, now_ns)
         for js in jobs:
             self._fold(js)
+            if not force and self._replaying(js, now):
+                continue
             idle = (now_ns - js.last_seen_ns) / NS > s.job_idle_s
             # A large job's diagnosis takes long: space them so it gets at most its share of a core.
             rested = now - js.last_diagnosis >= js.diagnosis_s / s.diagnosis_max_share
@@ -495,6 +505,27 @@ class LiveDiagnosis:
             if e.collective_seq_id > js.counted_seq.get(e.group, 0):
                 js.counted_seq[e.group] = e.collective_seq_id
                 js.collectives[(e.group, e.op)] += 1
+
+    def _replaying(self, js: JobState, now: float) -> bool:
+        """Whether to hold the job's diagnosis back: a collector is replaying old batches.
+
+        After an outage a collector sends what it queued, oldest first. Judged by the clock, every
+        collective pending in those old snapshots would look hung for a moment, and a webhook
+        could restart a healthy job. So while a collector's latest batch for the job arrived
+        older than half of `stall_after_s` (at least 5 s, above ordinary push delay and clock
+        skew), the verdict waits for the newer batches; for at most `stall_after_s`, so that a
+        collector stuck mid-replay or a server that is always behind does not hide a real hang.
+        """
+        threshold = max(self._settings.stall_after_s / 2, 5.0)
+        if not any(lag > threshold for lag, _ in js.batch_lag.values()):
+            js.replaying_since = None
+            return False
+        if js.replaying_since is None:
+            js.replaying_since = now
+            log.info(
+                "job %s: a collector is replaying old batches; its diagnosis waits for newer ones", js.name
+            )
+        return now - js.replaying_since < self._settings.stall_after_s
 
     def diagnose_job(self, js: JobState) -> None:
         """Diagnose one job now and store the outcome (findings, status, report)."""

@@ -297,6 +297,44 @@ def test_finding_resolves_when_the_job_moves_on(server: Server) -> None:
     assert hist[0]["finding"]["culprit_ranks"] == [3]
 
 
+def test_replayed_old_batches_open_no_finding_before_the_newer_ones_arrive(
+    database_url: str, clock: FakeClock
+) -> None:
+    """A collector back from an outage sends its queue oldest first: the job's diagnosis waits for
+    the newer batches instead of calling every collective pending in the old ones hung."""
+    srv = make_server(database_url, clock, diagnosis_debounce_s=0.0)
+    try:
+        stuck, finals, t_k = healthy_prefix(10)
+        clock.now_ns = t_k + int(60 * NS)  # the stuck snapshots arrive a minute after they were taken
+        assert srv.push(stuck).status_code == 200
+        assert srv.svc.live.step() == 0  # held back: no verdict on a replay
+        clock.now_ns = max(s.snapshot_time_ns or 0 for s in finals) + NS  # then the newest batch
+        assert srv.push(finals).status_code == 200
+        assert srv.svc.live.step() == 1
+        assert srv.job("healthy_4")["status"] == "finished"
+        assert srv.client.get("/api/v1/jobs/healthy_4/findings").json()["findings"] == []
+    finally:
+        srv.svc.close()
+
+
+def test_a_replay_that_never_catches_up_is_diagnosed_after_stall_after(
+    database_url: str, clock: FakeClock
+) -> None:
+    """Held back for at most stall_after: a collector stuck mid-replay must not hide a hang."""
+    srv = make_server(database_url, clock, diagnosis_debounce_s=0.0)
+    try:
+        stuck, _finals, t_k = healthy_prefix(10)
+        clock.now_ns = t_k + int(60 * NS)
+        assert srv.push(stuck).status_code == 200
+        assert srv.svc.live.step() == 0
+        time.sleep(STALL_S + 0.2)  # the hold is measured on the server's monotonic clock
+        assert srv.svc.live.step() == 1
+        doc = srv.job("healthy_4")
+        assert [(f["kind"], f["culprit_ranks"]) for f in doc["findings"]] == [("hang", [3])]
+    finally:
+        srv.svc.close()
+
+
 def test_hang_found_after_restart_without_new_data(database_url: str, clock: FakeClock) -> None:
     """Summaries are rebuilt from the database: a restarted server still sees the hang grow."""
     snaps = skip_stuck_view()
