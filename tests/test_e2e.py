@@ -239,18 +239,19 @@ def test_demo_crash(up: Up) -> None:
     _timed(out, "crash")
     job = _job(out)
     assert _field(out, "incident") == f"{up.url}/jobs/{job}"
-    assert "1" in _field(out, "culprit ranks").split(", ")
+    # The root cause is rank 1 alone: survivors that exited on gloo's "Connection closed by peer"
+    # (with their final snapshots) are not lost, nor are ranks still blocked in the all-reduce.
+    assert _field(out, "culprit ranks") == "1"
     report = job_report(up.url, job, up.token)
     assert report is not None
-    # The survivors' own deaths (gloo: "Connection closed by peer") make the picture move while their
-    # final snapshots arrive; rank 1, which left none, is named lost throughout.
+    # The report is read a moment later: on a loaded machine a survivor whose final snapshot is still
+    # on its way may by then be named lost too, after rank 1 (see docs/performance.md).
+    assert (report["findings"][0]["kind"], report["findings"][0]["culprit_ranks"]) == ("rank_lost", [1])
     lost = [f for f in report["findings"] if f["kind"] == "rank_lost" and f["culprit_ranks"] == [1]]
-    assert lost, report["findings"]
     assert lost[0]["culprits"][0]["pid"] > 0 and lost[0]["culprits"][0]["host"]
     assert "group 0 (default_pg)" in _field(out, "blocked collective")
     assert ", op all_reduce, " in _field(out, "blocked collective")
     status, page = get(f"{up.url}/jobs/{urllib.parse.quote(job)}")
-    # Rank 1 is in the banner or among the other findings (see the crash note in docs/performance.md).
     assert status == 200 and job in page and f"pid {lost[0]['culprits'][0]['pid']}" in page
 
 
