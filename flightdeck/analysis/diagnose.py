@@ -513,6 +513,9 @@ def _lost(by_rank: dict[int, RankSummary], now_ns: int, opts: Options) -> list[F
             s.kind != "final"
             and finals
             and exited_before
+            # Silent for a while too: a survivor's own final snapshot may still be on its way
+            # (written after the others', or queued behind them on a busy collector).
+            and _silent(s, now_ns, opts)
             and (alone or now_ns - t > threshold_ns)
             and len(finals) + 1 >= 2
             and len(finals) >= len(by_rank) // 2
