@@ -34,6 +34,7 @@ EXPECTED_ALERTS = {
     "FlightdeckIngestFailing",
     "FlightdeckConfigSkew",
     "FlightdeckServerDown",
+    "FlightdeckWebhookBacklog",
 }
 
 #: the one base URL every incident link starts with (edit the anchors in the rule file).
