@@ -774,30 +774,11 @@ def upsert_nixl(*, session: Session, samples: Sequence[Any]) -> None:
             .where(NixlAgent.host == smp.host, NixlAgent.agent == smp.agent, NixlAgent.source == smp.source)
             .with_for_update()
         ).scalar_one_or_none()
+        first = row is None
         if row is None:
-            row = NixlAgent(
-                host=smp.host,
-                agent=smp.agent,
-                source=smp.source,
-                pid=smp.pid,
-                local_rank=smp.local_rank,
-                run=smp.run,
-                read_time_ns=smp.read_time_ns,
-                sample=wire,
-                carried=None,
-            )
+            row = NixlAgent(host=smp.host, agent=smp.agent, source=smp.source, carried=None)
             session.add(row)
-            session.flush()  # the id, for the history row
-            _keep_nixl_history(
-                session=session,
-                agent_id=row.id,
-                run=smp.run,
-                read_time_ns=smp.read_time_ns,
-                wire=wire,
-                force=True,
-            )
-            continue
-        new_run = row.run != smp.run
+        new_run = not first and row.run != smp.run
         if new_run:
             row.carried = _add_counters(row.carried, row.sample)
             # The old run's last sample ends its counting: keep it, so a window across the reset
@@ -810,23 +791,24 @@ def upsert_nixl(*, session: Session, samples: Sequence[Any]) -> None:
                 wire=row.sample,
                 force=True,
             )
-        elif smp.read_time_ns < row.read_time_ns:
+        elif not first and smp.read_time_ns < row.read_time_ns:
             continue  # an older sample of the same run: counters only grow, keep the newer one
         row.run = smp.run
         row.pid = smp.pid
         row.local_rank = smp.local_rank
         row.read_time_ns = smp.read_time_ns
         row.sample = wire
+        if first:
+            session.flush()  # the id, for the history row
         _keep_nixl_history(
             session=session,
             agent_id=row.id,
             run=smp.run,
             read_time_ns=smp.read_time_ns,
             wire=wire,
-            force=new_run,
+            force=first or new_run,
         )
         session.flush()  # the next sample of this batch may be the same agent's: let it see this one
-    session.flush()
 
 
 def nixl_agents(*, session: Session) -> list[NixlAgent]:

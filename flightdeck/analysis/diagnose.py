@@ -492,6 +492,8 @@ def _lost(by_rank: dict[int, RankSummary], now_ns: int, opts: Options) -> list[F
     # of every rank per rank (quadratic: seconds per diagnosis at 4,096 ranks).
     ordered = sorted(times.values())
     newest = ordered[-1]
+    # A rank still snapshotting after the others' finals is alive (blocked, perhaps), not lost.
+    last_final = max((times[f] for f in finals if f in times), default=None)
     lost: list[int] = []
     finals_missing: set[int] = set()
     reasons: dict[int, str] = {}
@@ -503,20 +505,15 @@ def _lost(by_rank: dict[int, RankSummary], now_ns: int, opts: Options) -> list[F
         threshold_ns = int((opts.lost_after_intervals * interval if interval else opts.lost_after_s) * NS)
         # Ranks whose newest snapshot is more than the threshold after this one (never r itself).
         later = len(ordered) - bisect.bisect_right(ordered, t + threshold_ns)
-        # A rank still snapshotting after the others' finals is alive (blocked, perhaps), not lost;
-        # while another rank may still be, a rank is only taken for dead once silent as long as a
-        # lost one (it may merely not have snapshotted since the others exited).
-        last_final = max((times[f] for f in finals if f in times), default=None)
         exited_before = last_final is None or t <= last_final
-        alone = all(s2.kind in ("final", "dump") for r2, s2 in by_rank.items() if r2 != r)
         if (
             s.kind != "final"
             and finals
             and exited_before
-            # Silent for a while too: a survivor's own final snapshot may still be on its way
-            # (written after the others', or queued behind them on a busy collector).
+            # Silent as long as a lost rank, too: it may merely not have snapshotted since the
+            # others exited, or its own final snapshot may still be on its way (written after the
+            # others', or queued behind them on a busy collector).
             and _silent(s, now_ns, opts)
-            and (alone or now_ns - t > threshold_ns)
             and len(finals) + 1 >= 2
             and len(finals) >= len(by_rank) // 2
         ):
