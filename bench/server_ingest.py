@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,19 +23,12 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 from bench.server_synth import encode, rank_entries, snapshot, template
+from flightdeck.demo.ranks import free_port
 from flightdeck.server import store
 from flightdeck.server.db import connect, migrate
 from flightdeck.server.ingest import hash_token, new_token
 
 PG_ADMIN = os.environ.get("FLIGHTDECK_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def start_server(url: str, port: int, env_extra: dict[str, str]) -> subprocess.Popen[bytes]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -32,6 +31,8 @@ from pathlib import Path
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
+from flightdeck.demo.ranks import free_port
+
 #: binaries tried for each component, first found wins.
 PROMETHEUS_BINARIES = ("prometheus",)
 ALERTMANAGER_BINARIES = ("prometheus-alertmanager", "alertmanager")
@@ -39,14 +40,6 @@ ALERTMANAGER_BINARIES = ("prometheus-alertmanager", "alertmanager")
 
 class StackError(RuntimeError):
     """A component did not start, or an awaited event did not happen before its deadline."""
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def find_binary(names: Sequence[str]) -> str | None:

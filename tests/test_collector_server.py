@@ -32,12 +32,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from flightdeck.collector.frdump import load_raw, merge, read_dump_file
+from flightdeck.demo.ranks import free_port
 
 if TYPE_CHECKING:
-    from tests.ops_stack import free_port
     from tests.test_collector_fixtures import FR_DATA, NIXL_DATA, write_atomic
 else:
-    from ops_stack import free_port
     from test_collector_fixtures import FR_DATA, NIXL_DATA, write_atomic
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]

@@ -17,7 +17,6 @@ import importlib.util
 import json
 import os
 import shutil
-import socket
 import struct
 import subprocess
 import sys
@@ -44,6 +43,7 @@ from flightdeck.collector.nixl_ring import (
     RingDirectory,
     read_ring,
 )
+from flightdeck.demo.ranks import free_port
 from flightdeck.nixl_records import Histogram, NixlSample
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,14 +87,6 @@ def snapshot(path: Path) -> tuple[bytes, int]:
 def delta(rep2: dict[str, Any], rep1: dict[str, Any], key: str) -> int:
     """What the producer did between its two reports."""
     return int(rep2[key]) - int(rep1[key])
-
-
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1 for the prometheus_mp owner's HTTP server."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def nixl_env(extra: dict[str, str], local_rank: str = "3") -> dict[str, str]:

@@ -29,6 +29,7 @@ from sqlalchemy import text
 
 from flightdeck.analysis import Report
 from flightdeck.collector.frdump import merge
+from flightdeck.demo.ranks import free_port
 from flightdeck.nixl_records import Histogram, NixlSample
 from flightdeck.server import store
 from flightdeck.server.app import Services, create_app
@@ -37,7 +38,6 @@ from flightdeck.server.settings import ServerSettings
 from flightdeck.wire import Snapshot, snapshot_from_dump
 from tests.conftest import FakeClock
 from tests.metrics_doc import METRICS_DOC
-from tests.ops_stack import free_port
 from tests.test_server_support import body, make_batch, scenario_dumps, scenario_expected, snapshots
 
 with warnings.catch_warnings():

@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
+from flightdeck.demo.ranks import free_port
 from flightdeck.server import store
 from flightdeck.server.db import Database, connect, migrate
 from flightdeck.server.metrics import WebhookMetrics
@@ -30,7 +31,6 @@ from flightdeck.server.settings import ServerSettings
 from flightdeck.server.webhooks import WebhookSender
 from flightdeck.wire import Snapshot
 from tests.conftest import FakeClock
-from tests.ops_stack import free_port
 from tests.test_server_api import (
     STALL_S,
     Server,

@@ -20,7 +20,8 @@ from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
 
-from tests.fr_jobs.runner import REPO_ROOT, JobResult, free_port
+from flightdeck.demo.ranks import free_port
+from tests.fr_jobs.runner import REPO_ROOT, JobResult
 from tests.fr_jobs.scenarios import PAIRS
 
 

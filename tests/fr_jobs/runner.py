@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -17,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from flightdeck.demo.ranks import free_port
 from tests.fr_jobs.scenarios import Scenario
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -30,14 +30,6 @@ class JobResult:
     stderr: dict[int, str]
     wall_s: float
     spool: Path
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def run_job(
