@@ -31,6 +31,7 @@ from typing import Any
 
 from bench.collector_fixtures import REPO_ROOT, real_dumps
 from flightdeck.collector.frdump import load_raw, read_dump_file
+from flightdeck.ring_split import RECENT_SUFFIX, RING_META_KEY, RingSplitter
 
 TICKS = os.sysconf("SC_CLK_TCK")
 PER_SNAPSHOT = 50  # collectives a rank enqueues between two snapshots (25/s)
@@ -77,7 +78,13 @@ class Rank:
     """A simulated agent: a real ring rewritten every interval with progress."""
 
     def __init__(
-        self, raw: dict[str, Any], meta: dict[str, Any], path: Path, rank: int, frames: bool
+        self,
+        raw: dict[str, Any],
+        meta: dict[str, Any],
+        path: Path,
+        rank: int,
+        frames: bool,
+        full_every_s: float,
     ) -> None:
         self.raw = copy.deepcopy(raw)
         if not frames:  # the agent's periodic snapshots are taken without stacks
@@ -86,6 +93,8 @@ class Rank:
         self.meta = dict(meta, rank=rank, job="bench", attempt=0)
         self.path = path
         self.template = self.raw["entries"][-PER_SNAPSHOT:]
+        self.rank = rank
+        self.splitter = RingSplitter(full_every_s)
 
     def step(self) -> None:
         entries = self.raw["entries"]
@@ -101,9 +110,14 @@ class Rank:
             e["retired"] = False
             new.append(e)
         self.raw["entries"] = entries[len(new) :] + new  # the ring drops its oldest
-        self.meta["snapshot_time_ns"] = time.time_ns()
-        self._write(self.path.with_name(self.path.name + ".meta.json"), json.dumps(self.meta).encode())
-        self._write(self.path, pickle.dumps(self.raw, protocol=4))
+        now = time.time_ns()
+        # What the agent writes: the whole ring every `full_every_s`, its recent changes between.
+        part = self.splitter.split(self.raw, pickle.dumps(self.raw, protocol=4), now)
+        path = self.path if part.ring is None else self.path.with_name(f"rank_{self.rank}{RECENT_SUFFIX}.pkl")
+        meta = dict(self.meta, snapshot_time_ns=now, **{RING_META_KEY: part.ring})
+        self._write(path.with_name(path.name + ".meta.json"), json.dumps(meta).encode())
+        self._write(path, part.data)
+        self.splitter.written(part, self.raw, now)
 
     @staticmethod
     def _write(path: Path, data: bytes) -> None:
@@ -154,7 +168,13 @@ def proc_cpu_rss(pid: int) -> tuple[float, int, int]:
 
 
 def overhead(
-    seconds: float, n_ranks: int, n_rings: int, *, frames: bool, interval_s: float = 2.0
+    seconds: float,
+    n_ranks: int,
+    n_rings: int,
+    *,
+    frames: bool,
+    interval_s: float = 2.0,
+    full_every_s: float = 30.0,
 ) -> dict[str, float]:
     """Run the collector against simulated ranks and rings; returns the measured figures."""
     dumps = real_dumps()
@@ -169,7 +189,7 @@ def overhead(
         spool.mkdir(parents=True)
         rings_dir = tmp / "nixl"
         rings_dir.mkdir()
-        ranks = [Rank(raw, meta, spool / f"rank_{r}.pkl", r, frames) for r in range(n_ranks)]
+        ranks = [Rank(raw, meta, spool / f"rank_{r}.pkl", r, frames, full_every_s) for r in range(n_ranks)]
         rings = [Ring(rings_dir / f"agent{i}") for i in range(n_rings)]
         for r in ranks:
             r.step()
@@ -236,15 +256,23 @@ def main() -> None:
     p.add_argument(
         "--frames", action="store_true", help="periodic snapshots with stacks (the agent writes them without)"
     )
+    p.add_argument(
+        "--full-every",
+        type=float,
+        default=30.0,
+        help="seconds between whole-ring snapshots, recent changes in between (the agent's "
+        "full_every_s; 0: the whole ring every time, as before)",
+    )
     args = p.parse_args()
     path = real_dumps()[0]
     mbs, n, ms = reader_throughput(path)
     print(
         f"reader: {mbs:.1f} MB/s on {path.stat().st_size / 1e3:.0f} kB, {n} entries with frames ({ms:.2f} ms/read)"
     )
-    res = overhead(args.seconds, args.ranks, args.rings, frames=args.frames)
+    res = overhead(args.seconds, args.ranks, args.rings, frames=args.frames, full_every_s=args.full_every)
     print(
         f"collector ({args.ranks} ranks x {n} entries{' with frames' if args.frames else ''} every 2 s, "
+        f"whole ring every {args.full_every:g} s, "
         f"{args.rings} NIXL rings, {args.seconds:.0f} s): "
         f"CPU {res['cpu_pct_one_core']:.2f} % of one core, RSS {res['rss_mb']:.1f} MB "
         f"(peak {res['peak_rss_mb']:.1f} MB); shipped {res['entries']:.0f} entries and "

@@ -43,6 +43,7 @@ from flightdeck.records import (
     canonical_op,
     config_from_dict,
 )
+from flightdeck.ring_split import RING_META_KEY
 
 log = logging.getLogger(__name__)
 
@@ -456,6 +457,11 @@ def _apply_meta(dump: RankDump, meta: dict[str, Any], ctx: _Ctx) -> None:
             old = dump.groups.get(str(name))
             desc = str(g.get("desc") or (old.desc if old else ""))
             dump.groups[str(name)] = GroupInfo(str(name), desc, rk or (old.ranks if old else None))
+    ring = meta.get(RING_META_KEY)
+    first = ring.get("first") if isinstance(ring, dict) else None
+    if type(first) is int and first >= 0:
+        dump.ring_first = first
+        dump.wrapped = first > 0  # its own entries begin where the changes begin, not the ring
     cfg = meta.get("config")
     if isinstance(cfg, dict):
         dump.config = config_from_dict(cfg)
@@ -753,6 +759,7 @@ def merge(dumps: list[RankDump]) -> RankDump:
         wrapped=bool(entries) and entries[0].record_id > 0,
         warnings=warnings,
         source=latest.source,
+        ring_first=None,  # the union is the whole ring again (and older entries it had)
     )
 
 

@@ -26,7 +26,7 @@ from itertools import compress, count
 from operator import itemgetter, ne
 from pathlib import Path
 
-from flightdeck.collector.delta import RankState, apply, diff, plan, plan_ring_update
+from flightdeck.collector.delta import RankState, apply, diff, plan, plan_ring_update, progress
 from flightdeck.collector.frdump import (
     EntryRow,
     EntryScan,
@@ -36,6 +36,7 @@ from flightdeck.collector.frdump import (
     row_scan,
 )
 from flightdeck.records import Entry, RankDump
+from flightdeck.ring_split import RING_META_KEY
 
 
 @dataclasses.dataclass(slots=True)
@@ -93,6 +94,11 @@ class IncrementalReader:
         head = loaded.parse(only=())  # metadata only: snapshot time, kind, job, groups of pg_config
         prev = identify(head)
         t = head.snapshot_time_ns or 0
+        if head.ring_first is not None:
+            got, valid = _plan_recent(loaded, head, prev, head.ring_first)
+            # Kept to recognize it rewritten unchanged (a hung rank); its rows serve nothing.
+            self._remember(path, data if valid else None, loaded, got, None, t)
+            return got
         rows = loaded.rows()
         got = None
         if (
@@ -110,18 +116,26 @@ class IncrementalReader:
         if got is None:
             got, valid = _plan_all(loaded, head, prev)
             keep = valid and rows is not None and not rows[1] and _consecutive(rows[0])
+        kept_rows = rows[0] if keep and rows is not None else None
+        self._remember(path, data if keep else None, loaded, got, kept_rows, t)
+        return got
+
+    def _remember(
+        self,
+        path: Path,
+        data: bytes | None,
+        loaded: LoadedDump,
+        got: ChangedRead,
+        rows: list[EntryRow] | None,
+        t: int,
+    ) -> None:
+        """Keep what this read found, when it was the rank's newest snapshot."""
         if t and got.state.last_time_ns == t:
             self._seen[path] = _Seen(
-                data if keep else None,
-                loaded.without_entries(),
-                got.oldest_record_id,
-                got.total_entries,
-                got.state,
-                rows[0] if keep and rows is not None else None,
+                data, loaded.without_entries(), got.oldest_record_id, got.total_entries, got.state, rows
             )
         else:
             self._seen.pop(path, None)
-        return got
 
     def _unchanged(
         self,
@@ -174,6 +188,51 @@ def _plan_all(loaded: LoadedDump, head: RankDump, prev: RankState | None) -> tup
     part = loaded.parse(only=ship, scan=keys) if ship else head
     oldest = min(map(itemgetter(0), keys), default=None)
     return _result(head, part, ship, oldest, len(keys), state), True
+
+
+def _plan_recent(
+    loaded: LoadedDump, head: RankDump, prev: RankState | None, first: int
+) -> tuple[ChangedRead, bool]:
+    """The plan of an agent's recent-changes file (`flightdeck.ring_split`): its entries are the
+    ring's new and unfinished ones, the rest of the ring is as the rank's last whole ring had it.
+
+    As the newest snapshot, the shipped state keeps what it holds for the rest of the ring and drops
+    what left it (below `first`); an older one only adds, as any older snapshot. Also whether every
+    entry could be trusted (else the reader normalized them all).
+    """
+    t = head.snapshot_time_ns or 0
+    keys = loaded.scan()
+    full = None
+    if keys is None:  # unusual entries: let the reader normalize (or refuse) them all
+        full = dataclasses.replace(loaded.parse(), job=head.job, attempt=head.attempt)
+        keys = [(e.record_id, e.time_created_ns, progress(e)) for e in full.entries]
+    if prev is not None and t < prev.last_time_ns:
+        ship, state = plan(prev, keys, t)
+    else:
+        base = prev or RankState(floor=first)
+        changed = [k for k in keys if k[0] >= first]
+        ship, state = plan_ring_update(
+            base, gone=_below(base, first), changed=changed, snapshot_time_ns=t, floor=first
+        )
+    if full is not None:
+        part = dataclasses.replace(full, entries=[e for e in full.entries if e.record_id in ship])
+    else:
+        part = loaded.parse(only=ship, scan=keys) if ship else head
+    return _result(head, part, ship, first, _ring_entries(loaded), state), full is None
+
+
+def _below(state: RankState, first: int) -> list[int]:
+    """The record ids `state` holds below `first` (they left the ring)."""
+    if first - state.floor <= len(state.entries):  # the usual case: a few dozen ids moved on
+        return [rid for rid in range(state.floor, first) if rid in state.entries]
+    return [rid for rid in state.entries if rid < first]
+
+
+def _ring_entries(loaded: LoadedDump) -> int:
+    """How many entries the ring holds, from the recent-changes file's sidecar."""
+    ring = (loaded.meta or {}).get(RING_META_KEY)
+    n = ring.get("entries") if isinstance(ring, dict) else None
+    return n if type(n) is int and n >= 0 else loaded.entry_count
 
 
 def _ring_update(

@@ -4,7 +4,7 @@ The watcher only collects candidate paths ("dirty"); it never reads a dump. Deci
 file is complete and what changed in it is the daemon's job, at its next flush.
 
 Two kinds of roots:
-- spool roots (the agent's `<spool>/<job>/<attempt>/rank_<R>[.stall|.final].pkl`), watched
+- spool roots (the agent's `<spool>/<job>/<attempt>/rank_<R>[.recent|.stall|.final].pkl`), watched
   recursively. The agent renames complete files into place, so a `moved` event names a finished
   file; `closed`, `created` and `modified` are taken too because a polling observer (network
   filesystems) reports a rename as a create or modify of the destination.

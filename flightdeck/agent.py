@@ -13,7 +13,10 @@ or, without touching the training script:
 
 File contract (the collector and reader depend on it exactly), in `<spool_dir>/<job>/<attempt>/`:
 
-- `rank_<R>.pkl`        latest periodic snapshot, without frames, overwritten every `interval_s`;
+- `rank_<R>.pkl`        the whole ring, without frames, rewritten every `full_every_s` (30 s);
+- `rank_<R>.recent.pkl` every `interval_s` in between: only the entries new or unfinished since
+                        that whole ring (its sidecar's `ring` key says where the ring now begins),
+                        so readers decode a few dozen entries, not 2,000 (`flightdeck.ring_split`);
 - `rank_<R>.stall.pkl`  once per stall episode, with frames and every thread's stack: no
                         collective finished for `stall_after_s` (blocked in one, or quiet: none
                         started either, which is where a rank the others wait for usually is);
@@ -52,6 +55,8 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any, Literal
 
+from flightdeck.ring_split import RECENT_SUFFIX, RING_META_KEY, Part, RingSplitter
+
 logger = logging.getLogger("flightdeck.agent")
 
 SnapshotKind = Literal["periodic", "stall", "final"]
@@ -65,6 +70,7 @@ ENV_VARS: dict[str, str] = {
     "FLIGHTDECK_SPOOL_DIR": "spool_dir",
     "FLIGHTDECK_INTERVAL_S": "interval_s",
     "FLIGHTDECK_STALL_AFTER_S": "stall_after_s",
+    "FLIGHTDECK_FULL_EVERY_S": "full_every_s",
     "FLIGHTDECK_JOB": "job",
     "FLIGHTDECK_CHECKPOINT_DIR": "config report: where the job reads/writes distributed checkpoints "
     "(jobs sharing it across torch 2.14 / 2.15 are flagged by the server)",
@@ -107,6 +113,11 @@ class AgentConfig:
     """Seconds without any collective finishing, while one is pending, before a stall snapshot is
     written (FLIGHTDECK_STALL_AFTER_S); at least `interval_s`, since stalls are seen at snapshots."""
 
+    full_every_s: float = 30.0
+    """Seconds between periodic snapshots of the whole ring (FLIGHTDECK_FULL_EVERY_S); the ones in
+    between hold only what changed since (`rank_<R>.recent.pkl`). 0 (or less than `interval_s`):
+    the whole ring every time."""
+
     job: str | None = None
     """Job id (FLIGHTDECK_JOB); None: TORCHELASTIC_RUN_ID, SLURM_JOB_ID, else agreed across ranks
     through the c10d store. Characters other than letters, digits, `.`, `_`, `-` become `_`."""
@@ -122,6 +133,8 @@ class AgentConfig:
                 f"stall_after_s ({self.stall_after_s}) must be >= interval_s ({self.interval_s}): "
                 "a stall is only noticed at a snapshot"
             )
+        if not self.full_every_s >= 0:  # also rejects NaN; below interval_s every snapshot is whole
+            raise ValueError(f"full_every_s must be >= 0 seconds, got {self.full_every_s}")
         if self.job is not None and not _JOB_SAFE.sub("_", self.job).strip("._"):
             raise ValueError(f"job must contain a letter or digit, got {self.job!r}")
         if not str(self.spool_dir):
@@ -139,6 +152,7 @@ class AgentConfig:
         for name, key in (
             ("interval_s", "FLIGHTDECK_INTERVAL_S"),
             ("stall_after_s", "FLIGHTDECK_STALL_AFTER_S"),
+            ("full_every_s", "FLIGHTDECK_FULL_EVERY_S"),
         ):
             if env.get(key):
                 try:
@@ -156,8 +170,9 @@ class AgentConfig:
             values["spool_dir"] = Path(values["spool_dir"])
         if "interval_s" in values:
             values["interval_s"] = float(values["interval_s"])
-        if "stall_after_s" in values:
-            values["stall_after_s"] = float(values["stall_after_s"])
+        for name in ("stall_after_s", "full_every_s"):
+            if name in values:
+                values[name] = float(values[name])
         return cls(**values)
 
 
@@ -504,6 +519,7 @@ class Agent:
         self._ident_lock = threading.Lock()
         self._logged: set[str] = set()
         self._progress = _Progress()
+        self._splitter = RingSplitter(config.full_every_s)
         self._groups: dict[str, dict[str, Any]] = {}
         self._ident: dict[str, Any] | None = None
         self._dir: Path | None = None
@@ -571,6 +587,7 @@ class Agent:
         if raw is None:
             return
         now = self._clock_ns()
+        dump: dict[str, Any] | None = None
         try:
             dump = pickle.loads(raw)  # noqa: S301 - bytes produced by this very process
             marker, oldest_pending = progress_of(dump)
@@ -580,7 +597,11 @@ class Agent:
         p = self._progress
         if marker != p.marker or p.last_progress_ns is None:
             p.marker, p.last_progress_ns, p.stalled = marker, now, False
-        self._guarded("write-periodic", lambda: self._write("periodic", raw, now))
+        part = Part("full", raw)
+        if dump is not None:
+            part = self._guarded("split", lambda: self._splitter.split(dump, raw, now)) or part
+        if self._guarded("write-periodic", lambda: self._write("periodic", part.data, now, ring=part.ring)):
+            self._splitter.written(part, dump or {}, now)
         if p.stalled:
             return
         # Blocked: measure from the later of the last progress and the oldest pending op's
@@ -629,8 +650,15 @@ class Agent:
             raise _AlreadyLogged from None
 
     def _write(
-        self, kind: SnapshotKind, raw: bytes, when_ns: int, stacks: list[dict[str, Any]] | None = None
-    ) -> None:
+        self,
+        kind: SnapshotKind,
+        raw: bytes,
+        when_ns: int,
+        stacks: list[dict[str, Any]] | None = None,
+        *,
+        ring: dict[str, int] | None = None,
+    ) -> bool:
+        """Write one snapshot (sidecar first); `ring`: it holds only the ring's recent changes."""
         assert self._ident is not None and self._dir is not None
         groups = self._guarded("groups", _dist_groups)
         if groups:
@@ -638,7 +666,11 @@ class Agent:
             # final snapshot still holds their entries.
             self._groups.update(groups)
         rank = self._ident["rank"]
-        suffix = {"periodic": "", "stall": ".stall", "final": ".final"}[kind]
+        suffix = (
+            RECENT_SUFFIX
+            if ring is not None
+            else {"periodic": "", "stall": ".stall", "final": ".final"}[kind]
+        )
         path = self._dir / f"rank_{rank}{suffix}.pkl"
         meta = {
             "flightdeck_snapshot": SIDECAR_VERSION,
@@ -652,6 +684,7 @@ class Agent:
             "thread_stacks": stacks if kind != "periodic" else None,
             "last_progress_ns": self._progress.last_progress_ns,
             "config": self._guarded("config", self._config),
+            RING_META_KEY: ring,
         }
         with self._io_lock:
             self._dir.mkdir(parents=True, exist_ok=True)
@@ -659,6 +692,7 @@ class Agent:
             _write_atomic(path.with_name(path.name + ".meta.json"), json.dumps(meta, sort_keys=True).encode())
             _write_atomic(path, raw)
             self.snapshots_written += 1
+        return True
 
     def _config(self) -> dict[str, Any]:
         """This rank's configuration report (versions once per process, the rest per snapshot:

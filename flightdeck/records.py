@@ -130,6 +130,9 @@ class RankDump:
     thread_stacks: tuple[ThreadStack, ...] = ()
     #: Whether the ring buffer had wrapped (older entries were overwritten).
     wrapped: bool = False
+    #: Oldest record id of the ring when this snapshot holds only part of it (the agent's
+    #: `rank_<R>.recent.pkl`: the entries changed since its last whole-ring snapshot); else None.
+    ring_first: int | None = None
     warnings: tuple[str, ...] = ()
     #: The rank's configuration report (versions, FR settings, group timeouts, env), when an agent
     #: wrote one.

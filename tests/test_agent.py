@@ -35,6 +35,7 @@ SIDECAR_TYPES: dict[str, Any] = {
     "thread_stacks": (list, type(None)),
     "last_progress_ns": (int, type(None)),
     "config": dict,
+    "ring": (dict, type(None)),
 }
 
 
@@ -69,9 +70,18 @@ def main_stack(meta: dict[str, Any]) -> list[str]:
 
 
 def test_config_from_env_and_overrides() -> None:
-    env = {"FLIGHTDECK_SPOOL_DIR": "/x", "FLIGHTDECK_INTERVAL_S": "0.5", "FLIGHTDECK_STALL_AFTER_S": "1"}
+    env = {
+        "FLIGHTDECK_SPOOL_DIR": "/x",
+        "FLIGHTDECK_INTERVAL_S": "0.5",
+        "FLIGHTDECK_STALL_AFTER_S": "1",
+        "FLIGHTDECK_FULL_EVERY_S": "10",
+    }
     cfg = AgentConfig.from_env(env, job="j1")
-    assert cfg == AgentConfig(spool_dir=Path("/x"), interval_s=0.5, stall_after_s=1.0, job="j1")
+    assert cfg == AgentConfig(
+        spool_dir=Path("/x"), interval_s=0.5, stall_after_s=1.0, full_every_s=10.0, job="j1"
+    )
+    # A long interval is no error: every snapshot is then the whole ring.
+    assert AgentConfig.from_env({"FLIGHTDECK_INTERVAL_S": "60", "FLIGHTDECK_STALL_AFTER_S": "120"})
     assert AgentConfig.from_env({}) == AgentConfig()
     assert not AgentConfig.from_env({"FLIGHTDECK_AGENT": "0"}).enabled
 
@@ -84,6 +94,8 @@ def test_config_from_env_and_overrides() -> None:
         {"FLIGHTDECK_INTERVAL_S": "nan"},
         {"FLIGHTDECK_INTERVAL_S": "5", "FLIGHTDECK_STALL_AFTER_S": "1"},
         {"FLIGHTDECK_AGENT": "maybe"},
+        {"FLIGHTDECK_FULL_EVERY_S": "-1"},
+        {"FLIGHTDECK_FULL_EVERY_S": "nan"},
         {"FLIGHTDECK_JOB": "///"},
     ],
 )
@@ -154,13 +166,29 @@ def test_healthy_job_spools_periodic_and_final_snapshots(healthy_job: JobResult)
             f"rank_{r}.final.pkl.meta.json",
             f"rank_{r}.pkl",
             f"rank_{r}.pkl.meta.json",
+            f"rank_{r}.recent.pkl",
+            f"rank_{r}.recent.pkl.meta.json",
         ]
     assert names == sorted(expected)  # no stall file, no leftover temporary file
     n_ops = len(TEST_SCENARIOS["t_healthy"].ops)
     for r in (0, 1):
         periodic = healthy_job.spool / f"rank_{r}.pkl"
-        check_sidecar(periodic, kind="periodic", rank=r, job="t_healthy", world_size=2)
-        assert all("frames" not in e for e in load_dump(periodic)["entries"])
+        whole_meta = check_sidecar(periodic, kind="periodic", rank=r, job="t_healthy", world_size=2)
+        assert whole_meta["ring"] is None
+        whole = load_dump(periodic)["entries"]
+        assert all("frames" not in e for e in whole)
+        # Between whole rings (every 30 s by default) the agent writes the ring's recent changes:
+        # with the last whole ring they make up the ring as it was at the recent snapshot.
+        recent_path = healthy_job.spool / f"rank_{r}.recent.pkl"
+        recent_meta = check_sidecar(recent_path, kind="periodic", rank=r, job="t_healthy", world_size=2)
+        ring = recent_meta["ring"]
+        assert ring["base_time_ns"] == whole_meta["snapshot_time_ns"] < recent_meta["snapshot_time_ns"]
+        recent = load_dump(recent_path)["entries"]
+        assert 0 < len(recent) <= ring["entries"]
+        ids = {e["record_id"] for e in whole} | {e["record_id"] for e in recent}
+        assert ids == set(range(ring["first"], ring["first"] + ring["entries"]))
+        unfinished = {e["record_id"] for e in whole if not e["retired"]}
+        assert unfinished <= {e["record_id"] for e in recent}
         final = healthy_job.spool / f"rank_{r}.final.pkl"
         meta = check_sidecar(final, kind="final", rank=r, job="t_healthy", world_size=2)
         assert meta["exception"] is None

@@ -92,7 +92,10 @@ def test_check_prints_what_it_watches_and_exits_0(tmp_path: Path) -> None:
         timeout=30,
     )
     assert r.returncode == 0, r.stdout + r.stderr
-    assert f"spool  {tmp_path / 'spool'}/<job>/<attempt>/rank_<R>[.stall|.final].pkl  (exists)" in r.stdout
+    assert (
+        f"spool  {tmp_path / 'spool'}/<job>/<attempt>/rank_<R>[.recent|.stall|.final].pkl  (exists)"
+        in r.stdout
+    )
     assert f"nixl mp   {tmp_path / 'mp'}  (missing" in r.stdout
     assert "server:     http://127.0.0.1:1" in r.stdout
 

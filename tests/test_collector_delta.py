@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
 from flightdeck.collector.delta import RankState, diff, merge_progress, progress
-from flightdeck.collector.frdump import load_raw, read_dump_file
+from flightdeck.collector.frdump import load_raw, merge, read_dump_file
 from flightdeck.collector.incremental import IncrementalReader, read_changed
 from flightdeck.records import RankDump
+from flightdeck.ring_split import RingSplitter
 
 if TYPE_CHECKING:
     from tests.test_collector_fixtures import FR_DATA, AgentStandIn
@@ -163,3 +165,73 @@ def test_reader_with_memory_ships_what_the_full_reader_ships(tmp_path: Path) -> 
     assert got.dump.wrapped and got.oldest_record_id == entries[0]["record_id"]
     # Another reader (another process, or a state from elsewhere) reads it in full: nothing either.
     assert read_changed(agent.target, identify=lambda head: state, max_bytes=1 << 24).dump.entries == []
+
+
+def shipped_as(state: RankState | None) -> Callable[[RankDump], RankState | None]:
+    """An `identify` for the reader that says `state` was shipped for the rank."""
+    return lambda head: state
+
+
+def test_whole_rings_and_recent_changes_ship_what_whole_rings_every_time_ship(tmp_path: Path) -> None:
+    """The agent writes the whole ring only now and then and its recent changes in between
+    (`flightdeck.ring_split`): the collector ships exactly what it ships when every snapshot is the
+    whole ring, keeps the same state, and knows where the ring begins and how long it is."""
+    whole_every = AgentStandIn(FR_DATA / "wrapped" / "rank_0.pkl", tmp_path / "a" / "rank_0.pkl")
+    split = AgentStandIn(FR_DATA / "wrapped" / "rank_0.pkl", tmp_path / "b" / "rank_0.pkl")
+    for d in (tmp_path / "a", tmp_path / "b"):
+        d.mkdir()
+    splitter = RingSplitter(full_every_s=3.0)
+    ahead = [e for e in split.entries[-9:]]
+    for agent in (whole_every, split):
+        del agent.entries[-9:]
+    reader_a, reader_b = IncrementalReader(), IncrementalReader()
+    state_a: RankState | None = None
+    state_b: RankState | None = None
+    kinds = []
+    for step in range(8):
+        for agent in (whole_every, split):
+            agent.finish(2)
+            if step in (1, 2, 5):
+                agent.entries[:] = agent.entries[3:] + [dict(e) for e in ahead[:3]]  # 3 leave, 3 enter
+        if step in (1, 2, 5):
+            ahead = ahead[3:]
+        whole_every.write()
+        path = split.write_split(splitter)
+        kinds.append(path.name)
+        a = reader_a.read(whole_every.target, identify=shipped_as(state_a), max_bytes=1 << 24)
+        b = reader_b.read(path, identify=shipped_as(state_b), max_bytes=1 << 24)
+        assert [(e.record_id, e.retired) for e in b.dump.entries] == [
+            (e.record_id, e.retired) for e in a.dump.entries
+        ], step
+        assert b.state.entries == a.state.entries and b.state.floor == a.state.floor, step
+        assert (b.oldest_record_id, b.total_entries, b.dump.wrapped) == (
+            a.oldest_record_id,
+            a.total_entries,
+            a.dump.wrapped,
+        )
+        state_a, state_b = a.state, b.state
+    assert kinds.count("rank_0.pkl") == 3 and kinds.count("rank_0.recent.pkl") == 5, kinds
+
+    # A collector that starts now (nothing shipped) reads both files, oldest first: it ships the
+    # ring as it is, as the whole ring read once would.
+    whole_every.write()
+    split.write_split(splitter)
+    fresh = IncrementalReader()
+    state: RankState | None = None
+    shipped: dict[int, bool] = {}
+    for name in ("rank_0.pkl", "rank_0.recent.pkl"):
+        got = fresh.read(split.target.with_name(name), identify=shipped_as(state), max_bytes=1 << 24)
+        shipped.update({e.record_id: e.retired for e in got.dump.entries})
+        state = got.state
+    ref = read_changed(whole_every.target, identify=lambda head: None, max_bytes=1 << 24)
+    assert shipped == {e.record_id: e.retired for e in ref.dump.entries}
+    assert state is not None and state.entries == ref.state.entries
+    # The offline reader merges the two files into the same ring.
+    merged = merge(
+        [read_dump_file(split.target), read_dump_file(split.target.with_name("rank_0.recent.pkl"))]
+    )
+    oldest = ref.oldest_record_id or 0
+    assert [(e.record_id, e.retired) for e in merged.entries if e.record_id >= oldest] == [
+        (e.record_id, e.retired) for e in ref.dump.entries
+    ]
+    assert merged.ring_first is None

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from flightdeck.collector.frdump import load_raw, read_dump_file
+from flightdeck.ring_split import RECENT_SUFFIX, RING_META_KEY, RingSplitter
 
 REPO = Path(__file__).resolve().parents[1]
 FR_DATA = REPO / "tests" / "data" / "fr"
@@ -104,6 +105,20 @@ class AgentStandIn:
                 self.target.with_name(self.target.name + ".meta.json"), json.dumps(self.meta).encode()
             )
         write_atomic(self.target, pickle.dumps(self.raw, protocol=4))
+
+    def write_split(self, splitter: RingSplitter) -> Path:
+        """Like `write`, as the agent does it: the whole ring, or only its recent changes beside it
+        (`rank_<R>.recent.pkl`) when `splitter` says so; returns the path written."""
+        self.time_ns += 1_000_000_000
+        part = splitter.split(self.raw, pickle.dumps(self.raw, protocol=4), self.time_ns)
+        target = self.target
+        if part.ring is not None:
+            target = target.with_name(target.name.removesuffix(".pkl") + RECENT_SUFFIX + ".pkl")
+        meta = dict(self.meta, snapshot_time_ns=self.time_ns, **{RING_META_KEY: part.ring})
+        write_atomic(target.with_name(target.name + ".meta.json"), json.dumps(meta).encode())
+        write_atomic(target, part.data)
+        splitter.written(part, self.raw, self.time_ns)
+        return target
 
 
 def test_stand_in_writes_dumps_the_reader_reads_with_advanced_states(tmp_path: Path) -> None:
