@@ -33,6 +33,8 @@ from flightdeck.wire import Snapshot
 log = logging.getLogger(__name__)
 
 NS = 1_000_000_000
+#: How far back (in `stall_after_s`) a job whose batches arrive late is judged at most.
+MAX_JUDGED_LAG = 4
 Clock = Callable[[], int]
 
 #: Buckets (seconds) of `flightdeck_job_arrival_skew_seconds`.
@@ -516,7 +518,7 @@ class LiveDiagnosis:
         skew), the verdict waits for the newer batches; for at most `stall_after_s`, so that a
         collector stuck mid-replay or a server that is always behind does not hide a real hang.
         """
-        threshold = max(self._settings.stall_after_s / 2, 5.0)
+        threshold = self._late_after_s()
         if not any(lag > threshold for lag, _ in js.batch_lag.values()):
             js.replaying_since = None
             return False
@@ -526,6 +528,29 @@ class LiveDiagnosis:
                 "job %s: a collector is replaying old batches; its diagnosis waits for newer ones", js.name
             )
         return now - js.replaying_since < self._settings.stall_after_s
+
+    def _late_after_s(self) -> float:
+        """A batch older than this on arrival is late: above ordinary push delay and clock skew."""
+        return max(self._settings.stall_after_s / 2, 5.0)
+
+    def _as_of_ns(self, js: JobState, now: float, now_ns: int) -> int:
+        """The time at which the job is judged: the clock, less how late its data arrives.
+
+        A server (or collector) falling behind delivers every snapshot late. Judged by the clock,
+        each collective in flight at a snapshot would look pending for as long as its batch waited,
+        and the ranks whose batches wait longest would look silent: false hangs and lost ranks
+        under load. So while the job's batches arrive late (the latest batch of a collector was
+        older than `_late_after_s` on arrival), ages are measured at the clock less that lag: a
+        finding comes that much later, but never from delivery delay alone. At most
+        `MAX_JUDGED_LAG` x `stall_after_s` back, and only for batches that arrived within that
+        time, so that a collector with a wrong clock, hopelessly behind, or cut off after a late
+        batch cannot hide a hang for long.
+        """
+        limit = MAX_JUDGED_LAG * self._settings.stall_after_s
+        lag = max((lag for lag, at in js.batch_lag.values() if now - at <= limit), default=0.0)
+        if lag <= self._late_after_s():
+            return now_ns
+        return now_ns - int(min(lag, limit) * NS)
 
     def diagnose_job(self, js: JobState) -> None:
         """Diagnose one job now and store the outcome (findings, status, report)."""
@@ -550,7 +575,7 @@ class LiveDiagnosis:
         started = time.perf_counter()
         report = diagnose(
             summaries,
-            now_ns=now_ns,
+            now_ns=self._as_of_ns(js, now_mono, now_ns),
             options=self._options,
             world_size=js.world_size,
             job=js.name,

@@ -335,6 +335,32 @@ def test_a_replay_that_never_catches_up_is_diagnosed_after_stall_after(
         srv.svc.close()
 
 
+def test_late_batches_are_judged_as_of_their_lag_not_the_clock(database_url: str, clock: FakeClock) -> None:
+    """A server falling behind: batches arrive seconds late. A collective in flight at a snapshot
+    is not called hung for the time its batch waited; fresh data still shows the real hang."""
+    srv = make_server(database_url, clock, diagnosis_debounce_s=0.0)
+    try:
+        stuck, _finals, _t_k = healthy_prefix(10)
+        snap_ns = max(s.snapshot_time_ns or 0 for s in stuck)
+        clock.now_ns = snap_ns + int(6 * NS)  # 6 s late: by the clock, pending for 6.5 s > STALL_S
+        assert srv.push(stuck).status_code == 200
+        assert srv.svc.live.step() == 0  # late beyond max(STALL_S / 2, 5 s): held at first
+        time.sleep(STALL_S + 0.2)  # the hold ends (monotonic clock); the lag is still there
+        assert srv.svc.live.step() == 1
+        doc = srv.job("healthy_4")
+        assert doc["findings"] == [] and doc["status"] != "hung"  # as of the data: 0.5 s pending
+        # The ranks' next snapshots arrive on time and still show the collective pending: a hang.
+        for s in stuck:
+            s.snapshot_time_ns = clock.now_ns
+        clock.now_ns += NS // 10
+        assert srv.push(stuck).status_code == 200
+        assert srv.svc.live.step() == 1
+        doc = srv.job("healthy_4")
+        assert [(f["kind"], f["culprit_ranks"]) for f in doc["findings"]] == [("hang", [3])]
+    finally:
+        srv.svc.close()
+
+
 def test_hang_found_after_restart_without_new_data(database_url: str, clock: FakeClock) -> None:
     """Summaries are rebuilt from the database: a restarted server still sees the hang grow."""
     snaps = skip_stuck_view()
