@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 NS = 1_000_000_000
 #: How far back (in `stall_after_s`) a job whose batches arrive late is judged at most.
 MAX_JUDGED_LAG = 4
+#: A batch at most this old on arrival is on time (push delay, clock skew): judged by the clock.
+ON_TIME_LAG_S = 1.0
 Clock = Callable[[], int]
 
 #: Buckets (seconds) of `flightdeck_job_arrival_skew_seconds`.
@@ -540,7 +542,7 @@ class LiveDiagnosis:
         each collective in flight at a snapshot would look pending for as long as its batch waited,
         and the ranks whose batches wait longest would look silent: false hangs and lost ranks
         under load. So while the job's batches arrive late (the latest batch of a collector was
-        older than `_late_after_s` on arrival), ages are measured at the clock less that lag: a
+        older than `ON_TIME_LAG_S` on arrival), ages are measured at the clock less that lag: a
         finding comes that much later, but never from delivery delay alone. At most
         `MAX_JUDGED_LAG` x `stall_after_s` back, and only for batches that arrived within that
         time, so that a collector with a wrong clock, hopelessly behind, or cut off after a late
@@ -548,7 +550,7 @@ class LiveDiagnosis:
         """
         limit = MAX_JUDGED_LAG * self._settings.stall_after_s
         lag = max((lag for lag, at in js.batch_lag.values() if now - at <= limit), default=0.0)
-        if lag <= self._late_after_s():
+        if lag <= ON_TIME_LAG_S:
             return now_ns
         return now_ns - int(min(lag, limit) * NS)
 

@@ -61,7 +61,9 @@ class Server:
         self.svc = services
 
     def push(self, snaps: list[Snapshot], *, batch_id: str | None = None, **kw: Any) -> httpx.Response:
-        """POST a batch of these snapshots with the test token."""
+        """POST a batch of these snapshots with the test token, sent now by the server's clock
+        (unless `sent_at_ns` says otherwise: a late batch)."""
+        kw.setdefault("sent_at_ns", self.clock.now_ns)
         data, headers = body(make_batch(snaps, batch_id=batch_id, **kw))
         resp: httpx.Response = self.client.post("/api/v1/ingest", content=data, headers={**headers, **AUTH})
         return resp
@@ -306,7 +308,7 @@ def test_replayed_old_batches_open_no_finding_before_the_newer_ones_arrive(
     try:
         stuck, finals, t_k = healthy_prefix(10)
         clock.now_ns = t_k + int(60 * NS)  # the stuck snapshots arrive a minute after they were taken
-        assert srv.push(stuck).status_code == 200
+        assert srv.push(stuck, sent_at_ns=t_k).status_code == 200
         assert srv.svc.live.step() == 0  # held back: no verdict on a replay
         clock.now_ns = max(s.snapshot_time_ns or 0 for s in finals) + NS  # then the newest batch
         assert srv.push(finals).status_code == 200
@@ -325,7 +327,7 @@ def test_a_replay_that_never_catches_up_is_diagnosed_after_stall_after(
     try:
         stuck, _finals, t_k = healthy_prefix(10)
         clock.now_ns = t_k + int(60 * NS)
-        assert srv.push(stuck).status_code == 200
+        assert srv.push(stuck, sent_at_ns=t_k).status_code == 200
         assert srv.svc.live.step() == 0
         time.sleep(STALL_S + 0.2)  # the hold is measured on the server's monotonic clock
         assert srv.svc.live.step() == 1
@@ -342,11 +344,9 @@ def test_late_batches_are_judged_as_of_their_lag_not_the_clock(database_url: str
     try:
         stuck, _finals, _t_k = healthy_prefix(10)
         snap_ns = max(s.snapshot_time_ns or 0 for s in stuck)
-        clock.now_ns = snap_ns + int(6 * NS)  # 6 s late: by the clock, pending for 6.5 s > STALL_S
-        assert srv.push(stuck).status_code == 200
-        assert srv.svc.live.step() == 0  # late beyond max(STALL_S / 2, 5 s): held at first
-        time.sleep(STALL_S + 0.2)  # the hold ends (monotonic clock); the lag is still there
-        assert srv.svc.live.step() == 1
+        clock.now_ns = snap_ns + int(3 * NS)  # 3 s late: by the clock, pending for 3.5 s > STALL_S
+        assert srv.push(stuck, sent_at_ns=snap_ns).status_code == 200
+        assert srv.svc.live.step() == 1  # not a replay (that is over max(STALL_S / 2, 5 s) late)
         doc = srv.job("healthy_4")
         assert doc["findings"] == [] and doc["status"] != "hung"  # as of the data: 0.5 s pending
         # The ranks' next snapshots arrive on time and still show the collective pending: a hang.

@@ -46,10 +46,14 @@ def snapshots(dumps: Sequence[RankDump], *, job: str | None = None) -> list[Snap
 
 
 def make_batch(
-    snaps: Sequence[Snapshot], *, batch_id: str | None = None, nixl: list[dict[str, Any]] | None = None
+    snaps: Sequence[Snapshot],
+    *,
+    batch_id: str | None = None,
+    nixl: list[dict[str, Any]] | None = None,
+    sent_at_ns: int | None = None,
 ) -> Batch:
-    """A batch holding `snaps`."""
-    sent = max((s.snapshot_time_ns for s in snaps), default=0)
+    """A batch holding `snaps`, sent at `sent_at_ns` (default: the newest snapshot's time)."""
+    sent = sent_at_ns if sent_at_ns is not None else max((s.snapshot_time_ns for s in snaps), default=0)
     return Batch(
         batch_id=batch_id or uuid.uuid4().hex,
         collector_host="test-host",
