@@ -1,7 +1,8 @@
 """Load generator: N simulated ranks on H simulated hosts push to real `flightdeck server` processes.
 
 It speaks the collector's protocol: one batch per host and snapshot interval (`flightdeck.wire`
-`encode_batch`, gzip, `Authorization: Bearer`, `Idempotency-Key` = the batch id), each rank's
+`encode_batch`, gzip, `Authorization: Bearer`, `Idempotency-Key` = the batch id,
+`Flightdeck-Batch-Age-Ms` = how long it waited to be sent), each rank's
 snapshot carrying only its new or changed entries (what `collector/delta.py` ships: a collective
 is shipped when it appears, and again when it completes if it was in flight at the snapshot), one
 request in flight per host, retried on 429/503 after `Retry-After` like `collector/pusher.py`.
@@ -48,7 +49,7 @@ from flightdeck import __version__
 from flightdeck.analysis.findings import MISMATCH_KINDS
 from flightdeck.collector.daemon import GROUPS_RESEND_S
 from flightdeck.records import Entry, GroupInfo, canonical_op
-from flightdeck.wire import Batch, Snapshot, encode_batch
+from flightdeck.wire import BATCH_AGE_HEADER, Batch, Snapshot, encode_batch
 
 try:
     import orjson
@@ -358,8 +359,12 @@ async def sender(
         while True:
             t = time.perf_counter()
             try:
+                # As the collector does: how long the batch has waited here, by this clock.
+                age = {BATCH_AGE_HEADER: f"{(time.time_ns() - snap_ns) / 1e6:.0f}"}
                 resp = await client.post(
-                    f"{url}/api/v1/ingest", content=body, headers={**headers, "Idempotency-Key": batch_id}
+                    f"{url}/api/v1/ingest",
+                    content=body,
+                    headers={**headers, "Idempotency-Key": batch_id, **age},
                 )
             except httpx.HTTPError:
                 stats.errors += 1

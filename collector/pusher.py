@@ -33,6 +33,7 @@ import httpx
 
 from flightdeck.collector.metrics import CollectorMetrics
 from flightdeck.collector.queue import DurableQueue, QueuedBatch
+from flightdeck.wire import BATCH_AGE_HEADER
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +178,11 @@ class Pusher:
         while True:
             if self._auth_until > self.monotonic() and not self._wait_auth(deadline, stop):
                 return Outcome.PENDING
-            headers = dict(self.headers, **{"Idempotency-Key": batch.batch_id})
+            # How long it waited here: the server judges the job as of its data (server/live.py).
+            age_ms = max(0.0, self.wall_clock() * 1e3 - batch.created_ns / 1e6)
+            headers = dict(
+                self.headers, **{"Idempotency-Key": batch.batch_id, BATCH_AGE_HEADER: f"{age_ms:.0f}"}
+            )
             answer = self._post(batch, headers, deadline)
             if answer is None:
                 self._failures = 0

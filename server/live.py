@@ -97,8 +97,9 @@ class JobState:
     counted_seq: dict[str, int] = field(default_factory=dict)
     skew: dict[str, SkewHistogram] = field(default_factory=dict)
     skew_hi: dict[str, int] = field(default_factory=dict)
-    #: collector host -> (age in seconds of its latest batch when it arrived, monotonic arrival).
-    batch_lag: dict[str, tuple[float, float]] = field(default_factory=dict)
+    #: collector host -> (age in seconds of its latest batch when it arrived, monotonic arrival,
+    #: whether the age is free of clock skew: measured by the collector's and our own clock).
+    batch_lag: dict[str, tuple[float, float, bool]] = field(default_factory=dict)
     #: Monotonic time since when a collector of the job has been replaying old batches.
     replaying_since: float | None = None
 
@@ -229,10 +230,13 @@ class LiveDiagnosis:
 
     # --- ingest side ----------------------------------------------------------------------------
 
-    def submit(self, result: store.IngestResult, *, source: str = "", lag_s: float = 0.0) -> None:
+    def submit(
+        self, result: store.IngestResult, *, source: str = "", lag_s: float = 0.0, skew_free: bool = True
+    ) -> None:
         """Queue a committed batch's snapshots for their jobs (called by ingest, after commit).
 
-        `source` is the collector that sent it and `lag_s` how old the batch was on arrival.
+        `source` is the collector that sent it and `lag_s` how old the batch was on arrival;
+        `skew_free`: measured without comparing the collector's clock with ours.
         """
         now = self._mono()
         now_ns = self._clock()
@@ -251,7 +255,7 @@ class LiveDiagnosis:
                     )
                 js.last_seen_ns = now_ns
                 js.last_ingest = now
-                js.batch_lag[source] = (lag_s, now)
+                js.batch_lag[source] = (lag_s, now, skew_free)
                 if not js.dirty:
                     js.dirty = True
                     js.dirty_since = now
@@ -521,7 +525,7 @@ class LiveDiagnosis:
         collector stuck mid-replay or a server that is always behind does not hide a real hang.
         """
         threshold = self._late_after_s()
-        if not any(lag > threshold for lag, _ in js.batch_lag.values()):
+        if not any(lag > threshold for lag, _, _ in js.batch_lag.values()):
             js.replaying_since = None
             return False
         if js.replaying_since is None:
@@ -543,16 +547,25 @@ class LiveDiagnosis:
         and the ranks whose batches wait longest would look silent: false hangs and lost ranks
         under load. So while the job's batches arrive late (the latest batch of a collector was
         older than `ON_TIME_LAG_S` on arrival), ages are measured at the clock less that lag: a
-        finding comes that much later, but never from delivery delay alone. At most
-        `MAX_JUDGED_LAG` x `stall_after_s` back, and only for batches that arrived within that
-        time, so that a collector with a wrong clock, hopelessly behind, or cut off after a late
-        batch cannot hide a hang for long.
+        finding comes that much later, but never from delivery delay alone. Only batches that
+        arrived in the last `MAX_JUDGED_LAG` x `stall_after_s` count (a collector cut off after a
+        late batch must not hold the job back), and a lag that compares the collector's clock
+        with ours (no `BATCH_AGE_HEADER`) counts for at most that much: a wrong clock must not
+        hide a hang for long. A lag the collector measured is trusted however long: the server
+        is that far behind, and judging older data by the clock would raise false alarms.
         """
         limit = MAX_JUDGED_LAG * self._settings.stall_after_s
-        lag = max((lag for lag, at in js.batch_lag.values() if now - at <= limit), default=0.0)
+        lag = max(
+            (
+                lag if skew_free else min(lag, limit)
+                for lag, at, skew_free in js.batch_lag.values()
+                if now - at <= limit
+            ),
+            default=0.0,
+        )
         if lag <= ON_TIME_LAG_S:
             return now_ns
-        return now_ns - int(min(lag, limit) * NS)
+        return now_ns - int(lag * NS)
 
     def diagnose_job(self, js: JobState) -> None:
         """Diagnose one job now and store the outcome (findings, status, report)."""

@@ -16,6 +16,7 @@ from flightdeck.server import store
 from flightdeck.server.app import Services
 from flightdeck.server.errors import NotFoundError
 from flightdeck.server.models import FindingRow, Job
+from flightdeck.wire import BATCH_AGE_HEADER
 
 NS = 1_000_000_000
 
@@ -70,6 +71,7 @@ async def ingest(request: Request, svc: ServicesDep) -> dict[str, Any]:
             encoding=request.headers.get("content-encoding"),
             collector=collector,
             started=started,
+            batch_age_ms=request.headers.get(BATCH_AGE_HEADER),
         )
     finally:
         svc.ingest.release()

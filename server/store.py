@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sqlite3
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import chain, islice
 from typing import Any
 
 from sqlalchemy import and_, bindparam, case, delete, func, or_, select, text, update
@@ -181,7 +183,28 @@ def ingest_batch(
     learned = CacheUpdate()
     result = IngestResult(duplicate=False, learned=learned)
     stack_ids = _stack_ids(session, batch)
-    sig_ids = _signature_ids(session, batch, cache, learned)
+    # Each entry's signature key is built and hashed once: `sig_of[i]` is the number of entry
+    # i's key in `sig_index` (entries in snapshot order); `sig_row_of` maps numbers to row ids.
+    sig_index: dict[SigKey, int] = {}
+    sig_of: list[int] = []
+    add_sig = sig_of.append
+    for s in batch.snapshots:
+        for e in s.entries:
+            sk = (
+                e.raw_op,
+                e.backend,
+                e.is_p2p,
+                e.input_sizes,
+                e.output_sizes,
+                e.input_dtypes,
+                e.output_dtypes,
+            )
+            k = sig_index.get(sk)
+            if k is None:
+                k = sig_index[sk] = len(sig_index)
+            add_sig(k)
+    sig_ids = _signature_ids(session, list(sig_index), cache, learned)
+    sig_row_of = [sig_ids[sk] for sk in sig_index]
     hosts = _host_ids(session, {s.host for s in batch.snapshots if s.host}, cache, learned)
     job_ids: dict[tuple[str, int], int] = {}
     for s in batch.snapshots:
@@ -213,11 +236,20 @@ def ingest_batch(
     plain: list[tuple[Any, ...]] = []
     several = len({(s.job, s.attempt, s.rank) for s in batch.snapshots}) < len(batch.snapshots)
     stack_of = stack_ids.get
-    for s in sorted(batch.snapshots, key=lambda x: x.snapshot_time_ns):
+    # Where each snapshot's entries start in `sig_of` (snapshot order; rows go in time order).
+    starts = []
+    pos = 0
+    for s in batch.snapshots:
+        starts.append(pos)
+        pos += len(s.entries)
+    state_codes = STATE_CODES
+    for si in sorted(range(len(batch.snapshots)), key=lambda i: batch.snapshots[i].snapshot_time_ns):
+        s = batch.snapshots[si]
         job_id = job_ids[(s.job, s.attempt)]
         gids = group_ids[job_id]
         rank = s.rank
-        for e in s.entries:
+        first = starts[si]
+        for e, k in zip(s.entries, islice(sig_of, first, first + len(s.entries)), strict=True):
             frames = e.frames
             row = (
                 job_id,
@@ -227,18 +259,8 @@ def ingest_batch(
                 e.collective_seq_id,
                 e.p2p_seq_id,
                 e.op_id,
-                sig_ids[
-                    (
-                        e.raw_op,
-                        e.backend,
-                        e.is_p2p,
-                        e.input_sizes,
-                        e.output_sizes,
-                        e.input_dtypes,
-                        e.output_dtypes,
-                    )
-                ],
-                STATE_CODES[e.state],
+                sig_row_of[k],
+                state_codes[e.state],
                 e.retired,
                 e.time_created_ns,
                 e.time_started_ns,
@@ -305,12 +327,33 @@ _ON_CONFLICT = (
     "time_completed_ns = excluded.time_completed_ns, duration_ms = excluded.duration_ms, "
     "stack_id = COALESCE(excluded.stack_id, entries.stack_id)"
 )
-# Built from the constants above only (no input reaches these strings).
-_SQLITE_UPSERT = (
-    f"INSERT INTO entries ({_COLS}) VALUES ({', '.join('?' * len(ENTRY_COLUMNS))}) {_ON_CONFLICT}"  # noqa: S608
-)
+_SQLITE_ROW = f"({', '.join('?' * len(ENTRY_COLUMNS))})"
+#: Rows per SQLite upsert statement, largest first; a batch is cut into these sizes. Many rows
+#: per statement, because sqlite3 releases the GIL around each statement step: with one step per
+#: row, an ingest thread writing gets the GIL back only every switch interval (5 ms) while
+#: another thread decodes a batch, so writes and decoding could not overlap. Sizes whose
+#: parameters exceed the SQLite build's limit (32,766 by default: 1,820 rows) are skipped; each
+#: size's statement is prepared once per connection (sqlite3's statement cache).
+_SQLITE_ROWS_PER_STATEMENT = (2048, 512, 64, 8, 1)
+
+
+def _sqlite_upsert(rows: int) -> str:
+    """The SQLite entries upsert of `rows` rows (built from the constants above only: no input
+    reaches this string, the values are bound parameters)."""
+    values = ", ".join([_SQLITE_ROW] * rows)
+    return f"INSERT INTO entries ({_COLS}) VALUES {values} {_ON_CONFLICT}"  # noqa: S608
+
+
+_SQLITE_UPSERTS = {n: _sqlite_upsert(n) for n in _SQLITE_ROWS_PER_STATEMENT}
 _PG_STAGE = "CREATE TEMP TABLE IF NOT EXISTS entries_in (LIKE entries) ON COMMIT DELETE ROWS"
-_PG_COPY = f"COPY entries_in ({_COLS}) FROM STDIN"
+#: Binary COPY: psycopg packs each value in C by the column's type (below), a third of the CPU of
+#: the text format, whose rows are formatted in Python.
+_PG_COPY = f"COPY entries_in ({_COLS}) FROM STDIN (FORMAT BINARY)"
+#: PostgreSQL type of each ENTRY_COLUMNS column, as binary COPY needs them (the table's types).
+_PG_COPY_TYPES = (
+    "int4", "int4", "int8", "int4", "int4", "int4", "int4", "int4", "int2", "bool",
+    "int8", "int8", "int8", "float8", "int4", "text", "int4", "int4",
+)  # fmt: skip
 _PG_UPSERT = f"INSERT INTO entries ({_COLS}) SELECT {_COLS} FROM entries_in {_ON_CONFLICT}"  # noqa: S608
 #: PostgreSQL element type of each ENTRY_COLUMNS column, for the one-statement unnest upsert.
 _PG_TYPES = (
@@ -351,9 +394,10 @@ def _upsert_entries(session: Session, rows: list[tuple[Any, ...]]) -> None:
     """Upsert entry tuples (ENTRY_COLUMNS order, unique keys) at driver speed.
 
     The hottest statement of the server, so it skips SQLAlchemy's per-row parameter processing:
-    SQLite gets one executemany (sqlite3 runs it in C); PostgreSQL gets one INSERT ... SELECT
+    SQLite gets multi-row INSERT ... VALUES statements run by executemany (in C, one step per
+    hundreds of rows; see `_SQLITE_ROWS_PER_STATEMENT`); PostgreSQL gets one INSERT ... SELECT
     FROM unnest(array literals) ... ON CONFLICT (one round trip: the common collector batch of a
-    few hundred rows), or, above _PG_UNNEST_MAX rows, COPY into a temporary table and one
+    few hundred rows), or, above _PG_UNNEST_MAX rows, binary COPY into a temporary table and one
     INSERT ... SELECT ... ON CONFLICT; both an order of magnitude faster than one INSERT per row
     even when pipelined.
     """
@@ -367,13 +411,25 @@ def _upsert_entries(session: Session, rows: list[tuple[Any, ...]]) -> None:
                 return
             cur.execute(_PG_STAGE)
             with cur.copy(_PG_COPY) as copy:
+                copy.set_types(list(_PG_COPY_TYPES))
                 for row in rows:
                     copy.write_row(row)
             cur.execute(_PG_UPSERT)
             cur.execute("TRUNCATE entries_in")  # the next batch may come in the same transaction
         return
-    for chunk in _chunks(rows, _CHUNK):
-        conn.exec_driver_sql(_SQLITE_UPSERT, list(chunk))
+    # Rows of one statement are applied in order, as executemany would: a key sent twice in a
+    # batch updates the row its first copy inserted.
+    dbapi: Any = conn.connection.driver_connection
+    limit = dbapi.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+    done = 0
+    for size in _SQLITE_ROWS_PER_STATEMENT:
+        n = (len(rows) - done) // size
+        if not n or size * len(ENTRY_COLUMNS) > limit:
+            continue
+        params = [tuple(chain.from_iterable(rows[i : i + size])) for i in range(done, done + n * size, size)]
+        done += n * size
+        for chunk in _chunks(params, max(1, _CHUNK // size)):
+            conn.exec_driver_sql(_SQLITE_UPSERTS[size], list(chunk))
 
 
 def upsert_job(
@@ -465,14 +521,10 @@ SigKey = tuple[
 ]
 
 
-def _sig_key(e: Entry) -> SigKey:
-    return (e.raw_op, e.backend, e.is_p2p, e.input_sizes, e.output_sizes, e.input_dtypes, e.output_dtypes)
-
-
 def _signature_ids(
-    session: Session, batch: Batch, cache: IngestCache, learned: CacheUpdate
+    session: Session, keys: Sequence[SigKey], cache: IngestCache, learned: CacheUpdate
 ) -> dict[SigKey, int]:
-    keys = {_sig_key(e) for s in batch.snapshots for e in s.entries}
+    """Signature row id of each distinct key, creating the missing signatures."""
     if not keys:
         return {}
     rows = {}

@@ -124,6 +124,7 @@ def test_real_dumps_are_shipped_then_only_changed_entries(
     assert headers["authorization"] == "Bearer s3cret"
     assert headers["content-encoding"] == "gzip"
     assert headers["idempotency-key"] == doc["batch_id"]
+    assert 0 <= int(headers["flightdeck-batch-age-ms"]) < 60_000  # how long it waited in the queue
 
     # Rank 1 finishes three collectives; rank 2 rewrites an unchanged ring (a heartbeat).
     done = agents[1].finish(3)

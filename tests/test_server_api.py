@@ -35,7 +35,7 @@ from flightdeck.server import store
 from flightdeck.server.app import Services, create_app
 from flightdeck.server.ingest import hash_token
 from flightdeck.server.settings import ServerSettings
-from flightdeck.wire import Snapshot, snapshot_from_dump
+from flightdeck.wire import BATCH_AGE_HEADER, Snapshot, snapshot_from_dump
 from tests.conftest import FakeClock
 from tests.metrics_doc import METRICS_DOC
 from tests.test_server_support import body, make_batch, scenario_dumps, scenario_expected, snapshots
@@ -60,12 +60,21 @@ class Server:
         services: Services = client.app.state.services  # type: ignore[attr-defined]
         self.svc = services
 
-    def push(self, snaps: list[Snapshot], *, batch_id: str | None = None, **kw: Any) -> httpx.Response:
+    def push(
+        self,
+        snaps: list[Snapshot],
+        *,
+        batch_id: str | None = None,
+        headers: dict[str, str] | None = None,
+        **kw: Any,
+    ) -> httpx.Response:
         """POST a batch of these snapshots with the test token, sent now by the server's clock
         (unless `sent_at_ns` says otherwise: a late batch)."""
         kw.setdefault("sent_at_ns", self.clock.now_ns)
-        data, headers = body(make_batch(snaps, batch_id=batch_id, **kw))
-        resp: httpx.Response = self.client.post("/api/v1/ingest", content=data, headers={**headers, **AUTH})
+        data, base = body(make_batch(snaps, batch_id=batch_id, **kw))
+        resp: httpx.Response = self.client.post(
+            "/api/v1/ingest", content=data, headers={**base, **AUTH, **(headers or {})}
+        )
         return resp
 
     def diagnose(self) -> None:
@@ -354,6 +363,29 @@ def test_late_batches_are_judged_as_of_their_lag_not_the_clock(database_url: str
             s.snapshot_time_ns = clock.now_ns
         clock.now_ns += NS // 10
         assert srv.push(stuck).status_code == 200
+        assert srv.svc.live.step() == 1
+        doc = srv.job("healthy_4")
+        assert [(f["kind"], f["culprit_ranks"]) for f in doc["findings"]] == [("hang", [3])]
+    finally:
+        srv.svc.close()
+
+
+def test_the_collectors_batch_age_is_trusted_over_its_clock(database_url: str, clock: FakeClock) -> None:
+    """With `Flightdeck-Batch-Age-Ms` the lag needs no clock comparison: a collector whose clock is
+    a minute behind is not taken for a replay, and a batch that waited 3 s in its queue is judged
+    as of then, whatever its clock says."""
+    srv = make_server(database_url, clock, diagnosis_debounce_s=0.0)
+    try:
+        stuck, _finals, _t_k = healthy_prefix(10)
+        snap_ns = max(s.snapshot_time_ns or 0 for s in stuck)
+        clock.now_ns = snap_ns + int(3 * NS)  # by the clock, pending for 3.5 s > STALL_S
+        late = {BATCH_AGE_HEADER: "3000"}
+        assert srv.push(stuck, sent_at_ns=clock.now_ns, headers=late).status_code == 200
+        assert srv.svc.live.step() == 1
+        assert srv.job("healthy_4")["findings"] == []  # judged 3 s back: pending for 0.5 s
+        # On time by its own account, though its clock is a minute behind: no hold, a hang.
+        on_time = {BATCH_AGE_HEADER: "20"}
+        assert srv.push(stuck, sent_at_ns=clock.now_ns - 60 * NS, headers=on_time).status_code == 200
         assert srv.svc.live.step() == 1
         doc = srv.job("healthy_4")
         assert [(f["kind"], f["culprit_ranks"]) for f in doc["findings"]] == [("hang", [3])]

@@ -1,0 +1,255 @@
+"""The ingest fast paths give what the plain ones give: batch decoding (`flightdeck.wire`, against
+`entry_from_wire`), the SQLite multi-row entry upsert (against the rows read back), and the
+garbage-collector pause around decoding."""
+
+from __future__ import annotations
+
+import gc
+import sqlite3
+import uuid
+from dataclasses import fields, replace
+from typing import Any
+
+import pytest
+
+from flightdeck.records import Entry, Frame, entry_from_wire, entry_to_wire
+from flightdeck.server import store
+from flightdeck.server.db import connect, migrate
+from flightdeck.server.ingest import GcPause
+from flightdeck.server.models import EntryRow
+from flightdeck.wire import Batch, Snapshot, WireError, decode_batch, encode_batch
+
+STACKS = [(Frame("f", "a.py", 1),), (Frame("g", "b.py", 2), Frame("h", "c.py", 3))]
+
+
+def entry(i: int, **kw: Any) -> Entry:
+    """A completed all_reduce with record id `i` (fields overridable)."""
+    e = Entry(
+        record_id=i,
+        group="0",
+        collective_seq_id=i + 1,
+        p2p_seq_id=0,
+        op_id=i + 1,
+        backend="gloo",
+        op="all_reduce",
+        raw_op="gloo:all_reduce",
+        is_p2p=False,
+        input_sizes=((4, 16),),
+        output_sizes=((4, 16),),
+        input_dtypes=("Float",),
+        output_dtypes=("Float",),
+        state="completed",
+        retired=True,
+        time_created_ns=1_000 + i,
+        time_started_ns=2_000 + i,
+        time_completed_ns=3_000 + i,
+        duration_ms=0.25,
+        timeout_ms=600_000,
+        thread_name="python",
+        peer=None,
+        frames=STACKS[i % 2],
+    )
+    return replace(e, **kw)
+
+
+def wire_doc(entries: list[Any]) -> dict[str, Any]:
+    """A batch document with one snapshot carrying these wire entries (stack table: STACKS)."""
+    doc = encode_batch(
+        Batch("b1", "host", "1", 1, [Snapshot(job="j", attempt=0, rank=0, snapshot_time_ns=1)])
+    )
+    doc["stacks"] = [[[f.name, f.filename, f.line] for f in st] for st in STACKS]
+    doc["snapshots"][0]["entries"] = entries
+    return doc
+
+
+def reference(entries: list[dict[str, Any]]) -> list[Entry]:
+    """What the plain decoder builds from these wire entries."""
+    return [entry_from_wire(d, list(STACKS)) for d in entries]
+
+
+def test_entry_field_order_is_what_the_fast_path_builds() -> None:
+    # The fast path builds Entry positionally; a new or reordered field must be added there.
+    assert [f.name for f in fields(Entry)] == [
+        "record_id", "group", "collective_seq_id", "p2p_seq_id", "op_id", "backend", "op", "raw_op",
+        "is_p2p", "input_sizes", "output_sizes", "input_dtypes", "output_dtypes", "state", "retired",
+        "time_created_ns", "time_started_ns", "time_completed_ns", "duration_ms", "timeout_ms",
+        "thread_name", "peer", "frames",
+    ]  # fmt: skip
+
+
+def test_decode_matches_entry_from_wire_on_ordinary_entries() -> None:
+    ents = [
+        entry(0),
+        entry(1, state="scheduled", retired=False, time_started_ns=None, time_completed_ns=None),
+        entry(2, is_p2p=True, raw_op="gloo:send 0->1", op="send", peer=1, p2p_seq_id=3, frames=()),
+        entry(3, input_sizes=(), output_sizes=((1,), (2, 3)), input_dtypes=(), duration_ms=None),
+        entry(4, raw_op="nccl:_allgather_base", op="all_gather", backend="nccl", thread_name=""),
+        entry(5, timeout_ms=None, state="started"),
+    ]
+    wire = [entry_to_wire(e, None if not e.frames else STACKS.index(e.frames)) for e in ents]
+    got = decode_batch(wire_doc(wire)).snapshots[0].entries
+    assert got == reference(wire) == ents
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"rid": 7.0},
+        {"rid": "7"},
+        {"seq": True},
+        {"isp2p": 1},
+        {"ret": 0},
+        {"isz": [[4.0, 16]]},
+        {"osz": [[True, 2]]},
+        {"isz": [["4", "16"]]},
+        {"idt": "Float"},
+        {"odt": [1, 2]},
+        {"dur": 1},
+        {"dur": "0.5"},
+        {"tc": 12.0},
+        {"thr": None},
+        {"thr": 5},
+        {"stk": -1},
+        {"stk": True},
+        {"stk": 1.0},
+        {"stk": "0"},
+        {"g": 0},
+        {"op": 5},
+        {"peer": 2.0},
+    ],
+)
+def test_decode_matches_entry_from_wire_on_odd_values(change: dict[str, Any]) -> None:
+    # Values of unexpected types that the plain decoder converts: the result must be the same,
+    # whether the odd entry comes first (memo empty) or after ordinary ones (memo filled).
+    ok = entry_to_wire(entry(0), 0)
+    odd = {**entry_to_wire(entry(1), 1), **change}
+    for wire in ([odd, ok], [ok, odd, ok]):
+        assert decode_batch(wire_doc(wire)).snapshots[0].entries == reference(wire)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"rid": None}, "batch.snapshots[0].entries[1]: "),
+        ({"rid": "x"}, "batch.snapshots[0].entries[1]: "),
+        ({"st": "done"}, "batch.snapshots[0].entries[1]: unknown entry state 'done'"),
+        ({"st": ["completed"]}, "batch.snapshots[0].entries[1]: unknown entry state"),
+        ({"isz": [[1, "x"]]}, "batch.snapshots[0].entries[1]: "),
+        ({"isz": [1]}, "batch.snapshots[0].entries[1]: "),
+        ({"stk": 9}, "batch.snapshots[0].entries[1].stk: not an index into batch.stacks"),
+        ({"stk": -3}, "batch.snapshots[0].entries[1].stk: not an index into batch.stacks"),
+    ],
+)
+def test_decode_errors_name_the_field(change: dict[str, Any], message: str) -> None:
+    wire = [entry_to_wire(entry(0), 0), {**entry_to_wire(entry(1), 1), **change}]
+    with pytest.raises(WireError) as exc:
+        decode_batch(wire_doc(wire))
+    assert str(exc.value).startswith(message)
+
+
+def test_decode_missing_field_and_non_object() -> None:
+    bad = entry_to_wire(entry(1), 1)
+    del bad["tc"]
+    with pytest.raises(WireError, match=r"entries\[1\]: missing field 'tc'"):
+        decode_batch(wire_doc([entry_to_wire(entry(0), 0), bad]))
+    with pytest.raises(WireError, match=r"entries\[0\]: expected an object"):
+        decode_batch(wire_doc([["not", "an", "object"]]))
+
+
+def test_decoded_entries_share_repeated_values() -> None:
+    wire = [entry_to_wire(entry(i), 0) for i in range(3)]
+    a, b, c = decode_batch(wire_doc(wire)).snapshots[0].entries
+    assert a.input_sizes is b.input_sizes is c.input_sizes
+    assert a.input_dtypes is b.output_dtypes
+
+
+@pytest.mark.parametrize("n", [1, 9, 600, 1_100, 6_000])
+def test_entry_upsert_inserts_then_updates(database_url: str, n: int) -> None:
+    # Sizes that use each SQLite statement size (512, 64, 8, 1) and, on PostgreSQL, both the
+    # unnest statement and the binary COPY (above _PG_UNNEST_MAX rows). On SQLite a key sent
+    # twice in one call keeps the last copy (PostgreSQL refuses it: callers send unique keys).
+    db = connect(database_url)
+    migrate(db)
+    sqlite = db.dialect == "sqlite"
+    try:
+
+        def row(i: int, state: int, dur: float | None) -> tuple[Any, ...]:
+            times = (10 + i, None if state == 0 else 11 + i, None if state < 2 else 12 + i)
+            return (1, 0, i, 1, i + 1, 0, i + 1, 1, state, state == 2, *times, dur, None, "t", None, None)
+
+        with db.write() as session, session.begin():
+            store._upsert_entries(session, [row(i, 0, None) for i in range(n)])
+        later = [row(i, 2, 0.5) for i in range(0, n - 1, 2)]
+        last = [row(n - 1, 1, 0.75), row(n - 1, 2, 1.5)] if sqlite else [row(n - 1, 2, 1.5)]
+        with db.write() as session, session.begin():
+            store._upsert_entries(session, [*later, *last])
+        with db.read() as session:
+            got = {
+                r.record_id: (r.state, r.retired, r.time_started_ns, r.time_completed_ns, r.duration_ms)
+                for r in session.query(EntryRow).all()
+            }
+        want = {
+            i: ((2, True, 11 + i, 12 + i, 0.5) if i % 2 == 0 else (0, False, None, None, None))
+            for i in range(n)
+        }
+        want[n - 1] = (2, True, n + 10, n + 11, 1.5)
+        assert got == want
+    finally:
+        db.dispose()
+
+
+def test_gc_pause_nests_and_restores() -> None:
+    assert gc.isenabled()
+    pause = GcPause()
+    with pause:
+        assert not gc.isenabled()
+        with pause:
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # another decode is still running
+    assert gc.isenabled()
+
+
+def test_gc_pause_leaves_a_disabled_collector_off() -> None:
+    pause = GcPause()
+    gc.disable()
+    try:
+        with pause:
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_gc_pause_collects_during_a_long_overlapping_pause() -> None:
+    # A pause longer than max_pause_s (here: any) collects when a thread leaves it while others
+    # still decode: cyclic garbage made meanwhile does not wait for the load to stop.
+    pause = GcPause(max_pause_s=0.0, full_every=1)
+    with pause:
+        cycle: dict[str, Any] = {"id": uuid.uuid4().hex}
+        cycle["self"] = cycle
+        del cycle
+        before = gc.get_stats()[2]["collections"]
+        with pause:
+            pass
+        assert gc.get_stats()[2]["collections"] == before + 1
+        assert not gc.isenabled()
+    assert gc.isenabled()
+
+
+def test_sqlite_upsert_respects_a_low_parameter_limit(tmp_path: Any) -> None:
+    # A SQLite built with 999 host parameters (older default) gets statements of at most 8 rows.
+    db = connect(f"sqlite:///{tmp_path}/fd.db")
+    migrate(db)
+    try:
+        rows = [
+            (1, 0, i, 1, i + 1, 0, i + 1, 1, 2, True, i, i, i, 0.5, None, "", None, None) for i in range(700)
+        ]
+        with db.write() as session, session.begin():
+            raw = session.connection().connection.driver_connection
+            assert raw is not None
+            raw.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 999)
+            store._upsert_entries(session, rows)
+        with db.read() as session:
+            assert session.query(EntryRow).count() == 700
+    finally:
+        db.dispose()
