@@ -346,15 +346,32 @@ def test_a_replay_that_never_catches_up_is_diagnosed_after_stall_after(
         srv.svc.close()
 
 
-def test_late_batches_are_judged_as_of_their_lag_not_the_clock(database_url: str, clock: FakeClock) -> None:
+@pytest.mark.parametrize("told_by", ["sent_at", "age_header"])
+def test_late_batches_are_judged_as_of_their_lag_not_the_clock(
+    database_url: str, clock: FakeClock, told_by: str
+) -> None:
     """A server falling behind: batches arrive seconds late. A collective in flight at a snapshot
-    is not called hung for the time its batch waited; fresh data still shows the real hang."""
+    is not called hung for the time its batch waited; fresh data still shows the real hang.
+
+    How late a batch is comes from `Flightdeck-Batch-Age-Ms` (the collector's own clock: with it,
+    a collector whose clock is a minute behind is neither late nor replaying) or, without it, from
+    comparing the batch's `sent_at_ns` with the server's clock.
+    """
     srv = make_server(database_url, clock, diagnosis_debounce_s=0.0)
+
+    def push(snaps: list[Snapshot], late_s: float) -> None:
+        if told_by == "age_header":
+            skewed = clock.now_ns - 60 * NS  # the collector's clock; the header does not need it
+            r = srv.push(snaps, sent_at_ns=skewed, headers={BATCH_AGE_HEADER: str(int(late_s * 1000))})
+        else:
+            r = srv.push(snaps, sent_at_ns=clock.now_ns - int(late_s * NS))
+        assert r.status_code == 200
+
     try:
         stuck, _finals, _t_k = healthy_prefix(10)
         snap_ns = max(s.snapshot_time_ns or 0 for s in stuck)
         clock.now_ns = snap_ns + int(3 * NS)  # 3 s late: by the clock, pending for 3.5 s > STALL_S
-        assert srv.push(stuck, sent_at_ns=snap_ns).status_code == 200
+        push(stuck, 3.0)
         assert srv.svc.live.step() == 1  # not a replay (that is over max(STALL_S / 2, 5 s) late)
         doc = srv.job("healthy_4")
         assert doc["findings"] == [] and doc["status"] != "hung"  # as of the data: 0.5 s pending
@@ -362,30 +379,7 @@ def test_late_batches_are_judged_as_of_their_lag_not_the_clock(database_url: str
         for s in stuck:
             s.snapshot_time_ns = clock.now_ns
         clock.now_ns += NS // 10
-        assert srv.push(stuck).status_code == 200
-        assert srv.svc.live.step() == 1
-        doc = srv.job("healthy_4")
-        assert [(f["kind"], f["culprit_ranks"]) for f in doc["findings"]] == [("hang", [3])]
-    finally:
-        srv.svc.close()
-
-
-def test_the_collectors_batch_age_is_trusted_over_its_clock(database_url: str, clock: FakeClock) -> None:
-    """With `Flightdeck-Batch-Age-Ms` the lag needs no clock comparison: a collector whose clock is
-    a minute behind is not taken for a replay, and a batch that waited 3 s in its queue is judged
-    as of then, whatever its clock says."""
-    srv = make_server(database_url, clock, diagnosis_debounce_s=0.0)
-    try:
-        stuck, _finals, _t_k = healthy_prefix(10)
-        snap_ns = max(s.snapshot_time_ns or 0 for s in stuck)
-        clock.now_ns = snap_ns + int(3 * NS)  # by the clock, pending for 3.5 s > STALL_S
-        late = {BATCH_AGE_HEADER: "3000"}
-        assert srv.push(stuck, sent_at_ns=clock.now_ns, headers=late).status_code == 200
-        assert srv.svc.live.step() == 1
-        assert srv.job("healthy_4")["findings"] == []  # judged 3 s back: pending for 0.5 s
-        # On time by its own account, though its clock is a minute behind: no hold, a hang.
-        on_time = {BATCH_AGE_HEADER: "20"}
-        assert srv.push(stuck, sent_at_ns=clock.now_ns - 60 * NS, headers=on_time).status_code == 200
+        push(stuck, 0.02)
         assert srv.svc.live.step() == 1
         doc = srv.job("healthy_4")
         assert [(f["kind"], f["culprit_ranks"]) for f in doc["findings"]] == [("hang", [3])]
