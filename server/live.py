@@ -540,32 +540,32 @@ class LiveDiagnosis:
         return max(self._settings.stall_after_s / 2, 5.0)
 
     def _as_of_ns(self, js: JobState, now: float, now_ns: int) -> int:
-        """The time at which the job is judged: the clock, less how late its data arrives.
+        """The time at which the job is judged: the clock, or the time its data reaches while late.
 
         A server (or collector) falling behind delivers every snapshot late. Judged by the clock,
         each collective in flight at a snapshot would look pending for as long as its batch waited,
         and the ranks whose batches wait longest would look silent: false hangs and lost ranks
         under load. So while the job's batches arrive late (the latest batch of a collector was
-        older than `ON_TIME_LAG_S` on arrival), ages are measured at the clock less that lag: a
-        finding comes that much later, but never from delivery delay alone. Only batches that
-        arrived in the last `MAX_JUDGED_LAG` x `stall_after_s` count (a collector cut off after a
-        late batch must not hold the job back), and a lag that compares the collector's clock
-        with ours (no `BATCH_AGE_HEADER`) counts for at most that much: a wrong clock must not
-        hide a hang for long. A lag the collector measured is trusted however long: the server
-        is that far behind, and judging older data by the clock would raise false alarms.
+        older than `ON_TIME_LAG_S` on arrival), the job is judged as of the time up to which every
+        collector has delivered: per collector, its latest batch's age on arrival plus the time
+        since; the stalest counts. A finding comes that much later, but never from delivery delay
+        alone. Only collectors heard from in the last `MAX_JUDGED_LAG` x `stall_after_s` count (one
+        cut off must not hold the job back for longer: its ranks are then judged silent), and an
+        age that compares the collector's clock with ours (no `BATCH_AGE_HEADER`) counts for at
+        most that much, so that a wrong clock cannot hide a hang for long. An age the collector
+        measured is trusted however long: the server is that far behind, and judging older data by
+        the clock would raise false alarms. On time, a collector that goes quiet is judged by the
+        clock as before: a cut-off host is found within a few snapshot intervals.
         """
         limit = MAX_JUDGED_LAG * self._settings.stall_after_s
-        lag = max(
-            (
-                lag if skew_free else min(lag, limit)
-                for lag, at, skew_free in js.batch_lag.values()
-                if now - at <= limit
-            ),
-            default=0.0,
-        )
-        if lag <= ON_TIME_LAG_S:
+        recent = [
+            (lag if skew_free else min(lag, limit), now - at)
+            for lag, at, skew_free in js.batch_lag.values()
+            if now - at <= limit
+        ]
+        if max((lag for lag, _ in recent), default=0.0) <= ON_TIME_LAG_S:
             return now_ns
-        return now_ns - int(lag * NS)
+        return now_ns - int(max(lag + since for lag, since in recent) * NS)
 
     def diagnose_job(self, js: JobState) -> None:
         """Diagnose one job now and store the outcome (findings, status, report)."""

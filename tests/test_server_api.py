@@ -387,6 +387,35 @@ def test_late_batches_are_judged_as_of_their_lag_not_the_clock(
         srv.svc.close()
 
 
+def test_ranks_behind_a_late_collector_are_not_lost_next_to_an_on_time_one(
+    database_url: str, clock: FakeClock
+) -> None:
+    """Overload hits collectors unevenly: one host's batches still arrive on time while another's
+    wait in its queue. Its ranks are judged as of what it has delivered, not called lost."""
+    srv = make_server(database_url, clock, diagnosis_debounce_s=0.0)
+    try:
+        periodic = {
+            r: next(d for d in ds if d.kind == "periodic") for r, ds in scenario_dumps("healthy_4").items()
+        }
+        t0 = max(e.time_created_ns for d in periodic.values() for e in d.entries) + NS // 10
+        late = [replace(snapshot_from_dump(periodic[r]), snapshot_time_ns=t0) for r in (2, 3)]
+        clock.now_ns = t0 + 3 * NS
+        late_age = {BATCH_AGE_HEADER: "3000"}  # waited 3 s in node-b's queue
+        assert srv.push(late, collector_host="node-b", headers=late_age).status_code == 200
+        time.sleep(1.5)  # nothing more from node-b: its next batch is still queued there
+        clock.now_ns += int(1.5 * NS)
+        fresh = [replace(snapshot_from_dump(periodic[r]), snapshot_time_ns=clock.now_ns) for r in (0, 1)]
+        on_time = {BATCH_AGE_HEADER: "10"}
+        assert srv.push(fresh, collector_host="node-a", headers=on_time).status_code == 200
+        assert srv.svc.live.step() == 1
+        # By the clock, or by the latest batch's lag alone, ranks 2 and 3 are 1.5 s (> 3 x 0.4 s)
+        # behind what the job has delivered: lost. As of node-b's data, they are not.
+        doc = srv.job("healthy_4")
+        assert doc["findings"] == [] and doc["status"] == "running", doc["findings"]
+    finally:
+        srv.svc.close()
+
+
 def test_hang_found_after_restart_without_new_data(database_url: str, clock: FakeClock) -> None:
     """Summaries are rebuilt from the database: a restarted server still sees the hang grow."""
     snaps = skip_stuck_view()

@@ -51,12 +51,13 @@ def make_batch(
     batch_id: str | None = None,
     nixl: list[dict[str, Any]] | None = None,
     sent_at_ns: int | None = None,
+    collector_host: str = "test-host",
 ) -> Batch:
     """A batch holding `snaps`, sent at `sent_at_ns` (default: the newest snapshot's time)."""
     sent = sent_at_ns if sent_at_ns is not None else max((s.snapshot_time_ns for s in snaps), default=0)
     return Batch(
         batch_id=batch_id or uuid.uuid4().hex,
-        collector_host="test-host",
+        collector_host=collector_host,
         collector_version="test",
         sent_at_ns=sent,
         snapshots=list(snaps),

@@ -489,8 +489,10 @@ def _lost(by_rank: dict[int, RankSummary], now_ns: int, opts: Options) -> list[F
         return []
     finals = {r for r, s in by_rank.items() if s.kind == "final"}
     # Sorted once: "how many ranks wrote later than t + threshold" is then a bisection, not a scan
-    # of every rank per rank (quadratic: seconds per diagnosis at 4,096 ranks).
-    ordered = sorted(times.values())
+    # of every rank per rank (quadratic: seconds per diagnosis at 4,096 ranks). Judged as of
+    # `now_ns`: a live server judging late data sets it back to what every collector delivered,
+    # and snapshots newer than that must not make the ranks behind a slower collector look lost.
+    ordered = sorted(min(t, now_ns) for t in times.values())
     newest = ordered[-1]
     # A rank still snapshotting after the others' finals is alive (blocked, perhaps), not lost.
     last_final = max((times[f] for f in finals if f in times), default=None)
