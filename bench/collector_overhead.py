@@ -117,7 +117,7 @@ class Rank:
         meta = dict(self.meta, snapshot_time_ns=now, **{RING_META_KEY: part.ring})
         self._write(path.with_name(path.name + ".meta.json"), json.dumps(meta).encode())
         self._write(path, part.data)
-        self.splitter.written(part, self.raw, now)
+        self.splitter.written(part, now)
 
     @staticmethod
     def _write(path: Path, data: bytes) -> None:

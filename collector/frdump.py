@@ -457,11 +457,10 @@ def _apply_meta(dump: RankDump, meta: dict[str, Any], ctx: _Ctx) -> None:
             old = dump.groups.get(str(name))
             desc = str(g.get("desc") or (old.desc if old else ""))
             dump.groups[str(name)] = GroupInfo(str(name), desc, rk or (old.ranks if old else None))
-    ring = meta.get(RING_META_KEY)
-    first = ring.get("first") if isinstance(ring, dict) else None
-    if type(first) is int and first >= 0:
-        dump.ring_first = first
-        dump.wrapped = first > 0  # its own entries begin where the changes begin, not the ring
+    extent = ring_extent(meta)
+    if extent is not None:
+        dump.ring_first = extent[0]
+        dump.wrapped = extent[0] > 0  # its own entries begin where the changes begin, not the ring
     cfg = meta.get("config")
     if isinstance(cfg, dict):
         dump.config = config_from_dict(cfg)
@@ -485,6 +484,19 @@ def _apply_meta(dump: RankDump, meta: dict[str, Any], ctx: _Ctx) -> None:
             for s in stacks
             if isinstance(s, dict)
         )
+
+
+def ring_extent(meta: dict[str, Any] | None) -> tuple[int, int | None] | None:
+    """(first record id, entries) of the ring a recent-changes snapshot belongs to, from its
+    sidecar (`flightdeck.ring_split`); None for a snapshot of the whole ring. `entries` is None
+    when the sidecar does not say."""
+    ring = meta.get(RING_META_KEY) if meta else None
+    if not isinstance(ring, dict):
+        return None
+    first, n = ring.get("first"), ring.get("entries")
+    if type(first) is not int or first < 0:
+        return None
+    return first, n if type(n) is int and n >= 0 else None
 
 
 def read_meta(path: Path) -> dict[str, Any] | None:

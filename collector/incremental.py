@@ -33,10 +33,10 @@ from flightdeck.collector.frdump import (
     LoadedDump,
     load_dump_file,
     read_dump_bytes,
+    ring_extent,
     row_scan,
 )
 from flightdeck.records import Entry, RankDump
-from flightdeck.ring_split import RING_META_KEY
 
 
 @dataclasses.dataclass(slots=True)
@@ -218,7 +218,9 @@ def _plan_recent(
         part = dataclasses.replace(full, entries=[e for e in full.entries if e.record_id in ship])
     else:
         part = loaded.parse(only=ship, scan=keys) if ship else head
-    return _result(head, part, ship, first, _ring_entries(loaded), state), full is None
+    extent = ring_extent(loaded.meta)
+    total = extent[1] if extent is not None and extent[1] is not None else loaded.entry_count
+    return _result(head, part, ship, first, total, state), full is None
 
 
 def _below(state: RankState, first: int) -> list[int]:
@@ -226,13 +228,6 @@ def _below(state: RankState, first: int) -> list[int]:
     if first - state.floor <= len(state.entries):  # the usual case: a few dozen ids moved on
         return [rid for rid in range(state.floor, first) if rid in state.entries]
     return [rid for rid in state.entries if rid < first]
-
-
-def _ring_entries(loaded: LoadedDump) -> int:
-    """How many entries the ring holds, from the recent-changes file's sidecar."""
-    ring = (loaded.meta or {}).get(RING_META_KEY)
-    n = ring.get("entries") if isinstance(ring, dict) else None
-    return n if type(n) is int and n >= 0 else loaded.entry_count
 
 
 def _ring_update(

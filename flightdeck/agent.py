@@ -601,7 +601,7 @@ class Agent:
         if dump is not None:
             part = self._guarded("split", lambda: self._splitter.split(dump, raw, now)) or part
         if self._guarded("write-periodic", lambda: self._write("periodic", part.data, now, ring=part.ring)):
-            self._splitter.written(part, dump or {}, now)
+            self._splitter.written(part, now)
         if p.stalled:
             return
         # Blocked: measure from the later of the last progress and the oldest pending op's

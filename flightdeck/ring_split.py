@@ -39,6 +39,9 @@ class Part:
     data: bytes
     #: Sidecar `ring` value for a recent-changes file; None for a whole ring.
     ring: dict[str, int] | None = None
+    #: For a whole ring the recent files after it can complete: its highest record id and the
+    #: record ids it held unfinished (their state, retired flag or times may still change).
+    base: tuple[int, set[int]] | None = None
 
 
 @dataclass(slots=True)
@@ -53,7 +56,7 @@ class RingSplitter:
     base_time_ns: int | None = None
     #: Highest record id in that ring.
     base_max: int = -1
-    #: Record ids that ring held unfinished: their state, retired flag or times may still change.
+    #: Record ids that ring held unfinished (`Part.base`).
     base_open: set[int] = field(default_factory=set)
 
     def split(self, dump: Mapping[str, Any], raw: bytes, now_ns: int) -> Part:
@@ -64,36 +67,39 @@ class RingSplitter:
         """
         entries = dump.get("entries")
         ids = _record_ids(entries)
+        if ids is None or not isinstance(entries, list):
+            return Part("full", raw)  # no usable base either: the next snapshot is whole again
         if (
-            ids is None
-            or self.full_every_s <= 0
+            self.full_every_s <= 0
             or self.base_time_ns is None
             or now_ns - self.base_time_ns >= self.full_every_s * 1e9
             or not ids
         ):
-            return Part("full", raw)
-        assert isinstance(entries, list)
+            return _whole(raw, entries, ids)
         base_max, base_open = self.base_max, self.base_open
         recent = [e for e, rid in zip(entries, ids, strict=True) if rid > base_max or rid in base_open]
         if len(recent) > max(MIN_RECENT_ENTRIES, int(len(entries) * MAX_RECENT_SHARE)):
-            return Part("full", raw)
+            return _whole(raw, entries, ids)
         head = {k: v for k, v in dump.items() if k != "entries"}
         head["entries"] = recent
         ring = {"first": min(ids), "entries": len(ids), "base_time_ns": self.base_time_ns}
         return Part("recent", pickle.dumps(head, protocol=pickle.HIGHEST_PROTOCOL), ring)
 
-    def written(self, part: Part, dump: Mapping[str, Any], now_ns: int) -> None:
-        """Record that `part` of `dump` was written at `now_ns`."""
+    def written(self, part: Part, now_ns: int) -> None:
+        """Record that `part` was written at `now_ns`."""
         if part.kind != "full":
             return
-        entries = dump.get("entries")
-        ids = _record_ids(entries)
-        if ids is None or not isinstance(entries, list):
-            self.base_time_ns = None  # no usable base: the next snapshot is whole again
+        if part.base is None:
+            self.base_time_ns = None
             return
         self.base_time_ns = now_ns
-        self.base_max = max(ids, default=-1)
-        self.base_open = {rid for e, rid in zip(entries, ids, strict=True) if not _finished(e)}
+        self.base_max, self.base_open = part.base
+
+
+def _whole(raw: bytes, entries: list[Any], ids: list[int]) -> Part:
+    """The whole ring, with what recent files after it need to know of it."""
+    unfinished = {rid for e, rid in zip(entries, ids, strict=True) if not _finished(e)}
+    return Part("full", raw, base=(max(ids, default=-1), unfinished))
 
 
 def _finished(e: Mapping[str, Any]) -> bool:

@@ -324,7 +324,7 @@ def _decode_entries(raw: list[Any], stacks: list[Stack], where: str, memo: _Memo
                 to = e.get("to")
                 peer = e.get("peer")
                 # Positional: a third of the cost of keywords (the order is `Entry`'s fields,
-                # checked by tests/test_wire_decode.py against `entry_from_wire`).
+                # checked by tests/test_ingest_fastpath.py against `entry_from_wire`).
                 append(
                     entry_cls(
                         int(e["rid"]),

@@ -331,11 +331,8 @@ class IngestService:
         # one waiting on a server that falls behind sends them late. Its queue time plus ours is
         # free of clock skew; without that header, the sender's clock has to be trusted.
         age = _batch_age_s(batch_age_ms)
-        if age is not None:
-            self._live.submit(result, source=batch.collector_host, lag_s=age + time.perf_counter() - started)
-        else:
-            lag = (now_ns - batch.sent_at_ns) / 1e9
-            self._live.submit(result, source=batch.collector_host, lag_s=lag, skew_free=False)
+        lag = (now_ns - batch.sent_at_ns) / 1e9 if age is None else age + time.perf_counter() - started
+        self._live.submit(result, source=batch.collector_host, lag_s=lag, skew_free=age is not None)
         self._live.wake()
         return {
             "duplicate": False,

@@ -117,7 +117,7 @@ class AgentStandIn:
         meta = dict(self.meta, snapshot_time_ns=self.time_ns, **{RING_META_KEY: part.ring})
         write_atomic(target.with_name(target.name + ".meta.json"), json.dumps(meta).encode())
         write_atomic(target, part.data)
-        splitter.written(part, self.raw, self.time_ns)
+        splitter.written(part, self.time_ns)
         return target
 
 

@@ -40,7 +40,7 @@ def test_whole_ring_first_then_only_new_and_unfinished_entries() -> None:
     data = pickle.dumps(raw)
     part = splitter.split(raw, data, 0)
     assert (part.kind, part.data, part.ring) == ("full", data, None)
-    splitter.written(part, raw, 0)
+    splitter.written(part, 0)
     in_flight = raw["entries"][-1]["record_id"]
 
     enqueue(raw, 3, drop=2)
@@ -54,14 +54,14 @@ def test_whole_ring_first_then_only_new_and_unfinished_entries() -> None:
     assert {k: v for k, v in got.items() if k != "entries"} == {
         k: v for k, v in raw.items() if k != "entries"
     }
-    splitter.written(part, raw, 2 * S)  # a recent file is no base: the next one still starts from 0
+    splitter.written(part, 2 * S)  # a recent file is no base: the next one still starts from 0
     assert splitter.split(raw, b"", 4 * S).ring == {"first": ids[0], "entries": len(ids), "base_time_ns": 0}
 
 
 def test_whole_ring_again_when_due_or_when_the_changes_are_a_large_part_of_it() -> None:
     raw = ring()
     splitter = RingSplitter(full_every_s=30)
-    splitter.written(splitter.split(raw, b"w", 0), raw, 0)
+    splitter.written(splitter.split(raw, b"w", 0), 0)
     assert splitter.split(raw, b"w", 30 * S).kind == "full"  # due
     enqueue(raw, MIN_RECENT_ENTRIES + 1)
     assert splitter.split(raw, b"w", 2 * S).kind == "full"  # more changed than the recent file may hold
@@ -71,10 +71,10 @@ def test_whole_ring_again_when_due_or_when_the_changes_are_a_large_part_of_it() 
 def test_entries_it_cannot_vouch_for_are_written_whole() -> None:
     raw = ring()
     splitter = RingSplitter(full_every_s=30)
-    splitter.written(splitter.split(raw, b"w", 0), raw, 0)
+    splitter.written(splitter.split(raw, b"w", 0), 0)
     raw["entries"][0]["record_id"] = "7"
     part = splitter.split(raw, b"odd", 2 * S)
     assert (part.kind, part.data) == ("full", b"odd")
-    splitter.written(part, raw, 2 * S)
+    splitter.written(part, 2 * S)
     assert splitter.base_time_ns is None  # and no base for recent files until a usable ring
     assert splitter.split({"entries": []}, b"empty", 4 * S).kind == "full"
