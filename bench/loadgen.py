@@ -418,6 +418,21 @@ async def poll_findings(
         await asyncio.sleep(0.2)
 
 
+async def scrape(client: httpx.AsyncClient, url: str) -> dict[str, float]:
+    """The server's unlabelled samples from /metrics (empty if it does not answer)."""
+    try:
+        text = (await client.get(f"{url}/metrics", timeout=30)).text
+    except httpx.HTTPError:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name.startswith("flightdeck_") and "{" not in name:
+            with contextlib.suppress(ValueError):
+                out[name] = float(value)
+    return out
+
+
 async def drive(args: argparse.Namespace, urls: list[str], token: str, pids: list[int]) -> dict[str, Any]:
     """Run the simulated job against `urls` for `args.duration` seconds; returns the figures."""
     topo = Topology(args.ranks, args.hosts, args.groups)
@@ -499,6 +514,7 @@ async def drive(args: argparse.Namespace, urls: list[str], token: str, pids: lis
                 stats.findings[f["kind"]] = stats.findings.get(f["kind"], 0) + 1
         except (httpx.HTTPError, ValueError, KeyError):
             pass
+        server_stats = [await scrape(client, u) for u in urls]
     wall = time.perf_counter() - stats.start
     busy1 = machine_busy()
     cpu = {p: (proc_cpu_s(p) - cpu0[p]) / wall for p in pids}
@@ -551,6 +567,19 @@ async def drive(args: argparse.Namespace, urls: list[str], token: str, pids: lis
         "server_cpu": [round(c, 2) for c in cpu.values()],
         "server_rss_mib": [round(r / 2**20) for r in rss_peak.values()],
         "generator_cpu": round((time.process_time() - gen0) / wall, 2),
+        # Per server: diagnoses run, the share of a core they took, batches per ingest transaction.
+        "diagnoses": [m.get("flightdeck_diagnosis_duration_seconds_count", 0) for m in server_stats],
+        "diagnosis_core_share": [
+            round(m.get("flightdeck_diagnosis_duration_seconds_sum", 0) / wall, 3) for m in server_stats
+        ],
+        "batches_per_transaction": [
+            round(
+                m.get("flightdeck_ingest_group_size_batches_sum", 0)
+                / max(1, m.get("flightdeck_ingest_group_size_batches_count", 0)),
+                1,
+            )
+            for m in server_stats
+        ],
         "machine_busy": round((busy1[0] - busy0[0]) / max(1.0, busy1[1] - busy0[1]), 2),
     }
 
@@ -625,7 +654,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--fault-at", type=float, default=None, help="seconds in (default: 2/3 of duration)")
     ap.add_argument("--fault-rank", type=int, default=5)
     ap.add_argument("--stall-after", type=float, default=5.0, help="the servers' FLIGHTDECK_STALL_AFTER_S")
-    ap.add_argument("--inflight", type=int, default=4, help="FLIGHTDECK_MAX_INFLIGHT_INGESTS (--spawn)")
+    ap.add_argument("--inflight", type=int, default=16, help="FLIGHTDECK_MAX_INFLIGHT_INGESTS (--spawn)")
     ap.add_argument(
         "--groups-resend-s",
         type=float,

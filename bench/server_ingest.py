@@ -2,6 +2,7 @@
 the rows are committed (the server answers after COMMIT), on SQLite and on PostgreSQL.
 
     python bench/server_ingest.py [--db sqlite postgresql] [--ranks 64] [--entries 2000]
+    python bench/server_ingest.py --shape stream --ranks-per-batch 64 --window 125 ...
 
 Also reports the database bytes per stored entry (stacks and signatures deduplicated).
 Target: >= 50,000 entries/s per server process on 2 cores; < 200 bytes per entry.
@@ -94,14 +95,22 @@ def run(url: str, path: Path | None, args: argparse.Namespace) -> None:
     tpl = template()
     base = time.time_ns() - 3600 * 1_000_000_000
     bodies = []
-    for first in range(0, args.ranks, args.ranks_per_batch):
-        snaps = [
-            snapshot(
-                "bench-ingest", r, args.ranks, rank_entries(tpl, r, 0, args.entries, base), base + 10**10
-            )
-            for r in range(first, min(args.ranks, first + args.ranks_per_batch))
-        ]
-        bodies.append(encode(snaps))
+    # ring: each batch brings a few ranks' whole rings (a collector meeting a running job);
+    # stream: in time order, each batch the next `window` entries of a block of ranks (live shipping).
+    window = args.entries if args.shape == "ring" else args.window
+    for start in range(0, args.entries, window):
+        for first in range(0, args.ranks, args.ranks_per_batch):
+            snaps = [
+                snapshot(
+                    "bench-ingest",
+                    r,
+                    args.ranks,
+                    rank_entries(tpl, r, start, min(window, args.entries - start), base),
+                    base + 10**10 + start * 10**7,
+                )
+                for r in range(first, min(args.ranks, first + args.ranks_per_batch))
+            ]
+            bodies.append(encode(snaps))
     n_entries = args.ranks * args.entries
     port = free_port()
     proc = start_server(url, port, {"FLIGHTDECK_MAX_INFLIGHT_INGESTS": str(args.concurrency)})
@@ -131,7 +140,8 @@ def run(url: str, path: Path | None, args: argparse.Namespace) -> None:
     kib = sum(len(b) for b in bodies) / len(bodies) / 1024
     print(
         f"{url.split(':', 1)[0]:>20}: {n_entries} entries in {len(bodies)} batches "
-        f"({args.ranks_per_batch * args.entries} entries, {kib:.0f} KiB gzip each), concurrency {args.concurrency}: "
+        f"({n_entries // len(bodies)} entries, {kib:.0f} KiB gzip each, {args.shape}), "
+        f"concurrency {args.concurrency}: "
         f"{wall:.2f} s = {n_entries / wall:,.0f} entries/s; batch latency p50 {lat[len(lat) // 2] * 1000:.0f} ms "
         f"max {lat[-1] * 1000:.0f} ms; entries table {size['table_bytes_per_entry']:.0f} B/entry, "
         f"whole database {size['db_bytes_per_entry']:.0f} B/entry"
@@ -145,6 +155,13 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, default=64)
     ap.add_argument("--entries", type=int, default=2000)
     ap.add_argument("--ranks-per-batch", type=int, default=4)
+    ap.add_argument(
+        "--shape",
+        choices=["ring", "stream"],
+        default="ring",
+        help="ring: batches of a few ranks' whole rings; stream: time order, --window entries per rank",
+    )
+    ap.add_argument("--window", type=int, default=125, help="entries per rank per batch (--shape stream)")
     ap.add_argument("--concurrency", type=int, default=2)
     args = ap.parse_args()
     for kind in args.db:

@@ -201,6 +201,7 @@ def build_services(
         on_events=on_events,
         on_db_error=metrics.db_errors.inc,
         record_events=record_events,
+        observe_duration=metrics.diagnosis.observe,
     )
     live.load()
     with db.read() as session:

@@ -32,10 +32,11 @@ from flightdeck.server.errors import (
     UnavailableError,
     UnsupportedEncodingError,
 )
+from flightdeck.server.group_commit import GroupCommit, Pending
 from flightdeck.server.live import LiveDiagnosis
 from flightdeck.server.metrics import IngestMetrics, SharedState
 from flightdeck.server.settings import ServerSettings
-from flightdeck.wire import WireError, decode_batch
+from flightdeck.wire import Batch, WireError, decode_batch
 
 try:
     # 3-4x faster than the standard library on batches of thousands of small objects; parsing
@@ -144,12 +145,30 @@ class GcPause:
 GC_PAUSE = GcPause()
 
 
+#: Entries per group commit: bounds one transaction's size (and how long its requests wait).
+GROUP_MAX_ENTRIES = 10_000
+
+
 @dataclass(frozen=True, slots=True)
 class Collector:
     """The authenticated sender of a batch (None id: unauthenticated ingest allowed by settings)."""
 
     id: int | None
     name: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Request:
+    """A decoded batch waiting for its group's transaction."""
+
+    batch: Batch
+    collector: Collector
+    #: The gzip body, for the cluster feed (empty when not in a cluster).
+    feed_body: bytes
+    #: perf_counter() when the request arrived.
+    started: float
+    #: The collector's `BATCH_AGE_HEADER` in seconds, if it sent a sane one.
+    age_s: float | None
 
 
 class IngestService:
@@ -172,12 +191,82 @@ class IngestService:
         self._shared = shared
         self._live = live
         self._slots = threading.BoundedSemaphore(settings.max_inflight_ingests)
-        #: SQLite: ingest threads take turns here rather than in BEGIN IMMEDIATE, whose busy
-        #: handler polls the lock with sleeps of up to 100 ms: a waiting batch would start late
-        #: every time. A lock hands over at once (other writers and processes still wait in SQLite).
-        self._writer = threading.Lock() if db.dialect == "sqlite" else None
+        #: Concurrent batches share transactions. SQLite has one writer; on its own it would make
+        #: threads take turns in BEGIN IMMEDIATE, whose busy handler polls with sleeps of up to
+        #: 100 ms. PostgreSQL gets two, so one group's rows are built while the other's are written.
+        self._group: GroupCommit[_Request] = GroupCommit(
+            self._write, writers=1 if db.dialect == "sqlite" else 2, max_weight=GROUP_MAX_ENTRIES
+        )
         #: Row ids this process already knows (signatures, hosts, groups, recently touched jobs).
         self._cache = store.IngestCache()
+
+    def _write(self, group: list[Pending[_Request]]) -> None:
+        """Apply a group of decoded batches in one transaction, then hand them to the diagnosis
+        in commit order (GroupCommit's writer: runs on one of the waiting request threads)."""
+        now_ns = self._clock()
+        try:
+            with self._db.write() as session, session.begin():
+                results, learned = store.ingest_batches(
+                    session=session,
+                    batches=[(p.item.batch, p.item.collector.id) for p in group],
+                    now_ns=now_ns,
+                    cache=self._cache,
+                )
+                if self._settings.cluster:
+                    # For the processes that own these jobs' diagnosis (read back in commit order).
+                    received_ns = self._clock()
+                    for p, r in zip(group, results, strict=True):
+                        if not r.duplicate and r.jobs:
+                            r.feed_ids = store.add_feed(
+                                session=session,
+                                job_ids=r.jobs,
+                                body=p.item.feed_body,
+                                received_ns=received_ns,
+                            )
+                nixl = any(p.item.batch.nixl for p, r in zip(group, results, strict=True) if not r.duplicate)
+                nixl_rows = (
+                    [
+                        (a.host, a.agent, a.source, store.nixl_totals(a), a.sample)
+                        for a in store.nixl_agents(session=session)
+                    ]
+                    if nixl
+                    else []
+                )
+        except OperationalError:
+            for p in group:
+                p.error = self._unavailable()
+            return
+        except Exception:
+            if len(group) == 1:
+                raise
+            # One bad batch must not fail the others of its group: apply each on its own.
+            for p in group:
+                try:
+                    self._write([p])
+                except Exception as exc:
+                    p.error = exc
+            return
+        self._cache.learn(learned)  # committed: its ids exist
+        self._metrics.group_batches.observe(len(group))
+        for host, agent, source, totals, sample in nixl_rows:
+            self._shared.set_nixl(host, agent, source, totals, sample)
+        for p, r in zip(group, results, strict=True):
+            p.result = r
+            if r.duplicate:
+                continue
+            req = p.item
+            with self._shared.lock:
+                if req.collector.id is not None:
+                    self._shared.collector_push_ns[req.collector.name] = now_ns
+            # How old the batch is: a collector emptying its queue after an outage sends old ones,
+            # and one waiting on a server that falls behind sends them late. Its queue time plus
+            # ours is free of clock skew; without that header, the sender's clock is trusted.
+            if req.age_s is None:
+                lag, skew_free = (now_ns - req.batch.sent_at_ns) / 1e9, False
+            else:
+                lag, skew_free = req.age_s + time.perf_counter() - req.started, True
+            self._live.submit(r, source=req.batch.collector_host, lag_s=lag, skew_free=skew_free)
+        self._live.wake()
 
     def authenticate(self, authorization: str | None) -> Collector:
         """The collector a `Authorization: Bearer <token>` header belongs to; AuthError if none."""
@@ -285,55 +374,30 @@ class IngestService:
         except (InvalidBatchError, UnsupportedEncodingError):
             self._reject("schema")
             raise
-        writer = self._writer
-        if writer is not None and not writer.acquire(timeout=self._settings.db_busy_timeout_s):
-            raise self._unavailable()
-        now_ns = self._clock()
+        request = _Request(
+            batch=batch,
+            collector=collector,
+            feed_body=(sent if enc == "gzip" else gzip.compress(sent, compresslevel=1))
+            if self._settings.cluster
+            else b"",
+            started=started,
+            age_s=_batch_age_s(batch_age_ms),
+        )
         try:
-            with self._db.write() as session, session.begin():
-                result = store.ingest_batch(
-                    session=session, batch=batch, collector_id=collector.id, now_ns=now_ns, cache=self._cache
-                )
-                if self._settings.cluster and not result.duplicate and result.jobs:
-                    # For the processes that own these jobs' diagnosis (read back in commit order).
-                    result.feed_ids = store.add_feed(
-                        session=session,
-                        job_ids=result.jobs,
-                        body=sent if enc == "gzip" else gzip.compress(sent, compresslevel=1),
-                        received_ns=self._clock(),
-                    )
-                nixl_rows = (
-                    [
-                        (a.host, a.agent, a.source, store.nixl_totals(a), a.sample)
-                        for a in store.nixl_agents(session=session)
-                    ]
-                    if batch.nixl and not result.duplicate
-                    else []
-                )
-        except OperationalError:
+            done = self._group.run(
+                request, weight=max(1, batch.entry_count), timeout_s=self._settings.db_busy_timeout_s
+            )
+        except TimeoutError:
             raise self._unavailable() from None
-        finally:
-            if writer is not None:
-                writer.release()
-        self._cache.learn(result.learned)  # committed: its ids exist
+        if done.error is not None:
+            raise done.error
+        result: store.IngestResult = done.result
         self._metrics.latency.observe(time.perf_counter() - started)
         if result.duplicate:
             self._metrics.batches.labels("duplicate").inc()
             return {"duplicate": True, "batch_id": batch.batch_id}
         self._metrics.batches.labels("accepted").inc()
         self._metrics.entries.inc(result.entries)
-        with self._shared.lock:
-            if collector.id is not None:
-                self._shared.collector_push_ns[collector.name] = now_ns
-        for host, agent, source, totals, sample in nixl_rows:
-            self._shared.set_nixl(host, agent, source, totals, sample)
-        # How old the batch is: a collector emptying its queue after an outage sends old ones, and
-        # one waiting on a server that falls behind sends them late. Its queue time plus ours is
-        # free of clock skew; without that header, the sender's clock has to be trusted.
-        age = _batch_age_s(batch_age_ms)
-        lag = (now_ns - batch.sent_at_ns) / 1e9 if age is None else age + time.perf_counter() - started
-        self._live.submit(result, source=batch.collector_host, lag_s=lag, skew_free=age is not None)
-        self._live.wake()
         return {
             "duplicate": False,
             "batch_id": batch.batch_id,

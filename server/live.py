@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session
 from flightdeck.analysis import Finding, Options, RankSummary, Report, add_entries, diagnose
 from flightdeck.analysis.config_skew import PeerJob
 from flightdeck.analysis.findings import CONFIG_KINDS, MISMATCH_KINDS
+from flightdeck.analysis.summary import GroupTrack
 from flightdeck.server import store
 from flightdeck.server.cluster import Cluster
 from flightdeck.server.db import Database
@@ -97,6 +98,8 @@ class JobState:
     counted_seq: dict[str, int] = field(default_factory=dict)
     skew: dict[str, SkewHistogram] = field(default_factory=dict)
     skew_hi: dict[str, int] = field(default_factory=dict)
+    #: Distinct process-group member lists of the job, one object each (see `_apply`).
+    member_lists: dict[tuple[int, ...], tuple[int, ...]] = field(default_factory=dict)
     #: collector host -> (age in seconds of its latest batch when it arrived, monotonic arrival,
     #: whether the age is free of clock skew: measured by the collector's and our own clock).
     batch_lag: dict[str, tuple[float, float, bool]] = field(default_factory=dict)
@@ -157,9 +160,11 @@ class LiveDiagnosis:
         on_db_error: Callable[[], None],
         monotonic: Callable[[], float] = time.monotonic,
         record_events: Callable[[Session, JobState, list[store.FindingEvent]], None] | None = None,
+        observe_duration: Callable[[float], None] | None = None,
     ) -> None:
         """`on_events` runs after the findings' transaction commits; `record_events` inside it
-        (the webhook outbox: an event is stored if and only if its finding change is)."""
+        (the webhook outbox: an event is stored if and only if its finding change is);
+        `observe_duration` gets the seconds of each job's diagnosis."""
         self._db = db
         self._settings = settings
         self._clock = clock
@@ -167,6 +172,7 @@ class LiveDiagnosis:
         self._on_events = on_events
         self._record_events = record_events
         self._on_db_error = on_db_error
+        self._observe_duration = observe_duration
         self._options = Options(
             stall_after_s=settings.stall_after_s, lost_after_intervals=settings.lost_after_intervals
         )
@@ -315,7 +321,10 @@ class LiveDiagnosis:
             elif idle and js.summaries is not None and not js.pending:
                 js.summaries = None  # memory: rebuilt from the database should the job return
         for js in due:
+            started = time.perf_counter()
             self.diagnose_job(js)
+            if self._observe_duration is not None:
+                self._observe_duration(time.perf_counter() - started)
         return len(due)
 
     def _cluster_step(self, jobs: list[JobState], now: float, now_ns: int) -> list[JobState]:
@@ -426,6 +435,12 @@ class LiveDiagnosis:
             return
         from flightdeck.records import GroupInfo
 
+        # The job's groups, one object each, shared by every rank (a world-sized member list
+        # per rank would be ranks x world ints; diagnosis counts member lists by object).
+        infos = {
+            n: GroupInfo(n, g.desc, None if g.ranks is None else tuple(g.ranks)) for n, g in groups.items()
+        }
+        js.member_lists = {i.ranks: i.ranks for i in infos.values() if i.ranks is not None}
         for r, host in ranks:
             s = RankSummary(
                 rank=r.rank,
@@ -442,10 +457,7 @@ class LiveDiagnosis:
                 interval_s=r.interval_s,
                 exception=r.exception,
                 wrapped=r.wrapped,
-                groups={
-                    n: GroupInfo(n, g.desc, None if g.ranks is None else tuple(g.ranks))
-                    for n, g in groups.items()
-                },
+                groups=dict(infos),
                 thread_stacks=store.thread_stacks_of(r, stacks),
                 config=configs.get(r.rank),
             )
@@ -480,9 +492,11 @@ class LiveDiagnosis:
             js.rank_seen_ns[snap.rank] = snap.snapshot_time_ns
         for name, g in snap.groups.items():
             old = s.groups.get(name)
-            s.groups[name] = type(g)(
-                name, g.desc or (old.desc if old else ""), g.ranks or (old.ranks if old else None)
-            )
+            ranks = g.ranks or (old.ranks if old else None)
+            if ranks is not None:
+                # One object per distinct member list of the job: diagnosis counts them by object.
+                ranks = js.member_lists.setdefault(ranks, ranks)
+            s.groups[name] = type(g)(name, g.desc or (old.desc if old else ""), ranks)
         add_entries(s, snap.entries)
         self._count_collectives(js, s, snap)
         cap = self._settings.max_summary_seqs
@@ -636,11 +650,13 @@ class LiveDiagnosis:
     def _update_gauges(self, js: JobState, report: Report, now_ns: int) -> None:
         assert js.summaries is not None
         oldest: dict[str, int] = {}
-        names = {g for s in js.summaries.values() for g in s.tracks}
-        for g in names:
-            holders = [s.tracks[g] for s in js.summaries.values() if g in s.tracks and s.tracks[g].seqs]
-            if not holders:
-                continue
+        # One pass over the ranks' tracks (not one per group: thousands of groups x ranks).
+        by_group: dict[str, list[GroupTrack]] = {}
+        for s in js.summaries.values():
+            for g, t in s.tracks.items():
+                if t.seqs:
+                    by_group.setdefault(g, []).append(t)
+        for g, holders in by_group.items():
             t_min: int | None = None
             for t in holders:
                 for e in t.tail:

@@ -28,6 +28,8 @@ from flightdeck.server.models import JOB_STATUSES
 NS = 1_000_000_000
 #: Buckets (seconds) of `flightdeck_ingest_latency_seconds`.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+#: Batches per group-commit transaction.
+GROUP_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
 
 @dataclass(slots=True)
@@ -121,6 +123,8 @@ class IngestMetrics:
         self.latency = _Hist(LATENCY_BUCKETS)
         self.rejects = _LabeledCount(("auth", "schema", "too_large"))
         self.db_errors = _Count()
+        self.group_batches = _Hist(GROUP_BUCKETS)
+        self.diagnosis = _Hist(LATENCY_BUCKETS)
 
     def collect(self) -> Iterable[Metric]:
         """The ingest metric families."""
@@ -149,7 +153,21 @@ class IngestMetrics:
             "Database errors while ingesting or diagnosing.",
             value=self.db_errors.value,
         )
-        yield from (batches, entries, latency, rejects, errors)
+        counts, total = self.group_batches.snapshot()
+        group = HistogramMetricFamily(
+            "flightdeck_ingest_group_size_batches",
+            "Batches applied per ingest transaction (concurrent batches share one: group commit).",
+            buckets=_cumulative(GROUP_BUCKETS, counts),
+            sum_value=total,
+        )
+        counts, total = self.diagnosis.snapshot()
+        diagnosis = HistogramMetricFamily(
+            "flightdeck_diagnosis_duration_seconds",
+            "One live diagnosis of one job: analysis, findings stored, gauges.",
+            buckets=_cumulative(LATENCY_BUCKETS, counts),
+            sum_value=total,
+        )
+        yield from (batches, entries, latency, rejects, errors, group, diagnosis)
 
 
 def _hist(name: str, doc: str, labels: list[str]) -> HistogramMetricFamily:

@@ -89,9 +89,10 @@ class ServerSettings(BaseSettings):
         "decompression (413 above).",
     )
     max_inflight_ingests: int = Field(
-        default=4,
+        default=16,
         ge=1,
-        description="Ingest requests processed at once; more get 429 with Retry-After.",
+        description="Ingest requests in flight at once (decoding, or waiting to share a group "
+        "commit); more get 429 with Retry-After.",
     )
     retry_after_s: int = Field(
         default=1, ge=1, description="Retry-After (seconds) sent with 429 and 503 answers."

@@ -149,46 +149,64 @@ class IngestCache:
         self.tokens.update(update.tokens)
 
 
-def claim_batch(*, session: Session, batch_id: str, collector_id: int | None, now_ns: int) -> bool:
-    """Record `batch_id` as applied; False when it already was (the batch is a duplicate).
+def claim_batches(*, session: Session, batches: Sequence[tuple[str, int | None]], now_ns: int) -> set[str]:
+    """Record batch ids as applied, in one statement; returns the ids that were new (the others
+    were applied before: duplicates).
 
-    Runs first in the batch's transaction: on PostgreSQL a concurrent transaction with the same id
-    waits on the key and then sees the conflict, so one batch is applied once across servers.
+    Runs first in the transaction: on PostgreSQL a concurrent transaction with one of the ids
+    waits on its key and then sees the conflict, so a batch is applied once across servers. Ids
+    go in sorted order, so two transactions claiming overlapping sets cannot deadlock.
     """
+    rows = {
+        bid: {"batch_id": bid, "received_at_ns": now_ns, "collector_id": cid}
+        for bid, cid in reversed(batches)
+    }
     stmt = (
-        _insert(session, IngestedBatch)
-        .values(batch_id=batch_id, received_at_ns=now_ns, collector_id=collector_id)
+        _insert(session, IngestedBatch.__table__)
+        .values([rows[k] for k in sorted(rows)])
         .on_conflict_do_nothing(index_elements=["batch_id"])
         .returning(IngestedBatch.batch_id)
     )
-    return session.execute(stmt).first() is not None
+    return set(session.connection().execute(stmt).scalars())
 
 
-def ingest_batch(
+def ingest_batches(
     *,
     session: Session,
-    batch: Batch,
-    collector_id: int | None,
+    batches: Sequence[tuple[Batch, int | None]],
     now_ns: int,
     cache: IngestCache | None = None,
-) -> IngestResult:
-    """Apply a decoded batch: jobs, ranks, groups, stacks, signatures, entries, NIXL samples.
+) -> tuple[list[IngestResult], CacheUpdate]:
+    """Apply decoded (batch, collector id) pairs in one pass: jobs, ranks, groups, stacks,
+    signatures, entries, NIXL samples; one result per batch, in order.
 
-    With a `cache`, rows the process already knows are neither looked up nor rewritten; the ids
-    this batch found are in `result.learned`, for `cache.learn` after COMMIT.
+    Several batches share every statement (group commit: see `flightdeck.server.group_commit`),
+    so a transaction costs the same round trips for one batch or fifty. A batch id already
+    applied, or repeated in `batches`, gives a duplicate result and changes nothing. With a
+    `cache`, rows the process already knows are neither looked up nor rewritten; the ids found
+    are in the returned update, for `cache.learn` after COMMIT.
     """
-    if not claim_batch(session=session, batch_id=batch.batch_id, collector_id=collector_id, now_ns=now_ns):
-        return IngestResult(duplicate=True)
+    claimed = claim_batches(session=session, batches=[(b.batch_id, c) for b, c in batches], now_ns=now_ns)
     cache = cache or IngestCache(touch_every_ns=0)
     learned = CacheUpdate()
-    result = IngestResult(duplicate=False, learned=learned)
-    stack_ids = _stack_ids(session, batch)
+    results: list[IngestResult] = []
+    fresh: list[tuple[Batch, IngestResult]] = []
+    for b, _ in batches:
+        r = IngestResult(duplicate=b.batch_id not in claimed, learned=learned)
+        claimed.discard(b.batch_id)  # a second copy in this call is a duplicate
+        results.append(r)
+        if not r.duplicate:
+            fresh.append((b, r))
+    if not fresh:
+        return results, learned
+    snapshots = [s for b, _ in fresh for s in b.snapshots]
+    stack_ids = _stack_ids(session, snapshots)
     # Each entry's signature key is built and hashed once: `sig_of[i]` is the number of entry
     # i's key in `sig_index` (entries in snapshot order); `sig_row_of` maps numbers to row ids.
     sig_index: dict[SigKey, int] = {}
     sig_of: list[int] = []
     add_sig = sig_of.append
-    for s in batch.snapshots:
+    for s in snapshots:
         for e in s.entries:
             sk = (
                 e.raw_op,
@@ -205,9 +223,10 @@ def ingest_batch(
             add_sig(k)
     sig_ids = _signature_ids(session, list(sig_index), cache, learned)
     sig_row_of = [sig_ids[sk] for sk in sig_index]
-    hosts = _host_ids(session, {s.host for s in batch.snapshots if s.host}, cache, learned)
+    hosts = _host_ids(session, {s.host for s in snapshots if s.host}, cache, learned)
     job_ids: dict[tuple[str, int], int] = {}
-    for s in batch.snapshots:
+    created: set[int] = set()
+    for s in snapshots:
         key = (s.job, s.attempt)
         if key in job_ids:
             continue
@@ -217,34 +236,33 @@ def ingest_batch(
             and (s.world_size is None or s.world_size == known[1])
             and now_ns - known[2] < cache.touch_every_ns
         ):
-            job_id, created = known[0], False  # touched less than touch_every_ns ago
-        else:
-            job_id, created = upsert_job(
-                session=session, name=s.job, attempt=s.attempt, world_size=s.world_size, seen_ns=now_ns
-            )
-            learned.jobs[key] = (job_id, s.world_size or (known[1] if known else None), now_ns)
+            job_ids[key] = known[0]  # touched less than touch_every_ns ago
+            continue
+        job_id, new_job = upsert_job(
+            session=session, name=s.job, attempt=s.attempt, world_size=s.world_size, seen_ns=now_ns
+        )
+        learned.jobs[key] = (job_id, s.world_size or (known[1] if known else None), now_ns)
         job_ids[key] = job_id
-        result.jobs[job_id] = key
-        if created:
-            result.created_jobs.add(job_id)
-    group_ids = _group_ids(session, batch, job_ids, cache, learned)
-    _upsert_ranks(session, batch, job_ids, hosts, stack_ids, now_ns)
-    _upsert_rank_configs(session, batch, job_ids)
-    # One row per (job, rank, record_id): a batch may carry several snapshots of a rank; the newest
-    # wins, but a frame-less periodic snapshot must not drop the stack an older one sent.
+        if new_job:
+            created.add(job_id)
+    group_ids = _group_ids(session, snapshots, job_ids, cache, learned)
+    _upsert_ranks(session, snapshots, job_ids, hosts, stack_ids, now_ns)
+    _upsert_rank_configs(session, snapshots, job_ids)
+    # One row per (job, rank, record_id): the batches may carry several snapshots of a rank; the
+    # newest wins, but a frame-less periodic snapshot must not drop the stack an older one sent.
     rows: dict[tuple[int, int, int], tuple[Any, ...]] = {}
     plain: list[tuple[Any, ...]] = []
-    several = len({(s.job, s.attempt, s.rank) for s in batch.snapshots}) < len(batch.snapshots)
+    several = len({(s.job, s.attempt, s.rank) for s in snapshots}) < len(snapshots)
     stack_of = stack_ids.get
     # Where each snapshot's entries start in `sig_of` (snapshot order; rows go in time order).
     starts = []
     pos = 0
-    for s in batch.snapshots:
+    for s in snapshots:
         starts.append(pos)
         pos += len(s.entries)
     state_codes = STATE_CODES
-    for si in sorted(range(len(batch.snapshots)), key=lambda i: batch.snapshots[i].snapshot_time_ns):
-        s = batch.snapshots[si]
+    for si in sorted(range(len(snapshots)), key=lambda i: snapshots[i].snapshot_time_ns):
+        s = snapshots[si]
         job_id = job_ids[(s.job, s.attempt)]
         gids = group_ids[job_id]
         rank = s.rank
@@ -272,7 +290,7 @@ def ingest_batch(
                 stack_of(id(frames)) if frames else None,
             )
             if not several:
-                plain.append(row)  # the common case: each rank once per batch, keys are unique
+                plain.append(row)  # the common case: each rank once, keys are unique
                 continue
             row_key = (job_id, rank, e.record_id)
             old = rows.get(row_key)
@@ -283,19 +301,27 @@ def ingest_batch(
         plain = list(rows.values())
     if plain:
         _upsert_entries(session, plain)
-    for s in batch.snapshots:
-        result.snapshots.append(AppliedSnapshot(job_ids[(s.job, s.attempt)], s))
-    result.entries = sum(len(s.entries) for s in batch.snapshots)
-    if batch.nixl:
-        from flightdeck.nixl_records import NixlSample
+    for b, r in fresh:
+        for s in b.snapshots:
+            job_id = job_ids[(s.job, s.attempt)]
+            r.jobs[job_id] = (s.job, s.attempt)
+            r.snapshots.append(AppliedSnapshot(job_id, s))
+        # Every batch of the job learns it is new: their diagnosis may see any of them first.
+        r.created_jobs = created & r.jobs.keys()
+        r.entries = b.entry_count
+        if b.nixl:
+            from flightdeck.nixl_records import NixlSample
 
-        upsert_nixl(session=session, samples=[NixlSample.from_wire(d) for d in batch.nixl])
-    if collector_id is not None and now_ns - cache.tokens.get(collector_id, 0) >= cache.touch_every_ns:
-        session.execute(
-            update(CollectorToken).where(CollectorToken.id == collector_id).values(last_push_ns=now_ns)
-        )
-        learned.tokens[collector_id] = now_ns
-    return result
+            upsert_nixl(session=session, samples=[NixlSample.from_wire(d) for d in b.nixl])
+    for collector_id in sorted(
+        {c for (b, c), r in zip(batches, results, strict=True) if c is not None and not r.duplicate}
+    ):
+        if now_ns - cache.tokens.get(collector_id, 0) >= cache.touch_every_ns:
+            session.execute(
+                update(CollectorToken).where(CollectorToken.id == collector_id).values(last_push_ns=now_ns)
+            )
+            learned.tokens[collector_id] = now_ns
+    return results, learned
 
 
 #: Column order of the entry tuples `_upsert_entries` takes.
@@ -481,14 +507,14 @@ def _host_ids(session: Session, names: set[str], cache: IngestCache, learned: Ca
     return out
 
 
-def _stack_ids(session: Session, batch: Batch) -> dict[int, int]:
-    """id(stack tuple) -> stack row id, for every stack the batch references.
+def _stack_ids(session: Session, snapshots: Sequence[Snapshot]) -> dict[int, int]:
+    """id(stack tuple) -> stack row id, for every stack the snapshots reference.
 
     Decoding makes every reference to stack table slot k the same tuple object, so `id()` finds
     a stack without hashing its frames once per entry.
     """
     by_obj: dict[int, Stack] = {}
-    for s in batch.snapshots:
+    for s in snapshots:
         for e in s.entries:
             if e.frames:
                 by_obj.setdefault(id(e.frames), e.frames)
@@ -565,7 +591,7 @@ def _signature_ids(
 
 def _group_ids(
     session: Session,
-    batch: Batch,
+    snapshots: Sequence[Snapshot],
     job_ids: dict[tuple[str, int], int],
     cache: IngestCache,
     learned: CacheUpdate,
@@ -577,7 +603,7 @@ def _group_ids(
     per snapshot would be most of the work of a batch.
     """
     wanted: dict[tuple[int, str], tuple[str, tuple[int, ...] | None]] = {}
-    for s in batch.snapshots:
+    for s in snapshots:
         job_id = job_ids[(s.job, s.attempt)]
         for name, g in s.groups.items():
             wanted[(job_id, name[:128])] = (g.desc[:256], None if g.ranks is None else tuple(g.ranks))
@@ -626,14 +652,14 @@ def _group_ids(
 
 def _upsert_ranks(
     session: Session,
-    batch: Batch,
+    snapshots: Sequence[Snapshot],
     job_ids: dict[tuple[str, int], int],
     hosts: dict[str, int],
     stack_ids: dict[int, int],
     now_ns: int,
 ) -> None:
     latest: dict[tuple[int, int], Snapshot] = {}
-    for s in batch.snapshots:
+    for s in snapshots:
         key = (job_ids[(s.job, s.attempt)], s.rank)
         old = latest.get(key)
         if old is None or s.snapshot_time_ns >= old.snapshot_time_ns:
@@ -695,10 +721,12 @@ def _upsert_ranks(
     session.connection().execute(stmt, rows)
 
 
-def _upsert_rank_configs(session: Session, batch: Batch, job_ids: dict[tuple[str, int], int]) -> None:
+def _upsert_rank_configs(
+    session: Session, snapshots: Sequence[Snapshot], job_ids: dict[tuple[str, int], int]
+) -> None:
     """Store each rank's newest configuration report; an unchanged report writes nothing."""
     latest: dict[tuple[int, int], Snapshot] = {}
-    for s in batch.snapshots:
+    for s in snapshots:
         if s.config is None:
             continue
         key = (job_ids[(s.job, s.attempt)], s.rank)

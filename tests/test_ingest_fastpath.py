@@ -253,3 +253,59 @@ def test_sqlite_upsert_respects_a_low_parameter_limit(tmp_path: Any) -> None:
             assert session.query(EntryRow).count() == 700
     finally:
         db.dispose()
+
+
+def test_batches_applied_together_equal_batches_applied_one_by_one(database_url: str) -> None:
+    """Group commit: one `ingest_batches` call over several batches stores what one call per
+    batch stores; a batch id repeated in the call, or applied before, is a duplicate."""
+    db = connect(database_url)
+    migrate(db)
+
+    def batches(job: str) -> list[Batch]:
+        def snap(rank: int, t: int, entries: list[Entry]) -> Snapshot:
+            return Snapshot(job=job, attempt=0, rank=rank, snapshot_time_ns=t, host="h", entries=entries)
+
+        started = [
+            replace(entry(i), state="started", retired=False, time_completed_ns=None) for i in range(5)
+        ]
+        return [
+            Batch(f"{job}-1", "h", "1", 1, [snap(0, 10, started), snap(1, 10, [entry(i) for i in range(3)])]),
+            Batch(f"{job}-2", "h", "1", 2, [snap(2, 11, [entry(i) for i in range(4)])]),
+            # Rank 0 again, later: its in-flight entries completed, entry 3 now without frames
+            # (a frame-less periodic snapshot keeps the stack an older one sent).
+            Batch(f"{job}-3", "h", "1", 3, [snap(0, 12, [entry(3, frames=()), entry(4), entry(5)])]),
+        ]
+
+    def stored(job: str) -> list[tuple[Any, ...]]:
+        with db.read() as session:
+            j = store.get_job(session=session, name=job)
+            assert j is not None
+            rows = session.query(EntryRow).filter(EntryRow.job_id == j.id).all()
+            return sorted(
+                (r.rank, r.record_id, r.seq, r.state, r.retired, r.time_completed_ns, r.stack_id is not None)
+                for r in rows
+            )
+
+    try:
+        one = batches("single")
+        with db.write() as session, session.begin():
+            store.ingest_batches(session=session, batches=[(one[0], None)], now_ns=5)
+        for b in one:  # the first again: a duplicate
+            with db.write() as session, session.begin():
+                store.ingest_batches(session=session, batches=[(b, None)], now_ns=5)
+        together = batches("group")
+        with db.write() as session, session.begin():
+            store.ingest_batches(session=session, batches=[(together[0], None)], now_ns=5)
+        with db.write() as session, session.begin():
+            results, _ = store.ingest_batches(
+                session=session,
+                batches=[(together[0], None), (together[1], None), (together[1], None), (together[2], None)],
+                now_ns=5,
+            )
+        assert [r.duplicate for r in results] == [True, False, True, False]
+        assert [r.entries for r in results] == [0, 4, 0, 3]
+        assert [[a.snapshot.rank for a in r.snapshots] for r in results] == [[], [2], [], [0]]
+        assert stored("group") == stored("single")
+        assert (0, 3, 4, 2, True, 3_003, True) in stored("group")  # completed, stack kept
+    finally:
+        db.dispose()

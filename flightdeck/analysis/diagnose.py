@@ -131,7 +131,10 @@ def _groups(by_rank: dict[int, RankSummary], world_size: int | None) -> list[_Gr
     """Every process group with its members: from metadata/pg_config, else from who recorded it."""
     # One pass over the ranks (not one per group: thousands of groups times thousands of ranks).
     names: set[str] = set()
-    declared_by: dict[str, Counter[tuple[int, ...]]] = {}
+    # Member lists are counted by object first: hashing a world-sized tuple once per rank is
+    # ranks x world element hashes per diagnosis, while ranks that share one list object (the
+    # live server interns them) cost one hash for all.
+    declared_by: dict[str, dict[int, tuple[tuple[int, ...], int]]] = {}
     descs_by: dict[str, Counter[str]] = {}
     recorded_by: dict[str, list[int]] = {}
     for r, s in by_rank.items():
@@ -141,12 +144,16 @@ def _groups(by_rank: dict[int, RankSummary], world_size: int | None) -> list[_Gr
             recorded_by.setdefault(name, []).append(r)
         for name, info in s.groups.items():
             if info.ranks:
-                declared_by.setdefault(name, Counter())[info.ranks] += 1
+                objs = declared_by.setdefault(name, {})
+                seen = objs.get(id(info.ranks))
+                objs[id(info.ranks)] = (info.ranks, 1 if seen is None else seen[1] + 1)
             if info.desc and info.desc != "undefined":
                 descs_by.setdefault(name, Counter())[info.desc] += 1
     out: list[_Group] = []
     for name in sorted(names, key=_group_sort_key):
-        declared = declared_by.get(name) or Counter()
+        declared: Counter[tuple[int, ...]] = Counter()
+        for members_obj, n in (declared_by.get(name) or {}).values():
+            declared[members_obj] += n
         descs = descs_by.get(name) or Counter()
         recorded = tuple(sorted(recorded_by.get(name, ())))
         if declared:

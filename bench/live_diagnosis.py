@@ -1,0 +1,104 @@
+"""Cost of the live diagnosis of one large job, in process: fold, diagnose, gauges.
+
+The job is `bench/loadgen.py`'s simulated one (N ranks on H hosts, 10 collectives/s over 3
+kinds of groups, snapshots every 2 s shipping new and changed entries), run for `--history`
+seconds and then fed, snapshot by snapshot, to the server's `LiveDiagnosis` on a scratch SQLite
+database (findings and reports are written as in the server). Prints the seconds per diagnosis
+round with and without the straggler analysis, and what one 2 s round of snapshots costs to
+fold in.
+
+    python bench/live_diagnosis.py --ranks 4096 --hosts 512 --history 30
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+from bench.loadgen import NS, RankSim, Sim, Topology
+from flightdeck.server import store
+from flightdeck.server.db import connect, migrate
+from flightdeck.server.live import LiveDiagnosis
+from flightdeck.server.settings import ServerSettings
+from flightdeck.wire import Snapshot
+
+
+def rounds(sim: Sim, t0_ns: int, history_s: float) -> list[list[Snapshot]]:
+    """Every rank's snapshots, one list per 2 s snapshot round."""
+    out = []
+    t = t0_ns + int(sim.interval_s * NS)
+    while t <= t0_ns + int(history_s * NS):
+        out.append([sim.snapshot(r, t, f"sim-{r.rank // sim.topo.per_host:05d}") for r in sim.ranks])
+        t += int(sim.interval_s * NS)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ranks", type=int, default=4096)
+    ap.add_argument("--hosts", type=int, default=512)
+    ap.add_argument("--groups", type=int, default=3)
+    ap.add_argument("--history", type=float, default=30.0, help="seconds of the job before measuring")
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args(argv)
+
+    topo = Topology(args.ranks, args.hosts, args.groups)
+    topo.build()
+    t0 = time.time_ns() - int((args.history + 2) * NS)
+    rng = random.Random(1)
+    sim = Sim("bench-live", topo, 10.0, 2.0, t0, "none", 0, None, 60.0)
+    sim.ranks = [RankSim(r, rng.randrange(2_000_000)) for r in range(args.ranks)]
+    built = time.perf_counter()
+    snaps = rounds(sim, t0, args.history)
+    built = time.perf_counter() - built
+
+    with tempfile.TemporaryDirectory() as tmp:
+        url = f"sqlite:///{tmp}/live.db"
+        db = connect(url)
+        migrate(db)
+        settings = ServerSettings(database_url=url, stall_after_s=30)
+        live = LiveDiagnosis(
+            db=db, settings=settings, clock=time.time_ns, on_events=lambda *_: None, on_db_error=lambda: None
+        )
+        with db.write() as session, session.begin():
+            job_id, _ = store.upsert_job(
+                session=session, name=sim.job, attempt=0, world_size=args.ranks, seen_ns=time.time_ns()
+            )
+        fold_s = []
+        for batch in snaps:
+            result = store.IngestResult(duplicate=False, jobs={job_id: (sim.job, 0)}, created_jobs={job_id})
+            result.snapshots = [store.AppliedSnapshot(job_id, s) for s in batch]
+            live.submit(result)
+            js = live.jobs[job_id]
+            started = time.perf_counter()
+            live._fold(js)
+            fold_s.append(time.perf_counter() - started)
+        js = live.jobs[job_id]
+        timings: dict[str, list[float]] = {"with stragglers": [], "without": []}
+        for _ in range(args.repeat):
+            for label, last in (("with stragglers", -1e9), ("without", time.monotonic())):
+                js.last_stragglers = last
+                started = time.perf_counter()
+                live.diagnose_job(js)
+                timings[label].append(time.perf_counter() - started)
+        entries = sum(len(s.entries) for b in snaps for s in b)
+        print(
+            f"{args.ranks} ranks / {args.hosts} hosts, {args.groups} group kinds "
+            f"({len({g for m in topo.member for g, _, _ in m})} groups), {args.history:.0f} s of history "
+            f"({entries:,} entries; simulated in {built:.1f} s)"
+        )
+        print(f"fold one 2 s round of snapshots: {sorted(fold_s)[len(fold_s) // 2]:.3f} s (median)")
+        for label, ts in timings.items():
+            print(
+                f"diagnose_job {label}: {min(ts):.3f} s (best of {len(ts)}), findings: "
+                f"{[f.kind for f in (js.report.findings if js.report else [])]}"
+            )
+
+
+if __name__ == "__main__":
+    main()
