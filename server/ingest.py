@@ -199,6 +199,9 @@ class IngestService:
         )
         #: Row ids this process already knows (signatures, hosts, groups, recently touched jobs).
         self._cache = store.IngestCache()
+        #: token hash -> (its collector, clock when the database last confirmed it): valid tokens
+        #: only, so it holds at most one entry per token (`auth_cache_s`).
+        self._tokens: dict[str, tuple[Collector, int]] = {}
 
     def _write(self, group: list[Pending[_Request]]) -> None:
         """Apply a group of decoded batches in one transaction, then hand them to the diagnosis
@@ -279,9 +282,14 @@ class IngestService:
         if scheme.lower() != "bearer" or not token.strip():
             self._reject("auth")
             raise AuthError("expected 'Authorization: Bearer <token>'")
+        token_hash = hash_token(token.strip())
+        now_ns = self._clock()
+        hit = self._tokens.get(token_hash)
+        if hit is not None and now_ns - hit[1] < self._settings.auth_cache_s * 1e9:
+            return hit[0]
         try:
             with self._db.read() as session:
-                row = store.active_token(session=session, token_hash=hash_token(token.strip()))
+                row = store.active_token(session=session, token_hash=token_hash)
                 found = None if row is None else Collector(row.id, row.name)
         except OperationalError:
             self._metrics.db_errors.inc()
@@ -290,8 +298,10 @@ class IngestService:
                 "database unavailable", retry_after_s=self._settings.retry_after_s
             ) from None
         if found is None:
+            self._tokens.pop(token_hash, None)
             self._reject("auth")
             raise AuthError("unknown or revoked token")
+        self._tokens[token_hash] = (found, now_ns)
         return found
 
     def _unavailable(self) -> UnavailableError:

@@ -94,6 +94,12 @@ class ServerSettings(BaseSettings):
         description="Ingest requests in flight at once (decoding, or waiting to share a group "
         "commit); more get 429 with Retry-After.",
     )
+    auth_cache_s: float = Field(
+        default=1.0,
+        ge=0,
+        description="How long a verified collector token is trusted without asking the database "
+        "again (one query per request otherwise): a revoked token is refused within this time.",
+    )
     retry_after_s: int = Field(
         default=1, ge=1, description="Retry-After (seconds) sent with 429 and 503 answers."
     )

@@ -529,6 +529,7 @@ def test_revoked_token_keeps_batches_until_a_new_token_is_given(tmp_path: Path, 
         wait_until(lambda: len(server.timeline()) == 4 * len(feeders), 60, "the first snapshots")
 
         server.token("revoke", COLLECTOR_NAME)
+        time.sleep(1.2)  # the server trusts a verified token for auth_cache_s (1 s)
         for f in feeders.values():
             f.write_early(8, age_s=2.0)
         wait_until(

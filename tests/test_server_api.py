@@ -168,6 +168,9 @@ def test_auth_missing_bad_and_revoked_tokens(server: Server) -> None:
     assert server.client.post(url, content=data, headers={**headers, **AUTH}).status_code == 200
     with server.svc.db.write() as session, session.begin():
         assert store.revoke_token(session=session, name="test-collector", now_ns=server.clock())
+    # A verified token is trusted for auth_cache_s (default 1 s) without asking the database.
+    assert server.client.post(url, content=data, headers={**headers, **AUTH}).status_code == 200
+    server.clock.advance(1.0)
     r = server.client.post(url, content=data, headers={**headers, **AUTH})
     assert r.status_code == 401
     assert "revoked" in r.json()["detail"]
