@@ -271,6 +271,17 @@ class IngestService:
             self._live.submit(r, source=req.batch.collector_host, lag_s=lag, skew_free=skew_free)
         self._live.wake()
 
+    def cached(self, authorization: str | None) -> Collector | None:
+        """The collector of a token verified less than `auth_cache_s` ago, else None (no I/O:
+        the route calls this on the event loop and `authenticate` in a thread only on a miss)."""
+        scheme, _, token = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return None
+        hit = self._tokens.get(hash_token(token.strip()))
+        if hit is not None and self._clock() - hit[1] < self._settings.auth_cache_s * 1e9:
+            return hit[0]
+        return None
+
     def authenticate(self, authorization: str | None) -> Collector:
         """The collector a `Authorization: Bearer <token>` header belongs to; AuthError if none."""
         if not authorization:
@@ -282,11 +293,11 @@ class IngestService:
         if scheme.lower() != "bearer" or not token.strip():
             self._reject("auth")
             raise AuthError("expected 'Authorization: Bearer <token>'")
+        hit = self.cached(authorization)
+        if hit is not None:
+            return hit
         token_hash = hash_token(token.strip())
         now_ns = self._clock()
-        hit = self._tokens.get(token_hash)
-        if hit is not None and now_ns - hit[1] < self._settings.auth_cache_s * 1e9:
-            return hit[0]
         try:
             with self._db.read() as session:
                 row = store.active_token(session=session, token_hash=token_hash)

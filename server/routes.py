@@ -52,7 +52,10 @@ def _s(ns: int | None) -> float | None:
 async def ingest(request: Request, svc: ServicesDep) -> dict[str, Any]:
     """Apply one batch (JSON, optionally gzip); idempotent by batch_id. Needs a collector token."""
     started = time.perf_counter()
-    collector = await run_in_threadpool(svc.ingest.authenticate, request.headers.get("authorization"))
+    authorization = request.headers.get("authorization")
+    collector = svc.ingest.cached(authorization)
+    if collector is None:
+        collector = await run_in_threadpool(svc.ingest.authenticate, authorization)
     svc.ingest.acquire()
     try:
         svc.ingest.check_length(request.headers.get("content-length"))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import statistics
+from array import array
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -211,7 +212,7 @@ def _group_label(g: _Group) -> str:
 # --- mismatches ----------------------------------------------------------------------------------
 
 
-def _holds(track: GroupTrack, lo: int, hi: int) -> list[int] | None:
+def _holds(track: GroupTrack, lo: int, hi: int) -> array[int] | None:
     """The fingerprints for seqs lo..hi, when the track holds all of them contiguously."""
     i = track.index_of(lo)
     j = track.index_of(hi)
@@ -238,12 +239,13 @@ def _mismatch(g: _Group, by_rank: dict[int, RankSummary]) -> Finding | None:
     if lo <= hi_common:
         slices = {r: _holds(t, lo, hi_common) for r, t in tracks.items()}
         if all(v is not None for v in slices.values()):
-            classes: dict[tuple[int, ...], int] = {}
-            for r, sl in slices.items():
+            # Identical windows are one class: compared as bytes, one hash per rank.
+            classes: dict[bytes, array[int]] = {}
+            for sl in slices.values():
                 assert sl is not None
-                classes.setdefault(tuple(sl), r)
+                classes.setdefault(sl.tobytes(), sl)
             if len(classes) > 1:
-                reps = list(classes)
+                reps = list(classes.values())
                 for k in range(hi_common - lo + 1):
                     if len({rep[k] for rep in reps}) > 1:
                         first_bad = lo + k
@@ -941,7 +943,9 @@ def _stragglers(
 ) -> tuple[dict[str, list[float]], list[Finding]]:
     skews: dict[str, list[float]] = {}
     last_count: Counter[int] = Counter()
-    lags: dict[int, list[float]] = {}
+    #: Per compared group: (enqueue times by rank, the earliest of each collective). Lags are
+    #: worked out only for the few ranks that arrive last most often, at the end.
+    compared: list[tuple[dict[int, array[int]], list[int]]] = []
     samples = 0
     for g in groups:
         tracks = {
@@ -956,30 +960,33 @@ def _stragglers(
         if hi < lo:
             continue
         lo = max(lo, hi - SKEW_WINDOW + 1)
-        rows: dict[int, list[int]] = {}
+        rows: dict[int, array[int]] = {}
         for r, t in tracks.items():
             i, j = t.index_of(lo), t.index_of(hi)
             if i is None or j is None or j - i != hi - lo:
                 break
             rows[r] = t.created_ns[i : j + 1]
         else:
+            # Column by column (one collective across the ranks), with the loops in C: this
+            # runs over every member of every group, 256 collectives deep.
             ranks = list(rows)
-            g_skews: list[float] = []
-            for k in range(hi - lo + 1):
-                col = [rows[r][k] for r in ranks]
-                tmin = min(col)
-                tmax = max(col)
-                g_skews.append((tmax - tmin) / NS)
-                last_count[ranks[col.index(tmax)]] += 1
-                for r, t_ns in zip(ranks, col, strict=True):
-                    lags.setdefault(r, []).append((t_ns - tmin) / NS)
+            cols = list(zip(*rows.values(), strict=True))
+            tmins = list(map(min, cols))
+            tmaxs = list(map(max, cols))
+            last_count.update(ranks[col.index(tmax)] for col, tmax in zip(cols, tmaxs, strict=True))
             samples += hi - lo + 1
-            skews[g.name] = g_skews
+            skews[g.name] = [(b - a) / NS for a, b in zip(tmins, tmaxs, strict=True)]
+            compared.append((rows, tmins))
     found: list[Finding] = []
     if samples >= opts.straggler_min_samples:
         for r, n in last_count.most_common(3):
             share = n / samples
-            lag = statistics.median(lags[r])
+            lag = statistics.median(
+                (t - m) / NS
+                for rows, tmins in compared
+                if r in rows
+                for t, m in zip(rows[r], tmins, strict=True)
+            )
             if share >= opts.straggler_min_share and lag >= opts.straggler_min_lag_s:
                 found.append(
                     Finding(

@@ -10,6 +10,7 @@ can be built next to the file (in a worker process, in the collector) and shippe
 from __future__ import annotations
 
 import hashlib
+from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +29,8 @@ from flightdeck.records import (
 
 #: Entries kept in full per group (the frontier: where each rank is and what it waits on).
 TAIL = 4
+_INT64 = 1 << 63
+_BAD_VALUES = "entries with a sequence id or time outside 64 bits were skipped"
 
 #: Canonical ops whose per-rank sizes may legitimately differ (uneven splits, root-only buffers).
 _SIZES_FREE = frozenset({"all_to_all", "all_to_allv"})
@@ -69,9 +72,12 @@ def fingerprint(sig: Signature) -> int:
 class GroupTrack:
     """What one rank holds of one process group's collectives, oldest first."""
 
-    seqs: list[int] = field(default_factory=list)
-    fps: list[int] = field(default_factory=list)
-    created_ns: list[int] = field(default_factory=list)
+    # Machine-integer arrays, not lists: 8 bytes a value instead of ~36 (a pointer and an int
+    # object), and nothing for the cyclic garbage collector to walk. A live server holds these
+    # for every rank and group of every job, thousands of collectives deep.
+    seqs: array[int] = field(default_factory=lambda: array("q"))
+    fps: array[int] = field(default_factory=lambda: array("q"))
+    created_ns: array[int] = field(default_factory=lambda: array("q"))
     #: The last TAIL collective entries in full, oldest first.
     tail: list[Entry] = field(default_factory=list)
     #: Point-to-point entries (NCCL records them; gloo does not), oldest first.
@@ -196,6 +202,11 @@ def add_entries(s: RankSummary, entries: Iterable[Entry]) -> None:
         if e.frames:
             sig_frames[fp] = e.frames
         seq = e.collective_seq_id
+        if not (0 <= seq < _INT64 and -_INT64 <= e.time_created_ns < _INT64):
+            # Not a value torch writes (a corrupt or hostile file): kept out of the int64 arrays.
+            if _BAD_VALUES not in s.warnings:
+                s.warnings = (*s.warnings, _BAD_VALUES)
+            continue
         if track.seqs and seq <= track.seqs[-1]:
             # Out of order or repeated (merged snapshots): replace in place.
             i = track.index_of(seq)
@@ -262,9 +273,9 @@ def summary_to_dict(s: RankSummary) -> dict[str, Any]:
         },
         "tracks": {
             k: {
-                "seqs": t.seqs,
-                "fps": t.fps,
-                "created_ns": t.created_ns,
+                "seqs": t.seqs.tolist(),
+                "fps": t.fps.tolist(),
+                "created_ns": t.created_ns.tolist(),
                 "tail": [_entry_dict(e) for e in t.tail],
                 "p2p": [_entry_dict(e) for e in t.p2p],
             }
@@ -332,9 +343,9 @@ def summary_from_dict(d: dict[str, Any]) -> RankSummary:
         },
         tracks={
             k: GroupTrack(
-                seqs=list(t["seqs"]),
-                fps=list(t["fps"]),
-                created_ns=list(t["created_ns"]),
+                seqs=array("q", t["seqs"]),
+                fps=array("q", t["fps"]),
+                created_ns=array("q", t["created_ns"]),
                 tail=[_entry_from(e) for e in t["tail"]],
                 p2p=[_entry_from(e) for e in t["p2p"]],
             )
