@@ -57,12 +57,14 @@ class ServerSettings(BaseSettings):
         "found when snapshots stop changing or a rank stops sending.",
     )
     diagnosis_max_share: float = Field(
-        default=0.5,
+        default=0.2,
         gt=0,
         le=1,
         description="Largest share of one CPU core that re-diagnosing one job may take: a job whose "
-        "diagnosis takes d seconds is diagnosed at most every d / share seconds (only large jobs "
-        "are slowed down: 4,096 ranks take about a second).",
+        "diagnosis takes d seconds (wall clock, so a busy process diagnoses less often) is "
+        "diagnosed at most every d / share seconds. Only large jobs are slowed down: 4,096 ranks "
+        "take about 0.14 s, 0.43 s with the straggler analysis (bench/live_diagnosis.py). At 0.5 "
+        "the diagnosis of a 2,048-rank job starved its own ingest within minutes.",
     )
     straggler_interval_s: float = Field(
         default=10.0,
