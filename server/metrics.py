@@ -109,6 +109,11 @@ class _Hist:
         with self._lock:
             return list(self.counts), self.total
 
+    def family(self, name: str, doc: str) -> HistogramMetricFamily:
+        """The histogram as an unlabelled metric family."""
+        counts, total = self.snapshot()
+        return HistogramMetricFamily(name, doc, buckets=_cumulative(self.buckets, counts), sum_value=total)
+
 
 class IngestMetrics:
     """The request-path metrics: counters and the latency histogram.
@@ -141,31 +146,21 @@ class IngestMetrics:
         entries = CounterMetricFamily(
             "flightdeck_ingest_entries", "Collective entries accepted.", value=self.entries.value
         )
-        counts, total = self.latency.snapshot()
-        latency = HistogramMetricFamily(
-            "flightdeck_ingest_latency_seconds",
-            "Ingest request received to rows committed.",
-            buckets=_cumulative(LATENCY_BUCKETS, counts),
-            sum_value=total,
+        latency = self.latency.family(
+            "flightdeck_ingest_latency_seconds", "Ingest request received to rows committed."
         )
         errors = CounterMetricFamily(
             "flightdeck_db_errors",
             "Database errors while ingesting or diagnosing.",
             value=self.db_errors.value,
         )
-        counts, total = self.group_batches.snapshot()
-        group = HistogramMetricFamily(
+        group = self.group_batches.family(
             "flightdeck_ingest_group_size_batches",
             "Batches applied per ingest transaction (concurrent batches share one: group commit).",
-            buckets=_cumulative(GROUP_BUCKETS, counts),
-            sum_value=total,
         )
-        counts, total = self.diagnosis.snapshot()
-        diagnosis = HistogramMetricFamily(
+        diagnosis = self.diagnosis.family(
             "flightdeck_diagnosis_duration_seconds",
             "One live diagnosis of one job: analysis, findings stored, gauges.",
-            buckets=_cumulative(LATENCY_BUCKETS, counts),
-            sum_value=total,
         )
         yield from (batches, entries, latency, rejects, errors, group, diagnosis)
 
