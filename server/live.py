@@ -100,6 +100,16 @@ class JobState:
     skew_hi: dict[str, int] = field(default_factory=dict)
     #: Distinct process-group member lists of the job, one object each (see `_apply`).
     member_lists: dict[tuple[int, ...], tuple[int, ...]] = field(default_factory=dict)
+    #: id() of each of those lists -> its lowest rank (the rank that counts the group's collectives).
+    lowest_member: dict[int, int] = field(default_factory=dict)
+
+    def intern_members(self, ranks: tuple[int, ...]) -> tuple[int, ...]:
+        """The job's one object for this member list (kept alive by `member_lists`)."""
+        kept = self.member_lists.setdefault(ranks, ranks)
+        if kept is ranks:
+            self.lowest_member[id(ranks)] = min(ranks)
+        return kept
+
     #: collector host -> (age in seconds of its latest batch when it arrived, monotonic arrival,
     #: whether the age is free of clock skew: measured by the collector's and our own clock).
     batch_lag: dict[str, tuple[float, float, bool]] = field(default_factory=dict)
@@ -437,10 +447,11 @@ class LiveDiagnosis:
 
         # The job's groups, one object each, shared by every rank (a world-sized member list
         # per rank would be ranks x world ints; diagnosis counts member lists by object).
+        js.member_lists, js.lowest_member = {}, {}
         infos = {
-            n: GroupInfo(n, g.desc, None if g.ranks is None else tuple(g.ranks)) for n, g in groups.items()
+            n: GroupInfo(n, g.desc, None if g.ranks is None else js.intern_members(tuple(g.ranks)))
+            for n, g in groups.items()
         }
-        js.member_lists = {i.ranks: i.ranks for i in infos.values() if i.ranks is not None}
         for r, host in ranks:
             s = RankSummary(
                 rank=r.rank,
@@ -495,7 +506,7 @@ class LiveDiagnosis:
             ranks = g.ranks or (old.ranks if old else None)
             if ranks is not None:
                 # One object per distinct member list of the job: diagnosis counts them by object.
-                ranks = js.member_lists.setdefault(ranks, ranks)
+                ranks = js.intern_members(ranks)
             s.groups[name] = type(g)(name, g.desc or (old.desc if old else ""), ranks)
         add_entries(s, snap.entries)
         self._count_collectives(js, s, snap)
@@ -517,9 +528,15 @@ class LiveDiagnosis:
                 lowest = lowest_of[e.group]
             else:
                 info = s.groups.get(e.group)
-                lowest = lowest_of[e.group] = (
-                    min(info.ranks) if info is not None and info.ranks else (0 if e.group == "0" else None)
-                )
+                if info is not None and info.ranks:
+                    # Known when interned; min() over a world-sized list per snapshot was most of
+                    # the cost of folding snapshots in at thousands of ranks.
+                    lowest = js.lowest_member.get(id(info.ranks))
+                    if lowest is None:
+                        lowest = min(info.ranks)
+                else:
+                    lowest = 0 if e.group == "0" else None
+                lowest_of[e.group] = lowest
             if lowest is not None and lowest != snap.rank:
                 continue
             if lowest is None:
