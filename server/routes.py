@@ -23,8 +23,9 @@ NS = 1_000_000_000
 router = APIRouter()
 
 
-def services_dep(request: Request) -> Services:
-    """The process's services (one per app)."""
+async def services_dep(request: Request) -> Services:
+    """The process's services (one per app). Async: FastAPI runs a plain function dependency in
+    its thread pool, a thread hop per request for an attribute read."""
     svc: Services = request.app.state.services
     return svc
 

@@ -158,16 +158,29 @@ def claim_batches(*, session: Session, batches: Sequence[tuple[str, int | None]]
     go in sorted order, so two transactions claiming overlapping sets cannot deadlock.
     """
     first = {bid: cid for bid, cid in reversed(batches)}
+    ids = sorted(first)
     conn = session.connection()
-    mark = "%s" if conn.dialect.name == "postgresql" else "?"
+    if conn.dialect.name == "postgresql":
+        # One statement text whatever the number of batches: psycopg parses each new text in Python.
+        return {
+            row[0]
+            for row in conn.exec_driver_sql(_PG_CLAIM, (ids, [now_ns] * len(ids), [first[b] for b in ids]))
+        }
     # Driver-level: SQLAlchemy would compile (and cache-key) a new multi-row statement per size.
-    values = ", ".join([f"({mark}, {mark}, {mark})"] * len(first))
+    values = ", ".join(["(?, ?, ?)"] * len(first))
     sql = (
         "INSERT INTO ingested_batches (batch_id, received_at_ns, collector_id) "  # noqa: S608 (marks only)
         f"VALUES {values} ON CONFLICT (batch_id) DO NOTHING RETURNING batch_id"
     )
-    params = tuple(chain.from_iterable((bid, now_ns, first[bid]) for bid in sorted(first)))
+    params = tuple(chain.from_iterable((bid, now_ns, first[bid]) for bid in ids))
     return {row[0] for row in conn.exec_driver_sql(sql, params)}
+
+
+_PG_CLAIM = (
+    "INSERT INTO ingested_batches (batch_id, received_at_ns, collector_id) "
+    "SELECT * FROM unnest(%s::text[], %s::bigint[], %s::int[]) "
+    "ON CONFLICT (batch_id) DO NOTHING RETURNING batch_id"
+)
 
 
 def ingest_batches(
@@ -694,18 +707,27 @@ def _upsert_ranks(
     if not rows:
         return
     conn = session.connection()
-    pg = conn.dialect.name == "postgresql"
-    mark = "%s" if pg else "?"
-    # Driver-level multi-row upsert: the ORM's or Core's per-statement work was a sixth of the
-    # ingest CPU for small batches. thread_stacks goes as JSON text (SQL NULL when absent).
-    one = "(" + ", ".join([mark] * (len(_RANK_COLUMNS) - 1) + [f"CAST({mark} AS json)" if pg else mark]) + ")"
+    # Driver-level upsert: the ORM's or Core's per-statement work was a sixth of the ingest CPU
+    # for small batches. thread_stacks goes as JSON text (SQL NULL when absent).
     dumps = json.dumps
-    for chunk in _chunks(rows, _RANK_ROWS_PER_STATEMENT):
-        params: list[Any] = []
-        for r in chunk:
-            params.extend(r[c] for c in _RANK_COLUMNS[:-1])
-            params.append(None if r["thread_stacks"] is None else dumps(r["thread_stacks"]))
-        conn.exec_driver_sql(_RANK_UPSERT.format(values=", ".join([one] * len(chunk))), tuple(params))
+    values = [
+        (
+            *(r[c] for c in _RANK_COLUMNS[:-1]),
+            None if r["thread_stacks"] is None else dumps(r["thread_stacks"]),
+        )
+        for r in rows
+    ]
+    if conn.dialect.name == "postgresql":
+        # One row per statement, the same text every time (psycopg parses a new text in Python),
+        # sent in one pipeline by executemany.
+        one = "(" + ", ".join(["%s"] * (len(_RANK_COLUMNS) - 1) + ["CAST(%s AS json)"]) + ")"
+        conn.exec_driver_sql(_RANK_UPSERT.format(values=one), values)
+        return
+    one = "(" + ", ".join(["?"] * len(_RANK_COLUMNS)) + ")"
+    for chunk in _chunks(values, _RANK_ROWS_PER_STATEMENT):
+        conn.exec_driver_sql(
+            _RANK_UPSERT.format(values=", ".join([one] * len(chunk))), tuple(chain.from_iterable(chunk))
+        )
 
 
 _RANK_COLUMNS = (
