@@ -67,6 +67,12 @@ def _batch_age_s(header: str | None) -> float | None:
     return ms / 1e3 if 0 <= ms < 1e10 else None
 
 
+def _bearer_hash(authorization: str | None) -> str | None:
+    """The token hash of an `Authorization: Bearer <token>` header; None if it is not one."""
+    scheme, _, token = (authorization or "").partition(" ")
+    return hash_token(token.strip()) if scheme.lower() == "bearer" and token.strip() else None
+
+
 #: Prefix of collector tokens: recognisable in logs and by secret scanners.
 TOKEN_PREFIX = "fdk_"  # noqa: S105 (a prefix, not a secret)
 
@@ -276,10 +282,11 @@ class IngestService:
     def cached(self, authorization: str | None) -> Collector | None:
         """The collector of a token verified less than `auth_cache_s` ago, else None (no I/O:
         the route calls this on the event loop and `authenticate` in a thread only on a miss)."""
-        scheme, _, token = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            return None
-        hit = self._tokens.get(hash_token(token.strip()))
+        token_hash = _bearer_hash(authorization)
+        return None if token_hash is None else self._cached(token_hash)
+
+    def _cached(self, token_hash: str) -> Collector | None:
+        hit = self._tokens.get(token_hash)
         if hit is not None and self._clock() - hit[1] < self._settings.auth_cache_s * 1e9:
             return hit[0]
         return None
@@ -291,14 +298,13 @@ class IngestService:
                 return Collector(None, "anonymous")
             self._reject("auth")
             raise AuthError("missing bearer token")
-        scheme, _, token = authorization.partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
+        token_hash = _bearer_hash(authorization)
+        if token_hash is None:
             self._reject("auth")
             raise AuthError("expected 'Authorization: Bearer <token>'")
-        hit = self.cached(authorization)
+        hit = self._cached(token_hash)
         if hit is not None:
             return hit
-        token_hash = hash_token(token.strip())
         now_ns = self._clock()
         try:
             with self._db.read() as session:

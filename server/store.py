@@ -99,15 +99,13 @@ class IngestResult:
     jobs: dict[int, tuple[str, int]] = field(default_factory=dict)
     #: ids of the jobs this batch created.
     created_jobs: set[int] = field(default_factory=set)
-    #: Row ids this batch looked up or created, for `IngestCache.learn` once the batch commits.
-    learned: CacheUpdate | None = None
     #: job id -> id of the batch's feed row (cluster mode, `add_feed`).
     feed_ids: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
 class CacheUpdate:
-    """Row ids one batch found or created; valid only once its transaction committed."""
+    """Row ids one transaction found or created; valid only once it committed."""
 
     signatures: dict[str, int] = field(default_factory=dict)
     hosts: dict[str, int] = field(default_factory=dict)
@@ -138,10 +136,8 @@ class IngestCache:
     jobs: dict[tuple[str, int], tuple[int, int | None, int]] = field(default_factory=dict)
     tokens: dict[int, int] = field(default_factory=dict)
 
-    def learn(self, update: CacheUpdate | None) -> None:
-        """Remember what a committed batch found (dict updates: safe across ingest threads)."""
-        if update is None:
-            return
+    def learn(self, update: CacheUpdate) -> None:
+        """Remember what a committed transaction found (dict updates: safe across threads)."""
         self.signatures.update(update.signatures)
         self.hosts.update(update.hosts)
         self.groups.update(update.groups)
@@ -205,7 +201,7 @@ def ingest_batches(
     results: list[IngestResult] = []
     fresh: list[tuple[Batch, IngestResult]] = []
     for b, _ in batches:
-        r = IngestResult(duplicate=b.batch_id not in claimed, learned=learned)
+        r = IngestResult(duplicate=b.batch_id not in claimed)
         claimed.discard(b.batch_id)  # a second copy in this call is a duplicate
         results.append(r)
         if not r.duplicate:
@@ -677,6 +673,9 @@ def _upsert_ranks(
         old = latest.get(key)
         if old is None or s.snapshot_time_ns >= old.snapshot_time_ns:
             latest[key] = s
+    if not latest:
+        return
+    # Tuples in _RANK_COLUMNS order; thread_stacks as JSON text (SQL NULL when absent).
     rows = []
     for (job_id, rank), s in sorted(latest.items()):
         threads = [
@@ -684,49 +683,38 @@ def _upsert_ranks(
             for t in s.thread_stacks
         ]
         rows.append(
-            {
-                "job_id": job_id,
-                "rank": rank,
-                "host_id": hosts.get(s.host) if s.host else None,
-                "pid": s.pid,
-                "local_rank": s.local_rank,
-                "world_size": s.world_size,
-                "last_snapshot_ns": s.snapshot_time_ns,
-                "received_ns": now_ns,
-                "kind": s.kind,
-                "interval_s": s.interval_s,
-                "exception": s.exception,
-                "wrapped": s.wrapped,
-                "oldest_record_id": s.oldest_record_id,
-                "torch_version": (s.torch_version or "")[:64] or None,
-                "backend": (s.backend or "")[:64] or None,
-                "version": s.version[:64],
-                "thread_stacks": threads or None,
-            }
+            (
+                job_id,
+                rank,
+                hosts.get(s.host) if s.host else None,
+                s.pid,
+                s.local_rank,
+                s.world_size,
+                s.snapshot_time_ns,
+                now_ns,
+                s.kind,
+                s.interval_s,
+                s.exception,
+                s.wrapped,
+                s.oldest_record_id,
+                (s.torch_version or "")[:64] or None,
+                (s.backend or "")[:64] or None,
+                s.version[:64],
+                json.dumps(threads) if threads else None,
+            )
         )
-    if not rows:
-        return
-    conn = session.connection()
     # Driver-level upsert: the ORM's or Core's per-statement work was a sixth of the ingest CPU
-    # for small batches. thread_stacks goes as JSON text (SQL NULL when absent).
-    dumps = json.dumps
-    values = [
-        (
-            *(r[c] for c in _RANK_COLUMNS[:-1]),
-            None if r["thread_stacks"] is None else dumps(r["thread_stacks"]),
-        )
-        for r in rows
-    ]
+    # for small batches.
+    conn = session.connection()
     if conn.dialect.name == "postgresql":
         # One row per statement, the same text every time (psycopg parses a new text in Python),
         # sent in one pipeline by executemany.
-        one = "(" + ", ".join(["%s"] * (len(_RANK_COLUMNS) - 1) + ["CAST(%s AS json)"]) + ")"
-        conn.exec_driver_sql(_RANK_UPSERT.format(values=one), values)
+        conn.exec_driver_sql(_PG_RANK_UPSERT, rows)
         return
-    one = "(" + ", ".join(["?"] * len(_RANK_COLUMNS)) + ")"
-    for chunk in _chunks(values, _RANK_ROWS_PER_STATEMENT):
+    for chunk in _chunks(rows, _RANK_ROWS_PER_STATEMENT):
         conn.exec_driver_sql(
-            _RANK_UPSERT.format(values=", ".join([one] * len(chunk))), tuple(chain.from_iterable(chunk))
+            _RANK_UPSERT.format(values=", ".join([_SQLITE_RANK_ROW] * len(chunk))),
+            tuple(chain.from_iterable(chunk)),
         )
 
 
@@ -748,6 +736,10 @@ _RANK_UPSERT = (
     )
     # A late, older snapshot (a retried batch overtaken by a newer one) must not roll back.
     + " WHERE ranks.last_snapshot_ns <= excluded.last_snapshot_ns"
+)
+_SQLITE_RANK_ROW = "(" + ", ".join(["?"] * len(_RANK_COLUMNS)) + ")"
+_PG_RANK_UPSERT = _RANK_UPSERT.format(
+    values="(" + ", ".join(["%s"] * (len(_RANK_COLUMNS) - 1) + ["CAST(%s AS json)"]) + ")"
 )
 
 
