@@ -183,3 +183,32 @@ def test_one_silent_rank_of_a_host_whose_other_rank_reports_is_not_folded() -> N
     lost = [f for f in report.findings if f.kind == "rank_lost"]
     assert [f.culprit_ranks for f in lost] == [[3]]
     assert not lost[0].detail.startswith("Host"), lost[0].detail
+
+
+def _hang_of(dumps: list[RankDump], now_s: float) -> Finding:
+    (hang,) = [
+        f
+        for f in diagnose([summarize(d) for d in dumps], now_ns=T0 + int(now_s * S), options=OPTS).findings
+        if f.kind == "hang"
+    ]
+    return hang
+
+
+def test_host_cut_off_between_its_ranks_snapshots_strands_both_ranks() -> None:
+    # The link of h1 went down at t=11.3: rank 3's last snapshot (t=11.2) shows it in seq 11, rank
+    # 2's (t=11.1) only seq 10 finished. Both are silent since, while ranks 0 and 1 keep reporting
+    # from seq 11: rank 3 is stranded with rank 2, not waiting with the majority.
+    majority = [_e(s) for s in range(1, 11)] + [_e(11, done=False)]
+    behind = _dump(2, [_e(s) for s in range(1, 11)], at_s=11.1)
+    dumps = [_dump(0, majority, at_s=30), _dump(1, majority, at_s=30), behind, _dump(3, majority, at_s=11.2)]
+    hang = _hang_of(dumps, now_s=31)
+    assert (hang.collective_seq_id, hang.culprit_ranks, hang.waiting_ranks) == (11, [2, 3], [0, 1])
+    assert [c.host for c in hang.culprits] == ["h1", "h1"]
+    assert "Rank 3 (h1 pid 103) entered it too but has sent nothing for 19.8 s" in hang.detail, hang.detail
+    # Rank 3 still reporting (only rank 2 stuck elsewhere): it waits with the majority.
+    hang = _hang_of([*dumps[:3], _dump(3, majority, at_s=30.5)], now_s=31)
+    assert (hang.culprit_ranks, hang.waiting_ranks) == ([2], [0, 1, 3])
+    # Every waiting rank silent (the job's collectors all gone): none is known to be fresher than
+    # the others, so nobody is moved.
+    hang = _hang_of([*(_dump(r, majority, at_s=11.2) for r in (0, 1, 3)), behind], now_s=31)
+    assert (hang.culprit_ranks, hang.waiting_ranks) == ([2], [0, 1, 3])

@@ -711,6 +711,10 @@ def _hang(
     if elapsed < opts.stall_after_s and not (culprits and failed):
         return None
     waiting = sorted(stuck)
+    gone = _gone_quiet(culprits, waiting, by_rank, now_ns, opts)
+    if gone:
+        culprits = sorted([*culprits, *gone])
+        waiting = [r for r in waiting if r not in gone]
     finished_here = [r for r in entered if r not in stuck]
     label = _group_label(g)
     what = f"{first.op} {_sizes(first.input_sizes)} {','.join(first.input_dtypes)}".rstrip()
@@ -756,6 +760,13 @@ def _hang(
                 f"entered it and none finished in {elapsed:.1f} s. No rank is behind in this group: either "
                 "the ranks disagree on what this collective is, or the transport between them is stuck."
             )
+    if gone:
+        quiet_s = min((now_ns - (by_rank[r].snapshot_time_ns or now_ns)) / NS for r in gone)
+        detail += (
+            f" {_fmt_ranks(gone, by_rank).capitalize()} entered it too but {'has' if len(gone) == 1 else 'have'} "
+            f"sent nothing for {quiet_s:.1f} s while the others kept reporting (the process stopped, or its "
+            "host or link is down), so it is named with the culprits."
+        )
     finding = Finding(
         kind=kind,
         detail=detail,
@@ -802,6 +813,22 @@ def _hang(
                 else " It then exited without an error."
             )
     return finding
+
+
+def _gone_quiet(
+    culprits: list[int], waiting: list[int], by_rank: dict[int, RankSummary], now_ns: int, opts: Options
+) -> list[int]:
+    """The waiting ranks that went silent with the culprits while other waiting ranks still report.
+
+    A cut link or a dead host stops its ranks' snapshots at whatever moment: one rank of the host
+    may have been seen entering the collective, its neighbour not. What the silent one does since
+    is unknown, and it is stranded with the culprits, not waiting with the majority. Ranks that
+    exited (final snapshot) are not silent in this sense: their last state is known.
+    """
+    if not culprits or not all(c in by_rank and _silent(by_rank[c], now_ns, opts) for c in culprits):
+        return []
+    gone = [r for r in waiting if by_rank[r].kind != "final" and _silent(by_rank[r], now_ns, opts)]
+    return gone if len(gone) < len(waiting) else []
 
 
 def _stuck_at(
