@@ -48,6 +48,12 @@ def start_server(url: str, port: int, env_extra: dict[str, str]) -> subprocess.P
     raise RuntimeError("server did not start")
 
 
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) the process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def make_token(url: str) -> str:
     """A collector token stored in the database at `url`."""
     db = connect(url)
@@ -128,10 +134,10 @@ def run(url: str, path: Path | None, args: argparse.Namespace) -> None:
                 r.raise_for_status()
                 return time.perf_counter() - t
 
-            t0 = time.perf_counter()
+            cpu0, t0 = cpu_s(proc.pid), time.perf_counter()
             with ThreadPoolExecutor(args.concurrency) as pool:
                 lat = sorted(pool.map(post, bodies))
-            wall = time.perf_counter() - t0
+            wall, cpu = time.perf_counter() - t0, cpu_s(proc.pid) - cpu0
     finally:
         proc.terminate()
         proc.wait(30)
@@ -143,7 +149,8 @@ def run(url: str, path: Path | None, args: argparse.Namespace) -> None:
         f"({n_entries // len(bodies)} entries, {kib:.0f} KiB gzip each, {args.shape}), "
         f"concurrency {args.concurrency}: "
         f"{wall:.2f} s = {n_entries / wall:,.0f} entries/s; batch latency p50 {lat[len(lat) // 2] * 1000:.0f} ms "
-        f"max {lat[-1] * 1000:.0f} ms; entries table {size['table_bytes_per_entry']:.0f} B/entry, "
+        f"max {lat[-1] * 1000:.0f} ms; server CPU {cpu / wall:.2f} core, {cpu / n_entries * 1e6:.1f} µs/entry; "
+        f"entries table {size['table_bytes_per_entry']:.0f} B/entry, "
         f"whole database {size['db_bytes_per_entry']:.0f} B/entry"
     )
 

@@ -26,8 +26,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from flightdeck import __version__
 from flightdeck.server import store
 from flightdeck.server.db import Database, connect, migrate
-from flightdeck.server.errors import ServerError
+from flightdeck.server.errors import ServerError, UnavailableError
 from flightdeck.server.ingest import IngestService
+from flightdeck.server.ingest_http import IngestEndpoint, error_answer
 from flightdeck.server.live import JobState, LiveDiagnosis
 from flightdeck.server.metrics import IngestMetrics, SharedState, StateCollector, WebhookMetrics
 from flightdeck.server.settings import ServerSettings
@@ -154,6 +155,12 @@ class Services:
             except Exception:
                 log.exception("retention failed")
 
+    def db_unavailable(self) -> UnavailableError:
+        """The answer to a request that hit a locked or unreachable database: transient, so it
+        says when to come back (counted in the database errors)."""
+        self.metrics.db_errors.inc()
+        return UnavailableError("database unavailable", retry_after_s=self.settings.retry_after_s)
+
     def on_finding_events(self, js: JobState, events: list[store.FindingEvent]) -> None:
         """Count opened findings and wake the webhook sender (the events are in its outbox, written
         with the findings by `record_finding_events`)."""
@@ -266,18 +273,11 @@ def create_app(
 
     async def handle(_request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, ServerError)
-        headers = {}
-        if exc.retry_after_s is not None:
-            headers["Retry-After"] = str(max(1, round(exc.retry_after_s)))
-        return JSONResponse({"detail": exc.message}, status_code=exc.status_code, headers=headers)
+        status, headers, body = error_answer(exc)
+        return JSONResponse(body, status_code=status, headers=headers)
 
-    async def handle_db(_request: Request, _exc: Exception) -> JSONResponse:
-        # A read that hit a locked or unreachable database: transient, say when to come back.
-        services.metrics.db_errors.inc()
-        retry = str(settings.retry_after_s)
-        return JSONResponse(
-            {"detail": "database unavailable"}, status_code=503, headers={"Retry-After": retry}
-        )
+    async def handle_db(request: Request, _exc: Exception) -> JSONResponse:
+        return await handle(request, services.db_unavailable())
 
     app.add_exception_handler(ServerError, handle)
     app.add_exception_handler(OperationalError, handle_db)
@@ -285,4 +285,5 @@ def create_app(
     web = StoreData(db=services.db, live=services.live, clock=clock, job_idle_s=settings.job_idle_s)
     app.include_router(make_router(web, WebSettings(token=settings.web_token)))
     app.add_middleware(WebHeadersMiddleware)
+    app.add_middleware(IngestEndpoint, services=services)  # outermost: see its module
     return app

@@ -15,8 +15,8 @@ from flightdeck.nixl_rates import RATE_WINDOW_S, window_stats
 from flightdeck.server import store
 from flightdeck.server.app import Services
 from flightdeck.server.errors import NotFoundError
+from flightdeck.server.ingest_http import INGEST_PATH, ingest_request
 from flightdeck.server.models import FindingRow, Job
-from flightdeck.wire import BATCH_AGE_HEADER
 
 NS = 1_000_000_000
 
@@ -49,36 +49,12 @@ def _s(ns: int | None) -> float | None:
 # --- ingest --------------------------------------------------------------------------------------
 
 
-@router.post("/api/v1/ingest", tags=["ingest"], summary="Push a batch of snapshots (flightdeck.wire format)")
+@router.post(INGEST_PATH, tags=["ingest"], summary="Push a batch of snapshots (flightdeck.wire format)")
 async def ingest(request: Request, svc: ServicesDep) -> dict[str, Any]:
-    """Apply one batch (JSON, optionally gzip); idempotent by batch_id. Needs a collector token."""
-    started = time.perf_counter()
-    authorization = request.headers.get("authorization")
-    collector = svc.ingest.cached(authorization)
-    if collector is None:
-        collector = await run_in_threadpool(svc.ingest.authenticate, authorization)
-    svc.ingest.acquire()
-    try:
-        svc.ingest.check_length(request.headers.get("content-length"))
-        limit = svc.settings.max_request_bytes
-        chunks: list[bytes] = []
-        size = 0
-        # Read in chunks and stop at the limit: a body without Content-Length cannot exhaust memory.
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise svc.ingest.too_large()
-            chunks.append(chunk)
-        return await run_in_threadpool(
-            svc.ingest.ingest,
-            body=b"".join(chunks),
-            encoding=request.headers.get("content-encoding"),
-            collector=collector,
-            started=started,
-            batch_age_ms=request.headers.get(BATCH_AGE_HEADER),
-        )
-    finally:
-        svc.ingest.release()
+    """Apply one batch (JSON, optionally gzip); idempotent by batch_id. Needs a collector token.
+
+    Served by `ingest_http.IngestEndpoint` in front of the app, with the same function."""
+    return await ingest_request(svc, request.headers, request.stream(), time.perf_counter())
 
 
 # --- read API ------------------------------------------------------------------------------------

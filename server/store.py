@@ -115,13 +115,16 @@ class CacheUpdate:
     jobs: dict[tuple[str, int], tuple[int, int | None, int]] = field(default_factory=dict)
     #: collector token id -> server time of this `last_push_ns` write
     tokens: dict[int, int] = field(default_factory=dict)
+    #: stack -> its row id
+    stacks: dict[Stack, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
 class IngestCache:
     """Per-process memory of rows that every batch of a job would otherwise look up or rewrite.
 
-    Signatures and hosts are content-addressed and never deleted: their ids are cached for good.
+    Signatures, hosts and stacks are content-addressed and never deleted: their ids are cached
+    for good (stacks up to `max_stacks`: the frames of every collective call site of every job).
     Process groups are rewritten only when their description or members change. The job row's
     `last_seen_ns` and a token's `last_push_ns` are written at most every `touch_every_ns`: every
     batch of a job updating the same row serializes all ingest transactions on its row lock.
@@ -135,9 +138,14 @@ class IngestCache:
     groups: dict[tuple[int, str], tuple[int, str, tuple[int, ...] | None]] = field(default_factory=dict)
     jobs: dict[tuple[str, int], tuple[int, int | None, int]] = field(default_factory=dict)
     tokens: dict[int, int] = field(default_factory=dict)
+    stacks: dict[Stack, int] = field(default_factory=dict)
+    max_stacks: int = 100_000
 
     def learn(self, update: CacheUpdate) -> None:
         """Remember what a committed transaction found (dict updates: safe across threads)."""
+        if len(self.stacks) + len(update.stacks) > self.max_stacks:
+            self.stacks = {}  # a miss costs one lookup; unbounded memory costs the process
+        self.stacks.update(update.stacks)
         self.signatures.update(update.signatures)
         self.hosts.update(update.hosts)
         self.groups.update(update.groups)
@@ -209,7 +217,7 @@ def ingest_batches(
     if not fresh:
         return results, learned
     snapshots = [s for b, _ in fresh for s in b.snapshots]
-    stack_ids = _stack_ids(session, snapshots)
+    stack_ids = _stack_ids(session, snapshots, cache, learned)
     # Each entry's signature key is built and hashed once: `sig_of[i]` is the number of entry
     # i's key in `sig_index` (entries in snapshot order); `sig_row_of` maps numbers to row ids.
     sig_index: dict[SigKey, int] = {}
@@ -516,11 +524,14 @@ def _host_ids(session: Session, names: set[str], cache: IngestCache, learned: Ca
     return out
 
 
-def _stack_ids(session: Session, snapshots: Sequence[Snapshot]) -> dict[int, int]:
+def _stack_ids(
+    session: Session, snapshots: Sequence[Snapshot], cache: IngestCache, learned: CacheUpdate
+) -> dict[int, int]:
     """id(stack tuple) -> stack row id, for every stack the snapshots reference.
 
     Decoding makes every reference to stack table slot k the same tuple object, so `id()` finds
-    a stack without hashing its frames once per entry.
+    a stack without hashing its frames once per entry. Stacks the process has stored or seen
+    before are not written again: a real collector's every entry carries its call site's stack.
     """
     by_obj: dict[int, Stack] = {}
     for s in snapshots:
@@ -530,9 +541,17 @@ def _stack_ids(session: Session, snapshots: Sequence[Snapshot]) -> dict[int, int
         for t in s.thread_stacks:
             if t.frames:
                 by_obj.setdefault(id(t.frames), t.frames)
-    if not by_obj:
-        return {}
-    wire = {k: frames_to_wire(st) for k, st in by_obj.items()}
+    out: dict[int, int] = {}
+    missing: dict[int, Stack] = {}
+    for k, st in by_obj.items():
+        known = cache.stacks.get(st)
+        if known is None:
+            missing[k] = st
+        else:
+            out[k] = known
+    if not missing:
+        return out
+    wire = {k: frames_to_wire(st) for k, st in missing.items()}
     hashes = {k: _digest(w) for k, w in wire.items()}
     unique = {h: wire[k] for k, h in hashes.items()}
     session.execute(
@@ -548,7 +567,9 @@ def _stack_ids(session: Session, snapshots: Sequence[Snapshot]) -> dict[int, int
                 .all()
             )
         )
-    return {k: ids[h] for k, h in hashes.items()}
+    for k, h in hashes.items():
+        out[k] = learned.stacks[missing[k]] = ids[h]
+    return out
 
 
 SigKey = tuple[

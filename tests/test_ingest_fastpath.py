@@ -5,12 +5,14 @@ garbage-collector pause around decoding."""
 from __future__ import annotations
 
 import gc
+import re
 import sqlite3
 import uuid
 from dataclasses import fields, replace
 from typing import Any
 
 import pytest
+from sqlalchemy import event
 
 from flightdeck.records import Entry, Frame, entry_from_wire, entry_to_wire
 from flightdeck.server import store
@@ -307,5 +309,63 @@ def test_batches_applied_together_equal_batches_applied_one_by_one(database_url:
         assert [[a.snapshot.rank for a in r.snapshots] for r in results] == [[], [2], [], [0]]
         assert stored("group") == stored("single")
         assert (0, 3, 4, 2, True, 3_003, True) in stored("group")  # completed, stack kept
+    finally:
+        db.dispose()
+
+
+def test_known_stacks_are_not_written_again_and_keep_their_rows(database_url: str) -> None:
+    """The ingest cache remembers committed stack ids: a later batch with the same stacks (new
+    tuple objects, as every decode makes) writes no stack statement and points at the same rows;
+    a new stack is still stored; past `max_stacks` the cache starts over and still finds them."""
+    db = connect(database_url)
+    migrate(db)
+    cache = store.IngestCache(max_stacks=3)
+    third = (Frame("k", "d.py", 4),)
+
+    def ingest(batch_id: str, first: int, stacks: list[tuple[Frame, ...]]) -> int:
+        """Apply one batch (entries `first`.. with these stacks, decoded afresh); returns the
+        number of statements that touched the stacks table."""
+        entries = [entry(first + i, frames=tuple(Frame(f.name, f.filename, f.line) for f in st)) for i, st in enumerate(stacks)]
+        batch = Batch(
+            batch_id, "h", "1", 1, [Snapshot(job="j", attempt=0, rank=0, snapshot_time_ns=1, entries=entries)]
+        )
+        statements: list[str] = []
+
+        def seen(_conn: Any, _cur: Any, sql: str, *_: Any) -> None:
+            if re.search(r"\bstacks\b", sql):  # the table, not a stack_id column
+                statements.append(sql)
+
+        event.listen(db.write_engine, "before_cursor_execute", seen)
+        try:
+            with db.write() as session, session.begin():
+                _, learned = store.ingest_batches(
+                    session=session, batches=[(batch, None)], now_ns=5, cache=cache
+                )
+            cache.learn(learned)
+        finally:
+            event.remove(db.write_engine, "before_cursor_execute", seen)
+        return len(statements)
+
+    def stack_of() -> dict[int, tuple[Frame, ...]]:
+        with db.read() as session:
+            rows = session.query(EntryRow).all()
+            frames = store.stacks_by_id(session=session, ids={r.stack_id for r in rows if r.stack_id})
+            return {r.record_id: frames[r.stack_id] for r in rows if r.stack_id}
+
+    try:
+        assert ingest("b1", 0, STACKS) > 0
+        assert ingest("b2", 2, STACKS) == 0  # both known
+        assert ingest("b3", 4, [STACKS[0], third]) > 0  # the third is new
+        assert len(cache.stacks) == 3
+        assert ingest("b4", 6, [third, STACKS[1]]) == 0
+        # Full (3): one more new stack empties the cache rather than letting it grow.
+        assert ingest("b5", 8, [(Frame("m", "e.py", 5),)]) > 0
+        assert len(cache.stacks) == 1
+        assert ingest("b6", 9, [STACKS[0]]) > 0  # forgotten: looked up again, same row
+        want = [STACKS[0], STACKS[1], STACKS[0], STACKS[1], STACKS[0], third, third, STACKS[1]]
+        got = stack_of()
+        assert [got[i] for i in range(8)] == want and got[9] == STACKS[0]
+        with db.read() as session:
+            assert store.table_counts(session=session)["stacks"] == 4
     finally:
         db.dispose()

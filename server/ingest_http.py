@@ -1,0 +1,121 @@
+"""`POST /api/v1/ingest` over HTTP: reading the request, the answer, and a plain ASGI fast path.
+
+Ingest is the one route whose rate grows with the size of the jobs: at 2,048 ranks a process
+answers over a hundred batches a second, and FastAPI's routing, dependency solving, middleware
+and response encoding around it were about a fifth of the process's GIL time (py-spy). So
+`IngestEndpoint` sits in front of the app and answers this path itself, with the same function the
+documented FastAPI route (`routes.ingest`, which OpenAPI describes) calls: the same checks in the
+same order, the same JSON answers and errors.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from sqlalchemy.exc import OperationalError
+from starlette.concurrency import run_in_threadpool
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from flightdeck.server.errors import ServerError
+from flightdeck.wire import BATCH_AGE_HEADER
+
+if TYPE_CHECKING:
+    from flightdeck.server.app import Services
+
+INGEST_PATH = "/api/v1/ingest"
+_AGE_HEADER = BATCH_AGE_HEADER.lower()
+
+
+async def ingest_request(
+    svc: Services, headers: Mapping[str, str], chunks: AsyncIterator[bytes], started: float
+) -> dict[str, Any]:
+    """Authenticate, take an in-flight slot, read the body up to the limit and apply it in a
+    worker thread; returns the JSON answer or raises a `ServerError`. `headers`: lower-case names."""
+    authorization = headers.get("authorization")
+    collector = svc.ingest.cached(authorization)
+    if collector is None:
+        collector = await run_in_threadpool(svc.ingest.authenticate, authorization)
+    svc.ingest.acquire()
+    try:
+        svc.ingest.check_length(headers.get("content-length"))
+        limit = svc.settings.max_request_bytes
+        parts: list[bytes] = []
+        size = 0
+        # Read in chunks and stop at the limit: a body without Content-Length cannot exhaust memory.
+        async for chunk in chunks:
+            size += len(chunk)
+            if size > limit:
+                raise svc.ingest.too_large()
+            parts.append(chunk)
+        return await run_in_threadpool(
+            svc.ingest.ingest,
+            body=b"".join(parts),
+            encoding=headers.get("content-encoding"),
+            collector=collector,
+            started=started,
+            batch_age_ms=headers.get(_AGE_HEADER),
+        )
+    finally:
+        svc.ingest.release()
+
+
+def error_answer(exc: ServerError) -> tuple[int, dict[str, str], dict[str, str]]:
+    """Status, headers and JSON body of a `ServerError` (Retry-After for transient ones)."""
+    headers = {}
+    if exc.retry_after_s is not None:
+        headers["Retry-After"] = str(max(1, round(exc.retry_after_s)))
+    return exc.status_code, headers, {"detail": exc.message}
+
+
+class _Disconnected(Exception):
+    """The client went away before its body arrived: nobody to answer."""
+
+
+async def _body(receive: Receive) -> AsyncIterator[bytes]:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _Disconnected
+        yield message.get("body", b"")
+        if not message.get("more_body", False):
+            return
+
+
+class IngestEndpoint:
+    """ASGI middleware answering `POST /api/v1/ingest`; every other request goes to `app`."""
+
+    def __init__(self, app: ASGIApp, services: Services) -> None:
+        self.app = app
+        self.services = services
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] != INGEST_PATH or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        # ASGI gives header names in lower case; a repeated header keeps its last value.
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        extra: dict[str, str] = {}
+        try:
+            status, answer = 200, await ingest_request(self.services, headers, _body(receive), started)
+        except _Disconnected:
+            return
+        except ServerError as exc:
+            status, extra, answer = error_answer(exc)
+        except OperationalError:
+            status, extra, answer = error_answer(self.services.db_unavailable())
+        body = orjson.dumps(answer)
+        start: Message = {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *((k.lower().encode(), v.encode()) for k, v in extra.items()),
+            ],
+        }
+        await send(start)
+        await send({"type": "http.response.body", "body": body})
