@@ -325,7 +325,10 @@ def test_known_stacks_are_not_written_again_and_keep_their_rows(database_url: st
     def ingest(batch_id: str, first: int, stacks: list[tuple[Frame, ...]]) -> int:
         """Apply one batch (entries `first`.. with these stacks, decoded afresh); returns the
         number of statements that touched the stacks table."""
-        entries = [entry(first + i, frames=tuple(Frame(f.name, f.filename, f.line) for f in st)) for i, st in enumerate(stacks)]
+        entries = [
+            entry(first + i, frames=tuple(Frame(f.name, f.filename, f.line) for f in st))
+            for i, st in enumerate(stacks)
+        ]
         batch = Batch(
             batch_id, "h", "1", 1, [Snapshot(job="j", attempt=0, rank=0, snapshot_time_ns=1, entries=entries)]
         )
