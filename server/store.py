@@ -531,7 +531,8 @@ def _stack_ids(
 
     Decoding makes every reference to stack table slot k the same tuple object, so `id()` finds
     a stack without hashing its frames once per entry. Stacks the process has stored or seen
-    before are not written again: a real collector's every entry carries its call site's stack.
+    before are not written again: stall and final snapshots, and torch's own dumps, carry every
+    entry's call-site stack.
     """
     by_obj: dict[int, Stack] = {}
     for s in snapshots:
