@@ -23,6 +23,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+from bench.loadgen import proc_cpu_s
 from bench.server_synth import encode, rank_entries, snapshot, template
 from flightdeck.demo.ranks import free_port
 from flightdeck.server import store
@@ -46,12 +47,6 @@ def start_server(url: str, port: int, env_extra: dict[str, str]) -> subprocess.P
             time.sleep(0.1)
     proc.kill()
     raise RuntimeError("server did not start")
-
-
-def cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) the process has used so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def make_token(url: str) -> str:
@@ -134,10 +129,10 @@ def run(url: str, path: Path | None, args: argparse.Namespace) -> None:
                 r.raise_for_status()
                 return time.perf_counter() - t
 
-            cpu0, t0 = cpu_s(proc.pid), time.perf_counter()
+            cpu0, t0 = proc_cpu_s(proc.pid), time.perf_counter()
             with ThreadPoolExecutor(args.concurrency) as pool:
                 lat = sorted(pool.map(post, bodies))
-            wall, cpu = time.perf_counter() - t0, cpu_s(proc.pid) - cpu0
+            wall, cpu = time.perf_counter() - t0, proc_cpu_s(proc.pid) - cpu0
     finally:
         proc.terminate()
         proc.wait(30)

@@ -26,9 +26,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from flightdeck import __version__
 from flightdeck.server import store
 from flightdeck.server.db import Database, connect, migrate
-from flightdeck.server.errors import ServerError, UnavailableError
+from flightdeck.server.errors import ServerError, UnavailableError, error_answer
 from flightdeck.server.ingest import IngestService
-from flightdeck.server.ingest_http import IngestEndpoint, error_answer
+from flightdeck.server.ingest_http import IngestEndpoint
 from flightdeck.server.live import JobState, LiveDiagnosis
 from flightdeck.server.metrics import IngestMetrics, SharedState, StateCollector, WebhookMetrics
 from flightdeck.server.settings import ServerSettings

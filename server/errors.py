@@ -10,6 +10,7 @@
      └── UnavailableError            503  the database is locked or unreachable (Retry-After)
 
 Routes raise these (or let the store's errors become them); `HTTPException` is for routes only.
+`error_answer` gives the status, headers and JSON body of one.
 """
 
 from __future__ import annotations
@@ -69,3 +70,11 @@ class UnavailableError(ServerError):
     """The database is temporarily unusable (locked, restarting, unreachable)."""
 
     status_code = 503
+
+
+def error_answer(exc: ServerError) -> tuple[int, dict[str, str], dict[str, str]]:
+    """Status, headers and JSON body of a `ServerError` (Retry-After for transient ones)."""
+    headers = {}
+    if exc.retry_after_s is not None:
+        headers["Retry-After"] = str(max(1, round(exc.retry_after_s)))
+    return exc.status_code, headers, {"detail": exc.message}

@@ -19,7 +19,7 @@ from sqlalchemy.exc import OperationalError
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from flightdeck.server.errors import ServerError
+from flightdeck.server.errors import ServerError, error_answer
 from flightdeck.wire import BATCH_AGE_HEADER
 
 if TYPE_CHECKING:
@@ -60,14 +60,6 @@ async def ingest_request(
         )
     finally:
         svc.ingest.release()
-
-
-def error_answer(exc: ServerError) -> tuple[int, dict[str, str], dict[str, str]]:
-    """Status, headers and JSON body of a `ServerError` (Retry-After for transient ones)."""
-    headers = {}
-    if exc.retry_after_s is not None:
-        headers["Retry-After"] = str(max(1, round(exc.retry_after_s)))
-    return exc.status_code, headers, {"detail": exc.message}
 
 
 class _Disconnected(Exception):
