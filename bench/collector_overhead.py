@@ -65,7 +65,7 @@ class _Sink(BaseHTTPRequestHandler):
         cls = type(self)
         cls.batches += 1
         cls.body_bytes += len(raw)
-        cls.entries += sum(len(s["entries"]) for s in doc["snapshots"])
+        cls.entries += sum(s["entries"]["n"] for s in doc["snapshots"])
         cls.nixl += len(doc["nixl"])
         data = b'{"accepted": true}'
         self.send_response(200)

@@ -645,8 +645,9 @@ def spawned(args: argparse.Namespace) -> Iterator[tuple[list[str], str, list[int
 
     env = {
         "FLIGHTDECK_STALL_AFTER_S": str(args.stall_after),
-        "FLIGHTDECK_MAX_INFLIGHT_INGESTS": str(args.inflight),
     }
+    if args.inflight is not None:
+        env["FLIGHTDECK_MAX_INFLIGHT_INGESTS"] = str(args.inflight)
     if args.servers > 1:
         env["FLIGHTDECK_CLUSTER"] = "true"
     with tempfile.TemporaryDirectory() as tmp:
@@ -704,7 +705,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--fault-at", type=float, default=None, help="seconds in (default: 2/3 of duration)")
     ap.add_argument("--fault-rank", type=int, default=5)
     ap.add_argument("--stall-after", type=float, default=5.0, help="the servers' FLIGHTDECK_STALL_AFTER_S")
-    ap.add_argument("--inflight", type=int, default=16, help="FLIGHTDECK_MAX_INFLIGHT_INGESTS (--spawn)")
+    ap.add_argument(
+        "--inflight", type=int, help="FLIGHTDECK_MAX_INFLIGHT_INGESTS (--spawn; default: the server's)"
+    )
     ap.add_argument(
         "--groups-resend-s",
         type=float,

@@ -260,7 +260,7 @@ def config_from_dict(d: object) -> RankConfig:
 # Plain JSON-able dicts with short keys; stacks are sent once per batch in a table and referenced
 # by index, since a ring buffer repeats the same few call sites thousands of times.
 
-WIRE_VERSION = 1
+WIRE_VERSION = 2
 
 
 def frames_to_wire(frames: Stack) -> list[list[Any]]:

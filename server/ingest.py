@@ -23,6 +23,7 @@ from typing import Any
 from sqlalchemy.exc import OperationalError
 
 from flightdeck.server import store
+from flightdeck.server.admission import Admission, Refused
 from flightdeck.server.db import Database
 from flightdeck.server.errors import (
     AuthError,
@@ -198,7 +199,13 @@ class IngestService:
         self._metrics = metrics
         self._shared = shared
         self._live = live
-        self._slots = threading.BoundedSemaphore(settings.max_inflight_ingests)
+        #: In-flight slots and the queue of requests waiting for one (see admission.py).
+        self.admission = Admission(
+            settings.max_inflight_ingests,
+            max_queued=settings.max_queued_ingests,
+            timeout_s=settings.ingest_queue_timeout_s,
+        )
+        metrics.queued = lambda: self.admission.queued
         #: Concurrent batches share transactions. SQLite has one writer; on its own it would make
         #: threads take turns in BEGIN IMMEDIATE, whose busy handler polls with sleeps of up to
         #: 100 ms. PostgreSQL gets two, so one group's rows are built while the other's are written.
@@ -210,6 +217,9 @@ class IngestService:
         #: token hash -> (its collector, clock when the database last confirmed it): valid tokens
         #: only, so it holds at most one entry per token (`auth_cache_s`).
         self._tokens: dict[str, tuple[Collector, int]] = {}
+        #: Token hashes being checked against the database now (one query per token at a time).
+        self._refreshing: set[str] = set()
+        self._auth_lock = threading.Lock()
 
     def _write(self, group: list[Pending[_Request]]) -> None:
         """Apply a group of decoded batches in one transaction, then hand them to the diagnosis
@@ -287,7 +297,12 @@ class IngestService:
 
     def _cached(self, token_hash: str) -> Collector | None:
         hit = self._tokens.get(token_hash)
-        if hit is not None and self._clock() - hit[1] < self._settings.auth_cache_s * 1e9:
+        if hit is None:
+            return None
+        if self._clock() - hit[1] < self._settings.auth_cache_s * 1e9 or token_hash in self._refreshing:
+            # While one request asks the database again, the others use the answer it replaces:
+            # when the cache expired under load, every request arriving in that moment queried
+            # (and overflowed the connection pool: new connections cost more than the query).
             return hit[0]
         return None
 
@@ -302,25 +317,31 @@ class IngestService:
         if token_hash is None:
             self._reject("auth")
             raise AuthError("expected 'Authorization: Bearer <token>'")
-        hit = self._cached(token_hash)
-        if hit is not None:
-            return hit
+        with self._auth_lock:
+            hit = self._cached(token_hash)
+            if hit is not None:
+                return hit
+            self._refreshing.add(token_hash)
         now_ns = self._clock()
         try:
             with self._db.read() as session:
                 row = store.active_token(session=session, token_hash=token_hash)
-                found = None if row is None else Collector(row.id, row.name)
+            found = None if row is None else Collector(row.id, row.name)
+            if found is None:
+                self._tokens.pop(token_hash, None)
+            else:
+                self._tokens[token_hash] = (found, now_ns)
         except OperationalError:
             self._metrics.db_errors.inc()
             self._metrics.batches.labels("error").inc()
             raise UnavailableError(
                 "database unavailable", retry_after_s=self._settings.retry_after_s
             ) from None
+        finally:
+            self._refreshing.discard(token_hash)
         if found is None:
-            self._tokens.pop(token_hash, None)
             self._reject("auth")
             raise AuthError("unknown or revoked token")
-        self._tokens[token_hash] = (found, now_ns)
         return found
 
     def _unavailable(self) -> UnavailableError:
@@ -333,15 +354,20 @@ class IngestService:
         self._metrics.rejects.labels(reason).inc()
         self._metrics.batches.labels("rejected").inc()
 
-    def acquire(self) -> None:
-        """Take an in-flight slot, or raise BusyError (429) when all are taken."""
-        if not self._slots.acquire(blocking=False):
+    async def acquire(self) -> None:
+        """Take an in-flight slot, waiting in the queue; BusyError (429) when it is full or the
+        wait times out."""
+        try:
+            await self.admission.acquire()
+        except Refused as exc:
             self._metrics.batches.labels("throttled").inc()
-            raise BusyError("too many ingest requests in flight", retry_after_s=self._settings.retry_after_s)
+            raise BusyError(
+                f"too many ingest requests in flight ({exc})", retry_after_s=self._settings.retry_after_s
+            ) from None
 
     def release(self) -> None:
         """Give the slot back."""
-        self._slots.release()
+        self.admission.release()
 
     def check_length(self, content_length: str | None) -> None:
         """413 early when the declared body size is already over the limit."""

@@ -32,13 +32,14 @@ _AGE_HEADER = BATCH_AGE_HEADER.lower()
 async def ingest_request(
     svc: Services, headers: Mapping[str, str], chunks: AsyncIterator[bytes], started: float
 ) -> dict[str, Any]:
-    """Authenticate, take an in-flight slot, read the body up to the limit and apply it in a
-    worker thread; returns the JSON answer or raises a `ServerError`. `headers`: lower-case names."""
+    """Authenticate, take an in-flight slot (waiting in the queue for one), read the body up to
+    the limit and apply it in a worker thread; returns the JSON answer or raises a `ServerError`.
+    `headers`: lower-case names."""
     authorization = headers.get("authorization")
     collector = svc.ingest.cached(authorization)
     if collector is None:
         collector = await run_in_threadpool(svc.ingest.authenticate, authorization)
-    svc.ingest.acquire()
+    await svc.ingest.acquire()
     try:
         svc.ingest.check_length(headers.get("content-length"))
         limit = svc.settings.max_request_bytes

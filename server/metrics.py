@@ -130,6 +130,8 @@ class IngestMetrics:
         self.db_errors = _Count()
         self.group_batches = _Hist(GROUP_BUCKETS)
         self.diagnosis = _Hist(LATENCY_BUCKETS)
+        #: Requests waiting for an in-flight slot now (set by the ingest service: its admission).
+        self.queued: Callable[[], int] = lambda: 0
 
     def collect(self) -> Iterable[Metric]:
         """The ingest metric families."""
@@ -162,7 +164,12 @@ class IngestMetrics:
             "flightdeck_diagnosis_duration_seconds",
             "One live diagnosis of one job: analysis, findings stored, gauges.",
         )
-        yield from (batches, entries, latency, rejects, errors, group, diagnosis)
+        queued = GaugeMetricFamily(
+            "flightdeck_ingest_queued_requests",
+            "Ingest requests waiting for an in-flight slot.",
+            value=float(self.queued()),
+        )
+        yield from (batches, entries, latency, rejects, errors, group, diagnosis, queued)
 
 
 def _hist(name: str, doc: str, labels: list[str]) -> HistogramMetricFamily:

@@ -91,10 +91,23 @@ class ServerSettings(BaseSettings):
         "decompression (413 above).",
     )
     max_inflight_ingests: int = Field(
-        default=16,
+        default=64,
         ge=1,
         description="Ingest requests in flight at once (decoding, or waiting to share a group "
-        "commit); more get 429 with Retry-After.",
+        "commit; at most 40 on worker threads at a time, the thread pool's size); more wait in "
+        "the ingest queue. More in flight make bigger group commits (docs/performance.md).",
+    )
+    max_queued_ingests: int = Field(
+        default=1024,
+        ge=0,
+        description="Ingest requests waiting for an in-flight slot (on the event loop, no thread, "
+        "body unread); more get 429 with Retry-After.",
+    )
+    ingest_queue_timeout_s: float = Field(
+        default=2.0,
+        gt=0,
+        description="Longest wait of an ingest request for an in-flight slot before it gets 429 "
+        "(keep it well under the collectors' request timeout, 10 s by default).",
     )
     auth_cache_s: float = Field(
         default=1.0,

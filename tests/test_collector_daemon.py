@@ -117,7 +117,7 @@ def test_real_dumps_are_shipped_then_only_changed_entries(
     assert len(rows) == len(expected)  # each entry once
     assert all(row[0] == "healthy_4" and not row[5] for row in rows)
     doc = recorder.docs()[0]
-    assert doc["collector"]["host"] == "node-a" and doc["wire_version"] == 1
+    assert doc["collector"]["host"] == "node-a" and doc["wire_version"] == 2
     snap = doc["snapshots"][0]
     assert snap["world_size"] == 4 and snap["kind"] == "periodic" and snap["host"]
     _, _, headers = recorder.requests[0]
@@ -135,8 +135,9 @@ def test_real_dumps_are_shipped_then_only_changed_entries(
 
     snaps = {s["rank"]: s for d in recorder.docs() for s in d["snapshots"]}
     assert set(snaps) == {1, 2}
-    assert [(e["rid"], e["ret"]) for e in snaps[1]["entries"]] == [(rid, True) for rid in done]
-    assert snaps[2]["entries"] == []
+    cols = snaps[1]["entries"]
+    assert list(zip(cols["rid"], cols["ret"], strict=True)) == [(rid, True) for rid in done]
+    assert snaps[2]["entries"]["n"] == 0
     assert harness.metric("flightdeck_collector_files_seen_total") == 6
 
 
@@ -160,7 +161,7 @@ def test_groups_ship_when_new_then_again_only_after_the_resend_interval(
             recorder.batches.clear()
             h.flush_and_push()
             (snap,) = [s for d in recorder.docs() for s in d["snapshots"]]
-            assert snap["rank"] == 1 and snap["entries"]
+            assert snap["rank"] == 1 and snap["entries"]["n"]
             out: dict[str, Any] = snap
             return out
 

@@ -21,6 +21,8 @@ from typing import Any
 
 import httpx
 
+from flightdeck.wire import decode_batch
+
 
 @dataclass(slots=True)
 class Scripted:
@@ -145,10 +147,10 @@ class Recorder:
     def entry_rows(self) -> list[tuple[str, int, int, int, str, bool, bool]]:
         """(job, attempt, rank, record_id, state, retired, has_frames) of every accepted entry."""
         return [
-            (s["job"], s["attempt"], s["rank"], e["rid"], e["st"], e["ret"], e["stk"] is not None)
+            (s.job, s.attempt, s.rank, e.record_id, e.state, e.retired, bool(e.frames))
             for d in self.docs()
-            for s in d["snapshots"]
-            for e in s["entries"]
+            for s in decode_batch(d).snapshots
+            for e in s.entries
         ]
 
     def nixl(self) -> list[dict[str, Any]]:

@@ -5,6 +5,7 @@ garbage-collector pause around decoding."""
 from __future__ import annotations
 
 import gc
+import json
 import re
 import sqlite3
 import uuid
@@ -55,12 +56,32 @@ def entry(i: int, **kw: Any) -> Entry:
 
 
 def wire_doc(entries: list[Any]) -> dict[str, Any]:
-    """A batch document with one snapshot carrying these wire entries (stack table: STACKS)."""
+    """A version 1 batch document (entries as objects, what older collectors send) with one
+    snapshot carrying these wire entries (stack table: STACKS)."""
     doc = encode_batch(
         Batch("b1", "host", "1", 1, [Snapshot(job="j", attempt=0, rank=0, snapshot_time_ns=1)])
     )
+    doc["wire_version"] = 1
+    del doc["sigs"]
     doc["stacks"] = [[[f.name, f.filename, f.line] for f in st] for st in STACKS]
     doc["snapshots"][0]["entries"] = entries
+    return doc
+
+
+ODD_ENTRIES = [
+    entry(0),
+    entry(1, state="scheduled", retired=False, time_started_ns=None, time_completed_ns=None),
+    entry(2, is_p2p=True, raw_op="gloo:send 0->1", op="send", peer=1, p2p_seq_id=3, frames=()),
+    entry(3, input_sizes=(), output_sizes=((1,), (2, 3)), input_dtypes=(), duration_ms=None),
+    entry(4, raw_op="nccl:_allgather_base", op="all_gather", backend="nccl", thread_name=""),
+    entry(5, timeout_ms=None, state="started"),
+]
+
+
+def columns_doc(entries: list[Entry]) -> dict[str, Any]:
+    """A version 2 batch document of one snapshot with these entries, through JSON."""
+    snap = Snapshot(job="j", attempt=0, rank=0, snapshot_time_ns=1, entries=entries)
+    doc: dict[str, Any] = json.loads(json.dumps(encode_batch(Batch("b1", "host", "1", 1, [snap]))))
     return doc
 
 
@@ -80,17 +101,87 @@ def test_entry_field_order_is_what_the_fast_path_builds() -> None:
 
 
 def test_decode_matches_entry_from_wire_on_ordinary_entries() -> None:
-    ents = [
-        entry(0),
-        entry(1, state="scheduled", retired=False, time_started_ns=None, time_completed_ns=None),
-        entry(2, is_p2p=True, raw_op="gloo:send 0->1", op="send", peer=1, p2p_seq_id=3, frames=()),
-        entry(3, input_sizes=(), output_sizes=((1,), (2, 3)), input_dtypes=(), duration_ms=None),
-        entry(4, raw_op="nccl:_allgather_base", op="all_gather", backend="nccl", thread_name=""),
-        entry(5, timeout_ms=None, state="started"),
-    ]
+    ents = ODD_ENTRIES
     wire = [entry_to_wire(e, None if not e.frames else STACKS.index(e.frames)) for e in ents]
     got = decode_batch(wire_doc(wire)).snapshots[0].entries
     assert got == reference(wire) == ents
+
+
+def test_columns_round_trip_and_share_what_repeats() -> None:
+    doc = columns_doc(ODD_ENTRIES)
+    cols = doc["snapshots"][0]["entries"]
+    assert doc["wire_version"] == 2 and cols["n"] == len(ODD_ENTRIES)
+    assert len(doc["sigs"]) == 4  # entries 0, 1 and 5 share one signature
+    assert decode_batch(doc).snapshots[0].entries == ODD_ENTRIES
+    # Columns holding only their default are left out, and decode to it.
+    plain = [entry(i, frames=(), peer=None, thread_name="") for i in range(3)]
+    cols = columns_doc(plain)["snapshots"][0]["entries"]
+    assert not {"stk", "peer", "thr"} & cols.keys()
+    assert decode_batch(columns_doc(plain)).snapshots[0].entries == plain
+    empty = columns_doc([])
+    required = ("rid", "g", "seq", "p2p", "opid", "st", "ret", "tc", "sig")
+    assert empty["snapshots"][0]["entries"] == {"n": 0, **{k: [] for k in required}}
+    assert decode_batch(empty).snapshots[0].entries == []
+
+
+def test_columns_take_int_durations_as_floats() -> None:
+    doc = columns_doc([entry(0), entry(1)])
+    doc["snapshots"][0]["entries"]["dur"] = [1, None]
+    got = decode_batch(doc).snapshots[0].entries
+    assert [e.duration_ms for e in got] == [1.0, None] and type(got[0].duration_ms) is float
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"n": -1}, "entries.n: expected the number of entries (an int >= 0)"),
+        ({"n": 3}, "entries.rid: expected a list of 3 values"),
+        ({"rid": None}, "entries: missing column 'rid'"),
+        ({"rid": [0, "1"]}, "entries.rid: expected ints, got int, str"),
+        ({"seq": [1, True]}, "entries.seq: expected ints, got bool, int"),
+        ({"tc": [1.0, 2]}, "entries.tc: expected ints, got float, int"),
+        ({"ret": [1, 0]}, "entries.ret: expected booleans, got int"),
+        ({"g": "00"}, "entries.g: expected a list of 2 values"),
+        ({"st": ["completed", "done"]}, "entries.st: unknown entry state 'done'"),
+        ({"st": [["completed"], "started"]}, "entries.st: expected strings, got list, str"),
+        ({"dur": ["0.5", None]}, "entries.dur: expected numbers or nulls, got NoneType, str"),
+        ({"thr": [None, "x"]}, "entries.thr: expected strings, got NoneType, str"),
+        ({"sig": [0, 7]}, "entries.sig: 7 is not an index into batch.sigs"),
+        ({"sig": [0, -1]}, "entries.sig: -1 is not an index into batch.sigs"),
+        ({"sig": [0, None]}, "entries.sig: expected ints, got NoneType, int"),
+        ({"stk": [0, 9]}, "entries.stk: 9 is not an index into batch.stacks"),
+        ({"stk": [0, "1"]}, "entries.stk: expected ints or nulls, got int, str"),
+    ],
+)
+def test_column_errors_name_the_field(change: dict[str, Any], message: str) -> None:
+    doc = columns_doc([entry(0), entry(1)])
+    cols = doc["snapshots"][0]["entries"]
+    for k, v in change.items():
+        if v is None and k == "rid":
+            del cols[k]
+        else:
+            cols[k] = v
+    with pytest.raises(WireError) as exc:
+        decode_batch(doc)
+    assert str(exc.value) == "batch.snapshots[0]." + message
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"isz": [[1, "x"]]}, "batch.sigs[0].isz: expected a list of lists of ints"),
+        ({"osz": [1]}, "batch.sigs[0].osz: expected a list of lists of ints"),
+        ({"idt": [1]}, "batch.sigs[0].idt: expected a list of strings"),
+        ({"isp2p": 0}, "batch.sigs[0].isp2p: expected bool, got int"),
+        ({"op": None}, "batch.sigs[0].op: expected str, got NoneType"),
+    ],
+)
+def test_signature_errors_name_the_field(change: dict[str, Any], message: str) -> None:
+    doc = columns_doc([entry(0)])
+    doc["sigs"][0].update(change)
+    with pytest.raises(WireError) as exc:
+        decode_batch(doc)
+    assert str(exc.value) == message
 
 
 @pytest.mark.parametrize(
@@ -165,6 +256,11 @@ def test_decoded_entries_share_repeated_values() -> None:
     assert a.input_dtypes is b.output_dtypes
 
 
+def columns(rows: list[tuple[Any, ...]]) -> list[list[Any]]:
+    """Entry rows as the columns `store._upsert_entries` takes."""
+    return [list(c) for c in zip(*rows, strict=True)]
+
+
 @pytest.mark.parametrize("n", [1, 9, 600, 1_100, 6_000])
 def test_entry_upsert_inserts_then_updates(database_url: str, n: int) -> None:
     # Sizes that use each SQLite statement size (512, 64, 8, 1) and, on PostgreSQL, both the
@@ -180,11 +276,11 @@ def test_entry_upsert_inserts_then_updates(database_url: str, n: int) -> None:
             return (1, 0, i, 1, i + 1, 0, i + 1, 1, state, state == 2, *times, dur, None, "t", None, None)
 
         with db.write() as session, session.begin():
-            store._upsert_entries(session, [row(i, 0, None) for i in range(n)])
+            store._upsert_entries(session, columns([row(i, 0, None) for i in range(n)]))
         later = [row(i, 2, 0.5) for i in range(0, n - 1, 2)]
         last = [row(n - 1, 1, 0.75), row(n - 1, 2, 1.5)] if sqlite else [row(n - 1, 2, 1.5)]
         with db.write() as session, session.begin():
-            store._upsert_entries(session, [*later, *last])
+            store._upsert_entries(session, columns([*later, *last]))
         with db.read() as session:
             got = {
                 r.record_id: (r.state, r.retired, r.time_started_ns, r.time_completed_ns, r.duration_ms)
@@ -250,7 +346,7 @@ def test_sqlite_upsert_respects_a_low_parameter_limit(tmp_path: Any) -> None:
             raw = session.connection().connection.driver_connection
             assert raw is not None
             raw.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 999)
-            store._upsert_entries(session, rows)
+            store._upsert_entries(session, columns(rows))
         with db.read() as session:
             assert session.query(EntryRow).count() == 700
     finally:

@@ -624,14 +624,44 @@ def test_two_server_processes_share_jobs_without_duplicates(pg_database: str, tm
 
 
 def test_saturated_ingest_is_throttled(database_url: str, clock: FakeClock) -> None:
-    srv = make_server(database_url, clock, max_inflight_ingests=1, retry_after_s=3)
+    srv = make_server(
+        database_url, clock, max_inflight_ingests=1, retry_after_s=3, ingest_queue_timeout_s=0.2
+    )
     try:
-        srv.svc.ingest.acquire()  # another request holds the only slot
-        r = srv.push(snapshots(scenario_dumps("healthy_4")[0][:1]))
+        assert srv.svc.ingest.admission.try_acquire()  # another request holds the only slot
+        r = srv.push(snapshots(scenario_dumps("healthy_4")[0][:1]))  # waits 0.2 s in the queue
         assert r.status_code == 429
         assert r.headers["Retry-After"] == "3"
+        assert "timed out waiting for a slot" in r.json()["detail"]
         srv.svc.ingest.release()
         assert srv.push(snapshots(scenario_dumps("healthy_4")[0][:1])).status_code == 200
+        reg = srv.svc.registry
+        assert reg.get_sample_value("flightdeck_ingest_batches_total", {"outcome": "throttled"}) == 1
+        assert reg.get_sample_value("flightdeck_ingest_queued_requests") == 0
+    finally:
+        srv.svc.close()
+
+
+def test_ingest_waits_in_the_queue_for_a_slot(database_url: str, clock: FakeClock) -> None:
+    # A request that finds every slot taken waits (no 429) and is applied once one frees up.
+    srv = make_server(database_url, clock, max_inflight_ingests=1, ingest_queue_timeout_s=30)
+    try:
+        admission = srv.svc.ingest.admission
+        assert admission.try_acquire()
+        pushed: list[int] = []
+        t = threading.Thread(
+            target=lambda: pushed.append(srv.push(snapshots(scenario_dumps("healthy_4")[0][:1])).status_code)
+        )
+        t.start()
+        deadline = time.monotonic() + 10
+        while admission.queued == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert admission.queued == 1 and not pushed
+        assert srv.svc.registry.get_sample_value("flightdeck_ingest_queued_requests") == 1
+        srv.svc.ingest.release()  # hands the slot to the waiting request
+        t.join(10)
+        assert pushed == [200] and admission.queued == 0
+        assert srv.counts()["entries"] > 0
     finally:
         srv.svc.close()
 

@@ -1,0 +1,85 @@
+"""Admission of ingest requests (server/admission.py): slots, a FIFO queue, its bound and timeout."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from flightdeck.server.admission import Admission, Refused
+
+
+def test_waiters_get_released_slots_in_arrival_order() -> None:
+    async def main() -> list[int]:
+        adm = Admission(1, max_queued=10, timeout_s=5)
+        await adm.acquire()
+        order: list[int] = []
+
+        async def request(i: int) -> None:
+            await adm.acquire()
+            order.append(i)
+            await asyncio.sleep(0)
+            adm.release()
+
+        tasks = [asyncio.create_task(request(i)) for i in range(4)]
+        while adm.queued < 4:
+            await asyncio.sleep(0)
+        assert not adm.try_acquire()  # waiters come first
+        adm.release()
+        await asyncio.gather(*tasks)
+        assert adm.queued == 0 and adm.try_acquire()  # the slot is back in the pool
+        return order
+
+    assert asyncio.run(main()) == [0, 1, 2, 3]
+
+
+def test_a_full_queue_and_a_long_wait_are_refused() -> None:
+    async def main() -> None:
+        adm = Admission(1, max_queued=1, timeout_s=0.05)
+        await adm.acquire()
+        waiting = asyncio.create_task(adm.acquire())
+        while adm.queued < 1:
+            await asyncio.sleep(0)
+        with pytest.raises(Refused, match="queue full"):
+            await adm.acquire()
+        with pytest.raises(Refused, match="timed out"):
+            await waiting
+        assert adm.queued == 0
+        adm.release()
+        assert adm.try_acquire()
+
+    asyncio.run(main())
+
+
+def test_a_cancelled_waiter_leaves_the_queue_and_loses_no_slot() -> None:
+    async def main() -> None:
+        adm = Admission(1, max_queued=5, timeout_s=5)
+        await adm.acquire()
+        waiting = asyncio.create_task(adm.acquire())
+        while adm.queued < 1:
+            await asyncio.sleep(0)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert adm.queued == 0
+        adm.release()
+        assert adm.try_acquire()
+
+    asyncio.run(main())
+
+
+def test_release_from_another_thread_wakes_the_waiter() -> None:
+    async def main() -> None:
+        adm = Admission(1, max_queued=5, timeout_s=5)
+        await adm.acquire()
+        waiting = asyncio.create_task(adm.acquire())
+        while adm.queued < 1:
+            await asyncio.sleep(0)
+        t = threading.Thread(target=adm.release)  # a worker thread finishing its request
+        t.start()
+        await asyncio.wait_for(waiting, 5)
+        t.join()
+        assert adm.queued == 0 and not adm.try_acquire()  # the waiter holds the slot
+
+    asyncio.run(main())
