@@ -273,6 +273,20 @@ def frames_from_wire(raw: list[list[Any]]) -> Stack:
     return tuple(Frame(str(n), str(fn), int(ln)) for n, fn, ln in raw)
 
 
+def signature_to_wire(e: Entry) -> dict[str, Any]:
+    """The fields of an entry that a ring repeats in nearly every entry (backend, op, sizes,
+    dtypes): inline in a version 1 entry, once per batch in version 2's `sigs`."""
+    return {
+        "be": e.backend,
+        "op": e.raw_op,
+        "isp2p": e.is_p2p,
+        "isz": [list(s) for s in e.input_sizes],
+        "osz": [list(s) for s in e.output_sizes],
+        "idt": list(e.input_dtypes),
+        "odt": list(e.output_dtypes),
+    }
+
+
 def entry_to_wire(e: Entry, stack_index: int | None) -> dict[str, Any]:
     """Encode an entry; `stack_index` points into the batch's stack table (None: no frames)."""
     return {
@@ -281,13 +295,7 @@ def entry_to_wire(e: Entry, stack_index: int | None) -> dict[str, Any]:
         "seq": e.collective_seq_id,
         "p2p": e.p2p_seq_id,
         "opid": e.op_id,
-        "be": e.backend,
-        "op": e.raw_op,
-        "isp2p": e.is_p2p,
-        "isz": [list(s) for s in e.input_sizes],
-        "osz": [list(s) for s in e.output_sizes],
-        "idt": list(e.input_dtypes),
-        "odt": list(e.output_dtypes),
+        **signature_to_wire(e),
         "st": e.state,
         "ret": e.retired,
         "tc": e.time_created_ns,

@@ -45,6 +45,7 @@ from flightdeck.records import (
     entry_from_wire,
     frames_from_wire,
     frames_to_wire,
+    signature_to_wire,
 )
 
 SNAPSHOT_KINDS = ("periodic", "stall", "final", "dump")
@@ -125,17 +126,7 @@ def encode_batch(batch: Batch) -> dict[str, Any]:
         i = sig_index.get(key)
         if i is None:
             i = sig_index[key] = len(sigs)
-            sigs.append(
-                {
-                    "be": e.backend,
-                    "op": e.raw_op,
-                    "isp2p": e.is_p2p,
-                    "isz": [list(s) for s in e.input_sizes],
-                    "osz": [list(s) for s in e.output_sizes],
-                    "idt": list(e.input_dtypes),
-                    "odt": list(e.output_dtypes),
-                }
-            )
+            sigs.append(signature_to_wire(e))
         return i
 
     snaps = []

@@ -63,8 +63,9 @@ class ServerSettings(BaseSettings):
         description="Largest share of one CPU core that re-diagnosing one job may take: a job whose "
         "diagnosis takes d seconds (wall clock, so a busy process diagnoses less often) is "
         "diagnosed at most every d / share seconds. Only large jobs are slowed down: 4,096 ranks "
-        "take about 0.14 s, 0.43 s with the straggler analysis (bench/live_diagnosis.py). At 0.5 "
-        "the diagnosis of a 2,048-rank job starved its own ingest within minutes.",
+        "take about 0.14 s, 0.43 s with the straggler analysis (bench/live_diagnosis.py). The "
+        "diagnosis holds the GIL in long loops that starve the ingest threads: at 0.5 a 2,048-rank "
+        "job fell behind within minutes (0.1 at thousands of ranks: docs/performance.md).",
     )
     straggler_interval_s: float = Field(
         default=10.0,

@@ -10,6 +10,15 @@ import pytest
 from flightdeck.server.admission import Admission, Refused
 
 
+async def one_waiting(adm: Admission) -> asyncio.Task[None]:
+    """Take the only slot of `adm` and start a request that waits for it in the queue."""
+    await adm.acquire()
+    waiting = asyncio.create_task(adm.acquire())
+    while adm.queued < 1:
+        await asyncio.sleep(0)
+    return waiting
+
+
 def test_waiters_get_released_slots_in_arrival_order() -> None:
     async def main() -> list[int]:
         adm = Admission(1, max_queued=10, timeout_s=5)
@@ -37,10 +46,7 @@ def test_waiters_get_released_slots_in_arrival_order() -> None:
 def test_a_full_queue_and_a_long_wait_are_refused() -> None:
     async def main() -> None:
         adm = Admission(1, max_queued=1, timeout_s=0.05)
-        await adm.acquire()
-        waiting = asyncio.create_task(adm.acquire())
-        while adm.queued < 1:
-            await asyncio.sleep(0)
+        waiting = await one_waiting(adm)
         with pytest.raises(Refused, match="queue full"):
             await adm.acquire()
         with pytest.raises(Refused, match="timed out"):
@@ -55,10 +61,7 @@ def test_a_full_queue_and_a_long_wait_are_refused() -> None:
 def test_a_cancelled_waiter_leaves_the_queue_and_loses_no_slot() -> None:
     async def main() -> None:
         adm = Admission(1, max_queued=5, timeout_s=5)
-        await adm.acquire()
-        waiting = asyncio.create_task(adm.acquire())
-        while adm.queued < 1:
-            await asyncio.sleep(0)
+        waiting = await one_waiting(adm)
         waiting.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiting
@@ -72,10 +75,7 @@ def test_a_cancelled_waiter_leaves_the_queue_and_loses_no_slot() -> None:
 def test_release_from_another_thread_wakes_the_waiter() -> None:
     async def main() -> None:
         adm = Admission(1, max_queued=5, timeout_s=5)
-        await adm.acquire()
-        waiting = asyncio.create_task(adm.acquire())
-        while adm.queued < 1:
-            await asyncio.sleep(0)
+        waiting = await one_waiting(adm)
         t = threading.Thread(target=adm.release)  # a worker thread finishing its request
         t.start()
         await asyncio.wait_for(waiting, 5)
