@@ -8,6 +8,7 @@ Nothing here knows about pickle, JSON dump quirks, files or databases.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any, Literal
 
 State = Literal["scheduled", "started", "completed"]
@@ -271,6 +272,17 @@ def frames_to_wire(frames: Stack) -> list[list[Any]]:
 def frames_from_wire(raw: list[list[Any]]) -> Stack:
     """Decode `frames_to_wire` output."""
     return tuple(Frame(str(n), str(fn), int(ln)) for n, fn, ln in raw)
+
+
+#: An entry's signature: what a ring repeats in nearly every entry (raw op, backend, is_p2p,
+#: input sizes, output sizes, input dtypes, output dtypes). Built in C: hashed per entry by the
+#: wire encoder and the store.
+SignatureKey = tuple[
+    str, str, bool, tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...], tuple[str, ...], tuple[str, ...]
+]
+signature_key = attrgetter(
+    "raw_op", "backend", "is_p2p", "input_sizes", "output_sizes", "input_dtypes", "output_dtypes"
+)
 
 
 def signature_to_wire(e: Entry) -> dict[str, Any]:

@@ -15,7 +15,7 @@
 A snapshot carries only the entries that are new or changed since the collector's last push of
 that rank (entries change state: the server upserts by (job, attempt, rank, record_id)), plus
 `oldest_record_id`, the oldest entry the rank's ring still holds. Its entries go as columns
-(`ENTRY_COLUMNS`: one list of `n` values per field, an optional column left out when it holds
+(`WIRE_COLUMNS`: one list of `n` values per field, an optional column left out when it holds
 nothing), and what a ring repeats in nearly every entry (op, sizes, dtypes: its signature) once
 per batch in `sigs`: parsing and checking a column is one pass in C, where one object per entry
 with 22 keys was most of the server's decoding time. Version 1 (one object per entry, see
@@ -37,6 +37,7 @@ from flightdeck.records import (
     GroupInfo,
     RankConfig,
     RankDump,
+    SignatureKey,
     Stack,
     ThreadStack,
     canonical_op,
@@ -45,6 +46,7 @@ from flightdeck.records import (
     entry_from_wire,
     frames_from_wire,
     frames_to_wire,
+    signature_key,
     signature_to_wire,
 )
 
@@ -119,10 +121,10 @@ def encode_batch(batch: Batch) -> dict[str, Any]:
         return i
 
     sigs: list[dict[str, Any]] = []
-    sig_index: dict[_SigKey, int] = {}
+    sig_index: dict[SignatureKey, int] = {}
 
     def sig_ref(e: Entry) -> int:
-        key = (e.backend, e.raw_op, e.is_p2p, e.input_sizes, e.output_sizes, e.input_dtypes, e.output_dtypes)
+        key = signature_key(e)
         i = sig_index.get(key)
         if i is None:
             i = sig_index[key] = len(sigs)
@@ -157,7 +159,7 @@ def encode_batch(batch: Batch) -> dict[str, Any]:
                     {"thread_name": t.thread_name, "thread_id": t.thread_id, "stk": ref(t.frames)}
                     for t in s.thread_stacks
                 ],
-                "entries": _entry_columns(s.entries, ref, sig_ref),
+                "entries": _encode_columns(s.entries, ref, sig_ref),
                 "source": s.source,
                 "config": None if s.config is None else config_to_dict(s.config),
             }
@@ -414,15 +416,13 @@ def _decode_entries(raw: list[Any], stacks: list[Stack], where: str, memo: _Memo
 
 # --- entries as columns (wire version 2) ------------------------------------------------------
 
-#: (backend, raw op, is_p2p, input sizes, output sizes, input dtypes, output dtypes)
-_SigKey = tuple[str, str, bool, _Sizes, _Sizes, tuple[str, ...], tuple[str, ...]]
 #: A decoded signature: `Entry`'s fields from backend to output_dtypes, in its order.
 _Sig = tuple[str, str, str, bool, _Sizes, _Sizes, tuple[str, ...], tuple[str, ...]]
 _NONE = type(None)
 
 #: Wire key -> (Entry attribute, value types taken, what the message says, value when left out;
 #: `...`: required). `sig` indexes the batch's `sigs`, `stk` its `stacks`.
-ENTRY_COLUMNS: dict[str, tuple[str, frozenset[type], str, Any]] = {
+WIRE_COLUMNS: dict[str, tuple[str, frozenset[type], str, Any]] = {
     "rid": ("record_id", frozenset({int}), "ints", ...),
     "g": ("group", frozenset({str}), "strings", ...),
     "seq": ("collective_seq_id", frozenset({int}), "ints", ...),
@@ -438,13 +438,13 @@ ENTRY_COLUMNS: dict[str, tuple[str, frozenset[type], str, Any]] = {
     "thr": ("thread_name", frozenset({str}), "strings", ""),
     "peer": ("peer", frozenset({int, _NONE}), "ints or nulls", None),
 }
-_GETTERS = {key: attrgetter(attr) for key, (attr, _, _, _) in ENTRY_COLUMNS.items()}
+_GETTERS = {key: attrgetter(attr) for key, (attr, _, _, _) in WIRE_COLUMNS.items()}
 
 
-def _entry_columns(entries: list[Entry], stack_ref: Any, sig_ref: Any) -> dict[str, Any]:
+def _encode_columns(entries: list[Entry], stack_ref: Any, sig_ref: Any) -> dict[str, Any]:
     """A snapshot's entries as columns; an optional column that holds only its default is left out."""
     cols: dict[str, Any] = {"n": len(entries)}
-    for key, (_, _, _, default) in ENTRY_COLUMNS.items():
+    for key, (_, _, _, default) in WIRE_COLUMNS.items():
         col = list(map(_GETTERS[key], entries))
         if default is ... or any(v != default for v in col):
             cols[key] = col
@@ -514,7 +514,7 @@ def _decode_columns(cols: dict[str, Any], stacks: list[Stack], sigs: list[_Sig],
     if type(n) is not int or n < 0:
         raise WireError(f"{where}.n: expected the number of entries (an int >= 0)")
     values: dict[str, Any] = {}
-    for key, (_, types, what, default) in ENTRY_COLUMNS.items():
+    for key, (_, types, what, default) in WIRE_COLUMNS.items():
         col = cols.get(key)
         if col is None:
             if default is ...:
@@ -523,14 +523,15 @@ def _decode_columns(cols: dict[str, Any], stacks: list[Stack], sigs: list[_Sig],
             continue
         if type(col) is not list or len(col) != n:
             raise WireError(f"{where}.{key}: expected a list of {n} values")
-        if not set(map(type, col)) <= types:
+        seen = set(map(type, col))
+        if not seen <= types:
             raise WireError(f"{where}.{key}: expected {what}, got {_type_names(col)}")
+        if key == "dur" and int in seen:
+            col = [None if v is None else float(v) for v in col]  # JSON writes 1.0 as 1
         values[key] = col
     if not set(values["st"]) <= _STATES.keys():
         bad = next(v for v in values["st"] if v not in _STATES)
         raise WireError(f"{where}.st: unknown entry state {bad!r}")
-    if "dur" in cols and int in set(map(type, cols["dur"])):
-        values["dur"] = [None if v is None else float(v) for v in cols["dur"]]
     sig = _index_column(cols, "sig", n, len(sigs), where, nulls=False)
     stk = _index_column(cols, "stk", n, len(stacks), where, nulls=True)
     # The signature's eight fields as eight columns (a transpose in C).

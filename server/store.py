@@ -28,12 +28,14 @@ from flightdeck.records import (
     Entry,
     Frame,
     RankConfig,
+    SignatureKey,
     Stack,
     ThreadStack,
     canonical_op,
     config_from_dict,
     config_to_dict,
     frames_to_wire,
+    signature_key,
 )
 from flightdeck.server.models import (
     STATE_CODES,
@@ -223,7 +225,7 @@ def ingest_batches(
     # and hashed once: `sig_keys[i]` is entry i's, `sig_ids` maps the distinct ones to row ids.
     ordered = sorted(snapshots, key=_SNAPSHOT_TIME)
     ents = list(chain.from_iterable(s.entries for s in ordered))
-    sig_keys = list(map(_SIG_KEY, ents))
+    sig_keys = list(map(signature_key, ents))
     sig_ids = _signature_ids(session, list(dict.fromkeys(sig_keys)), cache, learned)
     hosts = _host_ids(session, {s.host for s in snapshots if s.host}, cache, learned)
     job_ids: dict[tuple[str, int], int] = {}
@@ -251,9 +253,7 @@ def ingest_batches(
     _upsert_ranks(session, snapshots, job_ids, hosts, stack_ids, now_ns)
     _upsert_rank_configs(session, snapshots, job_ids)
     if ents:
-        _upsert_entries(
-            session, _entry_columns(ordered, ents, sig_keys, sig_ids, job_ids, group_ids, stack_ids)
-        )
+        _upsert_entries(session, _entry_rows(ordered, ents, sig_keys, sig_ids, job_ids, group_ids, stack_ids))
     for b, r in fresh:
         for s in b.snapshots:
             job_id = job_ids[(s.job, s.attempt)]
@@ -277,11 +277,8 @@ def ingest_batches(
     return results, learned
 
 
-#: Sort key of snapshots (time order) and an entry's signature key (see `_signature_ids`).
+#: Sort key of snapshots (time order).
 _SNAPSHOT_TIME = attrgetter("snapshot_time_ns")
-_SIG_KEY = attrgetter(
-    "raw_op", "backend", "is_p2p", "input_sizes", "output_sizes", "input_dtypes", "output_dtypes"
-)
 #: The `ENTRY_COLUMNS` taken from an entry as they are.
 _PLAIN_COLUMNS = {
     "record_id": attrgetter("record_id"),
@@ -302,11 +299,11 @@ _THREAD = attrgetter("thread_name")
 _FRAMES = attrgetter("frames")
 
 
-def _entry_columns(
+def _entry_rows(
     ordered: list[Snapshot],
     ents: list[Entry],
-    sig_keys: list[SigKey],
-    sig_ids: dict[SigKey, int],
+    sig_keys: list[SignatureKey],
+    sig_ids: dict[SignatureKey, int],
     job_ids: dict[tuple[str, int], int],
     group_ids: dict[int, dict[str, int]],
     stack_ids: dict[int, int],
@@ -581,14 +578,9 @@ def _stack_ids(
     return out
 
 
-SigKey = tuple[
-    str, str, bool, tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...], tuple[str, ...], tuple[str, ...]
-]
-
-
 def _signature_ids(
-    session: Session, keys: Sequence[SigKey], cache: IngestCache, learned: CacheUpdate
-) -> dict[SigKey, int]:
+    session: Session, keys: Sequence[SignatureKey], cache: IngestCache, learned: CacheUpdate
+) -> dict[SignatureKey, int]:
     """Signature row id of each distinct key, creating the missing signatures."""
     if not keys:
         return {}
