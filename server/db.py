@@ -82,6 +82,13 @@ def connect(url: str, *, pool_size: int = 8, busy_timeout_s: float = 10.0) -> Da
         write = _sqlite_engine(url, immediate=True, busy_timeout_s=busy_timeout_s)
     else:
         read = write = create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True)
+
+        @event.listens_for(read, "connect")
+        def _on_pg_connect(dbapi_conn: Any, _record: Any) -> None:
+            from flightdeck.server.pg_arrays import register
+
+            register(dbapi_conn.adapters)  # the entries upsert sends binary arrays
+
     return Database(
         engine=read,
         write_engine=write,

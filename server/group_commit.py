@@ -18,7 +18,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
@@ -34,6 +34,8 @@ class Pending(Generic[T]):
     done: bool = False
     result: Any = None
     error: BaseException | None = None
+    #: Wakes the item's own thread: its group was written, or it is first in line to lead.
+    wake: threading.Event = field(default_factory=threading.Event)
 
 
 class GroupCommit(Generic[T]):
@@ -41,6 +43,11 @@ class GroupCommit(Generic[T]):
 
     `write` gets the items in arrival order and sets each one's `result` or `error`; an exception
     it raises fails the whole group: it becomes the error of every item without one.
+
+    Each waiting thread sleeps on its item's own event and is woken only when its group is
+    written, or when a writer slot frees and its item is first in the queue: with a hundred
+    requests in flight, waking them all on every commit to check their items was a tenth of the
+    process's GIL time (py-spy).
     """
 
     def __init__(
@@ -55,7 +62,7 @@ class GroupCommit(Generic[T]):
         self._writers = writers
         self._max_weight = max_weight
         self._clock = clock
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
         self._queue: deque[Pending[T]] = deque()
         self._writing = 0
 
@@ -67,21 +74,30 @@ class GroupCommit(Generic[T]):
         """
         p: Pending[T] = Pending(item, weight)
         deadline = self._clock() + timeout_s
-        with self._cond:
+        with self._lock:
             self._queue.append(p)
-            while not p.done:
-                if self._queue and self._writing < self._writers:
-                    self._lead()
-                    continue
-                if p.taken:
-                    self._cond.wait()
-                    continue
-                left = deadline - self._clock()
-                if left <= 0:
-                    self._queue.remove(p)
-                    raise TimeoutError("not written within the timeout")
-                self._cond.wait(left)
-        return p
+        while True:
+            with self._lock:
+                if p.done:
+                    return p
+                left: float | None = None
+                if not p.taken:
+                    if self._writing < self._writers:
+                        self._lead()
+                        continue
+                    left = deadline - self._clock()
+                    if left <= 0:
+                        self._queue.remove(p)
+                        self._pass_on()
+                        raise TimeoutError("not written within the timeout")
+                # Cleared under the lock that every `set` is made under: no wake-up is lost.
+                p.wake.clear()
+            p.wake.wait(left)
+
+    def _pass_on(self) -> None:
+        """Wake the first queued item's thread to lead, when a writer slot is free (lock held)."""
+        if self._queue and self._writing < self._writers:
+            self._queue[0].wake.set()
 
     def _lead(self) -> None:
         """Take a group off the queue and write it (called and returning with the lock held)."""
@@ -93,7 +109,8 @@ class GroupCommit(Generic[T]):
         for p in group:
             p.taken = True
         self._writing += 1
-        self._cond.release()
+        self._pass_on()  # another writer slot may take the rest of the queue meanwhile
+        self._lock.release()
         try:
             self._write(group)
         except BaseException as exc:  # handed to the waiting requests
@@ -101,8 +118,9 @@ class GroupCommit(Generic[T]):
                 if p.error is None:
                     p.result, p.error = None, exc
         finally:
-            self._cond.acquire()
+            self._lock.acquire()
             self._writing -= 1
             for p in group:
                 p.done = True
-            self._cond.notify_all()
+                p.wake.set()
+            self._pass_on()

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Mapping
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
+import anyio.to_thread
 import orjson
 from sqlalchemy.exc import OperationalError
 from starlette.concurrency import run_in_threadpool
@@ -51,7 +53,10 @@ async def ingest_request(
             if size > limit:
                 raise svc.ingest.too_large()
             parts.append(chunk)
-        return await run_in_threadpool(
+        # On the ingest's own threads, one per in-flight slot: on the shared pool (40 threads)
+        # a group commit could hold every thread waiting for its write, and no batch was decoded
+        # while the database worked.
+        work = partial(
             svc.ingest.ingest,
             body=b"".join(parts),
             encoding=headers.get("content-encoding"),
@@ -59,6 +64,7 @@ async def ingest_request(
             started=started,
             batch_age_ms=headers.get(_AGE_HEADER),
         )
+        return await anyio.to_thread.run_sync(work, limiter=svc.ingest.threads)
     finally:
         svc.ingest.release()
 

@@ -91,6 +91,8 @@ class JobState:
     #: rank -> snapshot time (epoch ns) of its latest snapshot.
     rank_seen_ns: dict[int, int] = field(default_factory=dict)
     report: Report | None = None
+    #: The last diagnosis's `Report.agreed`, for the next (reset when the summaries are rebuilt).
+    agreed: dict[str, tuple[int, int]] = field(default_factory=dict)
     #: group -> enqueue time (epoch ns) of the oldest collective not finished on every member.
     oldest_unfinished_ns: dict[str, int] = field(default_factory=dict)
     #: (group, op) -> collectives seen on the group's lowest member rank.
@@ -476,6 +478,7 @@ class LiveDiagnosis:
             summaries[r.rank] = s
             js.rank_seen_ns[r.rank] = r.last_snapshot_ns
         js.summaries = summaries
+        js.agreed = {}
         js.dirty = True
 
     def _apply(self, js: JobState, snap: Snapshot) -> None:
@@ -617,7 +620,12 @@ class LiveDiagnosis:
                     peers = store.checkpoint_peers(session=session, job_name=js.name, dirs=dirs)
             except OperationalError:
                 self._on_db_error()
-        stragglers = now_mono - js.last_stragglers >= self._settings.straggler_interval_s
+        # The straggler analysis is the costliest part on large jobs, and no emergency: when the
+        # diagnoses are spaced by their cost, it runs at most every fourth of them.
+        every = max(
+            self._settings.straggler_interval_s, 4 * js.diagnosis_s / self._settings.diagnosis_max_share
+        )
+        stragglers = now_mono - js.last_stragglers >= every
         started = time.perf_counter()
         report = diagnose(
             summaries,
@@ -627,7 +635,12 @@ class LiveDiagnosis:
             job=js.name,
             peers=peers,
             stragglers=stragglers,
+            agreed=js.agreed,
         )
+        js.agreed = report.agreed
+        # Wall time, waits for the GIL included: a busy process diagnoses less often. (Spaced by
+        # CPU time instead, a 4,096-rank job was diagnosed three times as often, took 0.6 of the
+        # process's time and its ingest fell further behind: docs/performance.md.)
         js.diagnosis_s = time.perf_counter() - started
         if stragglers:
             js.last_stragglers = now_mono

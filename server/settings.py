@@ -62,10 +62,11 @@ class ServerSettings(BaseSettings):
         le=1,
         description="Largest share of one CPU core that re-diagnosing one job may take: a job whose "
         "diagnosis takes d seconds (wall clock, so a busy process diagnoses less often) is "
-        "diagnosed at most every d / share seconds. Only large jobs are slowed down: 4,096 ranks "
-        "take about 0.14 s, 0.43 s with the straggler analysis (bench/live_diagnosis.py). The "
-        "diagnosis holds the GIL in long loops that starve the ingest threads: at 0.5 a 2,048-rank "
-        "job fell behind within minutes (0.1 at thousands of ranks: docs/performance.md).",
+        "diagnosed at most every d / share seconds (and its "
+        "straggler analysis runs at most every fourth time). Only large jobs are slowed down: "
+        "4,096 ranks take about 0.14 s, 0.43 s with the straggler analysis "
+        "(bench/live_diagnosis.py). The diagnosis holds the GIL in long loops that starve the "
+        "ingest threads: at 0.5 a 2,048-rank job fell behind within minutes (docs/performance.md).",
     )
     straggler_interval_s: float = Field(
         default=10.0,
@@ -94,9 +95,10 @@ class ServerSettings(BaseSettings):
     max_inflight_ingests: int = Field(
         default=64,
         ge=1,
-        description="Ingest requests in flight at once (decoding, or waiting to share a group "
-        "commit; at most 40 on worker threads at a time, the thread pool's size); more wait in "
-        "the ingest queue. More in flight make bigger group commits (docs/performance.md).",
+        description="Ingest requests in flight at once, each on a worker thread of its own "
+        "(decoding, or waiting to share a group commit); more wait in the ingest queue. More in "
+        "flight make bigger group commits and let batches be decoded while a group is written "
+        "(docs/performance.md).",
     )
     max_queued_ingests: int = Field(
         default=1024,

@@ -395,46 +395,44 @@ def _sqlite_upsert(rows: int) -> str:
 
 
 _SQLITE_UPSERTS = {n: _sqlite_upsert(n) for n in _SQLITE_ROWS_PER_STATEMENT}
-_PG_STAGE = "CREATE TEMP TABLE IF NOT EXISTS entries_in (LIKE entries) ON COMMIT DELETE ROWS"
-#: Binary COPY: psycopg packs each value in C by the column's type (below), a third of the CPU of
-#: the text format, whose rows are formatted in Python.
-_PG_COPY = f"COPY entries_in ({_COLS}) FROM STDIN (FORMAT BINARY)"
-#: PostgreSQL type of each ENTRY_COLUMNS column, as binary COPY needs them (the table's types).
-_PG_COPY_TYPES = (
-    "int4", "int4", "int8", "int4", "int4", "int4", "int4", "int4", "int2", "bool",
-    "int8", "int8", "int8", "float8", "int4", "text", "int4", "int4",
-)  # fmt: skip
-_PG_UPSERT = f"INSERT INTO entries ({_COLS}) SELECT {_COLS} FROM entries_in {_ON_CONFLICT}"  # noqa: S608
-#: PostgreSQL element type of each ENTRY_COLUMNS column, for the one-statement unnest upsert.
+
+
+def _pg_placeholders(types: Sequence[str]) -> str:
+    """unnest's array parameters of these element types: text as a literal, others in binary."""
+    return ", ".join(f"%s::{t}[]" if t == "text" else f"%b::{t}[]" for t in types)
+
+
+def _pg_arrays(cols: Iterable[Sequence[Any]], types: Sequence[str]) -> list[Any]:
+    """The values of `_pg_placeholders(types)`: columns as array parameters."""
+    from flightdeck.server.pg_arrays import binary_array  # numpy: PostgreSQL servers only
+
+    return [
+        _pg_text_array(c) if t == "text" else binary_array(c, t) for c, t in zip(cols, types, strict=True)
+    ]
+
+
+#: PostgreSQL element type of each ENTRY_COLUMNS column (`pg_arrays.TYPES`, or text).
 _PG_TYPES = (
     "int", "int", "bigint", "int", "int", "int", "int", "int", "smallint", "boolean",
     "bigint", "bigint", "bigint", "float8", "int", "text", "int", "int",
 )  # fmt: skip
+#: One statement whatever the size: each column one array parameter, binary except the text one.
 _PG_UNNEST = (
     f"INSERT INTO entries ({_COLS}) SELECT * FROM unnest("  # noqa: S608
-    + ", ".join(f"%s::{t}[]" for t in _PG_TYPES)
+    + _pg_placeholders(_PG_TYPES)
     + f") {_ON_CONFLICT}"
 )
-#: Batches up to this many rows go as one INSERT ... SELECT FROM unnest(arrays): one round trip.
-#: Larger ones go through COPY, whose fixed cost (temp table, truncate: four round trips and
-#: catalog work) only pays off on big batches.
-_PG_UNNEST_MAX = 5_000
 
 
 def _pg_text(v: str) -> str:
     return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def _pg_array(col: Sequence[Any], typ: str) -> str:
-    """A column as a PostgreSQL array literal: several times cheaper for the driver to send than
-    a list, which it dumps element by element."""
-    if typ == "text":
-        # Each distinct string escaped once (a column repeats a few thread names, kinds, versions).
-        quoted = {v: "NULL" if v is None else _pg_text(v) for v in set(col)}
-        return "{" + ",".join(map(quoted.__getitem__, col)) + "}"
-    # Numbers and booleans as `str` writes them ("True" is a boolean to PostgreSQL), None as
-    # "None", which no number contains: one join in C instead of a Python call per value.
-    return "{" + ",".join(map(str, col)).replace("None", "NULL") + "}"
+def _pg_text_array(col: Sequence[str | None]) -> str:
+    """A text column as a PostgreSQL array literal, each distinct string escaped once (a column
+    repeats a few thread names)."""
+    quoted = {v: "NULL" if v is None else _pg_text(v) for v in set(col)}
+    return "{" + ",".join(map(quoted.__getitem__, col)) + "}"
 
 
 def _upsert_entries(session: Session, cols: Sequence[Sequence[Any]]) -> None:
@@ -443,26 +441,15 @@ def _upsert_entries(session: Session, cols: Sequence[Sequence[Any]]) -> None:
     The hottest statement of the server, so it skips SQLAlchemy's per-row parameter processing:
     SQLite gets multi-row INSERT ... VALUES statements run by executemany (in C, one step per
     hundreds of rows; see `_SQLITE_ROWS_PER_STATEMENT`); PostgreSQL gets one INSERT ... SELECT
-    FROM unnest(array literals) ... ON CONFLICT (one round trip: the common collector batch of a
-    few hundred rows), or, above _PG_UNNEST_MAX rows, binary COPY into a temporary table and one
-    INSERT ... SELECT ... ON CONFLICT; both an order of magnitude faster than one INSERT per row
-    even when pipelined.
+    FROM unnest(arrays) ... ON CONFLICT, the arrays in binary (`pg_arrays`): one round trip, and
+    no value formatted in Python or parsed by the server.
     """
     conn = session.connection()
     n = len(cols[0])
     if conn.dialect.name == "postgresql":
         raw: Any = conn.connection.driver_connection
         with raw.cursor() as cur:
-            if n <= _PG_UNNEST_MAX:
-                cur.execute(_PG_UNNEST, [_pg_array(c, t) for c, t in zip(cols, _PG_TYPES, strict=True)])
-                return
-            cur.execute(_PG_STAGE)
-            with cur.copy(_PG_COPY) as copy:
-                copy.set_types(list(_PG_COPY_TYPES))
-                for row in zip(*cols, strict=True):
-                    copy.write_row(row)
-            cur.execute(_PG_UPSERT)
-            cur.execute("TRUNCATE entries_in")  # the next batch may come in the same transaction
+            cur.execute(_PG_UNNEST, _pg_arrays(cols, _PG_TYPES))
         return
     # Rows of one statement are applied in order, as executemany would: a key sent twice in a
     # batch updates the row its first copy inserted.
@@ -729,12 +716,11 @@ def _upsert_ranks(
     # for small batches.
     conn = session.connection()
     if conn.dialect.name == "postgresql":
-        # One statement for all ranks, the columns as array literals (like the entries upsert):
-        # a pipelined executemany dumped 17 parameters per row in Python, a tenth of ingest CPU.
+        # One statement for all ranks, the columns as arrays (like the entries upsert): a
+        # pipelined executemany dumped 17 parameters per row in Python, a tenth of ingest CPU.
         raw: Any = conn.connection.driver_connection
         with raw.cursor() as cur:
-            cols = zip(*rows, strict=True)
-            cur.execute(_PG_RANK_UPSERT, [_pg_array(c, t) for c, t in zip(cols, _PG_RANK_TYPES, strict=True)])
+            cur.execute(_PG_RANK_UPSERT, _pg_arrays(zip(*rows, strict=True), _PG_RANK_TYPES))
         return
     for chunk in _chunks(rows, _RANK_ROWS_PER_STATEMENT):
         conn.exec_driver_sql(
@@ -771,7 +757,7 @@ _PG_RANK_TYPES = (
 _PG_RANK_UPSERT = _RANK_UPSERT.format(
     # Constants only: the values are the bound array parameters.
     values=f"SELECT {', '.join(_RANK_COLUMNS[:-1])}, CAST(thread_stacks AS json) FROM unnest("  # noqa: S608
-    + ", ".join(f"%s::{t}[]" for t in _PG_RANK_TYPES)
+    + _pg_placeholders(_PG_RANK_TYPES)
     + f") AS u({', '.join(_RANK_COLUMNS)})"
 )
 

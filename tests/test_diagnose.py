@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from flightdeck.analysis import Options, diagnose, summarize, summary_from_dict, summary_to_dict
+from flightdeck.analysis import Options, add_entries, diagnose, summarize, summary_from_dict, summary_to_dict
 from flightdeck.collector.frdump import parse_dump, read_dump_file
 from flightdeck.records import Entry, Frame, GroupInfo, RankDump, State
 from flightdeck.wire import Batch, decode_batch, encode_batch, snapshot_from_dump
@@ -207,3 +207,34 @@ def test_resent_p2p_entries_replace_their_earlier_copy() -> None:
     s = summarize(_dump(0, [first]))
     add_entries(s, [replace(first, state="completed", retired=True)])
     assert [(e.record_id, e.state) for e in s.tracks["0"].p2p] == [(0, "completed")]
+
+
+def test_incremental_diagnosis_compares_only_new_collectives_and_still_finds_a_mismatch() -> None:
+    # A live server passes each diagnosis's `agreed` to the next: the history already found in
+    # agreement is not compared again, and a divergence among the newer collectives is found.
+    summaries = [summarize(_dump(r, [_e(i, i + 1) for i in range(6)], world=3)) for r in range(3)]
+    first = diagnose(summaries, now_ns=T0 + 60 * S)
+    assert first.healthy
+    assert first.agreed == {"0": (6, 3)}
+    assert "agreed" not in first.to_json()
+    for r, s in enumerate(summaries):
+        add_entries(s, [_e(6, 7), _e(7, 8, size=16 if r == 1 else 8)])
+    second = diagnose(summaries, now_ns=T0 + 60 * S, agreed=first.agreed)
+    f = second.findings[0]
+    assert (f.kind, f.culprit_ranks, f.collective_seq_id) == ("size_mismatch", [1], 8)
+    assert second.agreed == {"0": (7, 3)}
+    # Found again from the same state: the agreement stops before the divergent collective.
+    again = diagnose(summaries, now_ns=T0 + 60 * S, agreed=second.agreed)
+    assert [x.kind for x in again.findings] == ["size_mismatch"]
+
+
+def test_incremental_diagnosis_compares_everything_again_when_a_rank_joins() -> None:
+    # A rank heard from late (its collector was down) disagrees at an old collective: the
+    # agreement of the others does not cover it, so its whole window is compared.
+    early = [summarize(_dump(r, [_e(i, i + 1) for i in range(6)], world=3)) for r in range(2)]
+    first = diagnose(early, now_ns=T0 + 60 * S, world_size=3)
+    assert first.agreed == {"0": (6, 2)}
+    late = summarize(_dump(2, [_e(i, i + 1, dtype="Half" if i == 2 else "Float") for i in range(6)], world=3))
+    report = diagnose([*early, late], now_ns=T0 + 60 * S, agreed=first.agreed)
+    f = report.findings[0]
+    assert (f.kind, f.culprit_ranks, f.collective_seq_id) == ("dtype_mismatch", [2], 3)

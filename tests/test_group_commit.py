@@ -105,3 +105,29 @@ def test_an_item_not_taken_in_time_is_withdrawn() -> None:
         assert slow.result().result == 1
     assert written == [1]  # the withdrawn item was never written
     assert not gc._queue
+
+
+def test_many_threads_all_get_written_with_both_writers_busy() -> None:
+    # Threads sleep on their own item's event; the queue must still drain through both writer
+    # slots (a freed slot wakes the next item in line, a new leader the one after it).
+    active = 0
+    most = 0
+    lock = threading.Lock()
+
+    def write(group: list[Pending[int]]) -> None:
+        nonlocal active, most
+        with lock:
+            active += 1
+            most = max(most, active)
+        time.sleep(0.002)
+        for p in group:
+            p.result = -p.item
+        with lock:
+            active -= 1
+
+    gc: GroupCommit[int] = GroupCommit(write, writers=2, max_weight=7)
+    with ThreadPoolExecutor(64) as pool:
+        got = list(pool.map(lambda i: gc.run(i, weight=1 + i % 3, timeout_s=30).result, range(1000)))
+    assert got == [-i for i in range(1000)]
+    assert most == 2
+    assert not gc._queue

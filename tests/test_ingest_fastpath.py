@@ -263,9 +263,9 @@ def columns(rows: list[tuple[Any, ...]]) -> list[list[Any]]:
 
 @pytest.mark.parametrize("n", [1, 9, 600, 1_100, 6_000])
 def test_entry_upsert_inserts_then_updates(database_url: str, n: int) -> None:
-    # Sizes that use each SQLite statement size (512, 64, 8, 1) and, on PostgreSQL, both the
-    # unnest statement and the binary COPY (above _PG_UNNEST_MAX rows). On SQLite a key sent
-    # twice in one call keeps the last copy (PostgreSQL refuses it: callers send unique keys).
+    # Sizes that use each SQLite statement size (512, 64, 8, 1); on PostgreSQL, one unnest
+    # statement of binary arrays, all NULL columns included. On SQLite a key sent twice in one
+    # call keeps the last copy (PostgreSQL refuses it: callers send unique keys).
     db = connect(database_url)
     migrate(db)
     sqlite = db.dialect == "sqlite"

@@ -12,7 +12,7 @@ import bisect
 import statistics
 from array import array
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from flightdeck.analysis.config_skew import PeerJob, RankConfigRef, config_findings
@@ -49,10 +49,14 @@ def diagnose(
     job: str | None = None,
     peers: Sequence[PeerJob] = (),
     stragglers: bool = True,
+    agreed: Mapping[str, tuple[int, int]] | None = None,
 ) -> Report:
     """Diagnose one job (one attempt) from the latest summary of each rank it has.
 
     `peers`: other jobs, for the cross-job configuration rules (see `config_skew`).
+    `agreed`: the previous diagnosis's `Report.agreed` of these same summaries, grown since
+    (a live server's): the collectives it found in agreement are not compared again, so a
+    diagnosis costs what arrived since the last one, not the whole history held.
     `stragglers=False` skips the arrival-skew analysis (no straggler findings, no
     `arrival_skew_s`): the costliest part on large jobs, which a live server runs less often.
     """
@@ -83,7 +87,7 @@ def diagnose(
 
     findings: list[Finding] = []
     for g in groups:
-        f = _mismatch(g, by_rank)
+        f, report.agreed[g.name] = _mismatch(g, by_rank, (agreed or {}).get(g.name))
         if f is not None:
             f.elapsed_s = _pending_for(g, f.collective_seq_id, by_rank, now_ns)
             findings.append(f)
@@ -226,15 +230,28 @@ def _fp_at(track: GroupTrack, seq: int) -> int | None:
     return None if i is None else track.fps[i]
 
 
-def _mismatch(g: _Group, by_rank: dict[int, RankSummary]) -> Finding | None:
-    """The first (group, seq) at which the member ranks recorded different collectives."""
-    holders = [r for r in g.members if r in by_rank and by_rank[r].tracks.get(g.name, GroupTrack()).seqs]
+def _mismatch(
+    g: _Group, by_rank: dict[int, RankSummary], prior: tuple[int, int] | None
+) -> tuple[Finding | None, tuple[int, int]]:
+    """The first (group, seq) at which the member ranks recorded different collectives, and the
+    group's new `Report.agreed` value. `prior`: that value from the last diagnosis."""
+    name = g.name
+    tracks = {
+        r: t
+        for r in g.members
+        if (s := by_rank.get(r)) is not None and (t := s.tracks.get(name)) is not None and t.seqs
+    }
+    holders = list(tracks)
     if len(holders) < 2:
-        return None
-    tracks = {r: by_rank[r].tracks[g.name] for r in holders}
+        return None, (0, len(holders))
     # Entries older than what every rank still holds are not evidence (ring-buffer wrap).
     lo = max(t.seqs[0] for t in tracks.values())
     hi_common = min(t.seqs[-1] for t in tracks.values())
+    agreed_hi = lo - 1
+    if prior is not None and prior[1] == len(holders):
+        # The same ranks (a job's holders only grow) agreed up to prior[0] last time.
+        agreed_hi = max(agreed_hi, prior[0])
+        lo = max(lo, prior[0] + 1)
     first_bad: int | None = None
     if lo <= hi_common:
         slices = {r: _holds(t, lo, hi_common) for r, t in tracks.items()}
@@ -253,11 +270,15 @@ def _mismatch(g: _Group, by_rank: dict[int, RankSummary]) -> Finding | None:
         else:
             first_bad = _scan(tracks, lo, hi_common)
     if first_bad is None:
+        agreed_hi = max(agreed_hi, hi_common)
         hi_all = max(t.seqs[-1] for t in tracks.values())
         first_bad = _scan(tracks, max(lo, hi_common + 1), hi_all)
+    else:
+        agreed_hi = first_bad - 1
+    agreed = (agreed_hi, len(holders))
     if first_bad is None:
-        return None
-    return _mismatch_at(g, first_bad, tracks, by_rank)
+        return None, agreed
+    return _mismatch_at(g, first_bad, tracks, by_rank), agreed
 
 
 def _pending_for(g: _Group, seq: int | None, by_rank: dict[int, RankSummary], now_ns: int) -> float | None:

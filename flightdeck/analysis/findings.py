@@ -153,6 +153,10 @@ class Report:
     #: Arrival skew (last minus first enqueue, seconds) of the compared collectives, per group.
     arrival_skew_s: dict[str, list[float]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    #: Per group: (the sequence id up to which every member holding it recorded the same
+    #: collectives, how many members held it). A live caller hands it to the next `diagnose`
+    #: (`agreed=`), which then compares only the newer collectives. Not part of the JSON.
+    agreed: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def healthy(self) -> bool:
