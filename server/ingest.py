@@ -153,12 +153,6 @@ class GcPause:
 GC_PAUSE = GcPause()
 
 
-#: Batches decoded at once. Decoding is pure Python under the GIL: more threads at it do not
-#: decode faster, but each one more that wants the GIL slows the others, the event loop and the
-#: diagnosis (a 4,096-rank job's diagnosis took 2.5 s of wall time for 0.3 s of CPU with a hundred
-#: requests in flight).
-DECODERS = 2
-
 #: Entries per group commit. Small batches (a host's few hundred entries) share transactions;
 #: big ones go alone, so that one is decoded while another is written (two 8,000-entry batches
 #: in one transaction were slower than one after the other: nothing overlapped).
@@ -217,7 +211,8 @@ class IngestService:
         self.threads = anyio.CapacityLimiter(settings.max_inflight_ingests)
         #: Concurrent batches share transactions. SQLite has one writer; on its own it would make
         #: threads take turns in BEGIN IMMEDIATE, whose busy handler polls with sleeps of up to
-        #: 100 ms. PostgreSQL gets two, so one group's rows are built while the other's are written.
+        #: 100 ms. PostgreSQL gets two, so one group's rows are built while the other's are written
+        #: (four were no faster at 4,096 ranks: the process's GIL, not the database, is the limit).
         self._group: GroupCommit[_Request] = GroupCommit(
             self._write, writers=1 if db.dialect == "sqlite" else 2, max_weight=GROUP_MAX_ENTRIES
         )
@@ -229,7 +224,6 @@ class IngestService:
         #: Token hashes being checked against the database now (one query per token at a time).
         self._refreshing: set[str] = set()
         self._auth_lock = threading.Lock()
-        self._decoders = threading.BoundedSemaphore(DECODERS)
 
     def _write(self, group: list[Pending[_Request]]) -> None:
         """Apply a group of decoded batches in one transaction, then hand them to the diagnosis
@@ -413,30 +407,26 @@ class IngestService:
         enc = (encoding or "identity").strip().lower()
         sent = body
         try:
-            # A few batches are decoded at a time: see `DECODERS`.
-            with self._decoders:
-                if enc == "gzip":
-                    body = gunzip_limited(body, limit)
-                elif enc != "identity":
-                    raise UnsupportedEncodingError(
-                        f"Content-Encoding {encoding!r} is not supported (use gzip)"
-                    )
-                with GC_PAUSE:
-                    doc = _loads(body)
-                    try:
-                        batch = decode_batch(doc)
-                        if batch.nixl:
-                            from flightdeck.nixl_records import NixlSample
+            if enc == "gzip":
+                body = gunzip_limited(body, limit)
+            elif enc != "identity":
+                raise UnsupportedEncodingError(f"Content-Encoding {encoding!r} is not supported (use gzip)")
+            with GC_PAUSE:
+                doc = _loads(body)
+                try:
+                    batch = decode_batch(doc)
+                    if batch.nixl:
+                        from flightdeck.nixl_records import NixlSample
 
-                            for i, d in enumerate(batch.nixl):
-                                try:
-                                    NixlSample.from_wire(d)
-                                except ValueError as exc:
-                                    raise WireError(f"batch.nixl[{i}]: {exc}") from None
-                    except WireError as exc:
-                        raise InvalidBatchError(str(exc)) from None
-                    # Freed here, while paused: the parsed document is the bulk of the batch's objects.
-                    del doc
+                        for i, d in enumerate(batch.nixl):
+                            try:
+                                NixlSample.from_wire(d)
+                            except ValueError as exc:
+                                raise WireError(f"batch.nixl[{i}]: {exc}") from None
+                except WireError as exc:
+                    raise InvalidBatchError(str(exc)) from None
+                # Freed here, while paused: the parsed document is the bulk of the batch's objects.
+                del doc
         except PayloadTooLargeError:
             self._reject("too_large")
             raise

@@ -131,6 +131,35 @@ def test_columns_take_int_durations_as_floats() -> None:
     assert [e.duration_ms for e in got] == [1.0, None] and type(got[0].duration_ms) is float
 
 
+def several_snapshots_doc() -> tuple[dict[str, Any], list[list[Entry]]]:
+    """A version 2 batch of three snapshots whose optional columns differ (frames, peers and
+    thread names in the first only, none in the second, an empty third), through JSON."""
+    ents = [ODD_ENTRIES, [entry(10 + i, frames=(), peer=None, thread_name="") for i in range(3)], []]
+    snaps = [Snapshot(job="j", attempt=0, rank=r, snapshot_time_ns=1, entries=e) for r, e in enumerate(ents)]
+    doc: dict[str, Any] = json.loads(json.dumps(encode_batch(Batch("b1", "host", "1", 1, snaps))))
+    return doc, ents
+
+
+def test_the_columns_of_several_snapshots_decode_together() -> None:
+    doc, ents = several_snapshots_doc()
+    assert "stk" in doc["snapshots"][0]["entries"] and "stk" not in doc["snapshots"][1]["entries"]
+    assert [s.entries for s in decode_batch(doc).snapshots] == ents
+
+
+def test_a_bad_column_in_a_later_snapshot_is_named() -> None:
+    # The error names the snapshot and the field, not only the first snapshot's.
+    doc, _ = several_snapshots_doc()
+    doc["snapshots"][1]["entries"]["tc"][2] = "late"
+    with pytest.raises(WireError) as exc:
+        decode_batch(doc)
+    assert str(exc.value) == "batch.snapshots[1].entries.tc: expected ints, got int, str"
+    doc, _ = several_snapshots_doc()
+    doc["snapshots"][2]["entries"]["n"] = 1
+    with pytest.raises(WireError) as exc:
+        decode_batch(doc)
+    assert str(exc.value) == "batch.snapshots[2].entries.rid: expected a list of 1 values"
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [

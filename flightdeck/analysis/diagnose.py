@@ -294,11 +294,21 @@ def _pending_for(g: _Group, seq: int | None, by_rank: dict[int, RankSummary], no
 
 
 def _scan(tracks: dict[int, GroupTrack], lo: int, hi: int) -> int | None:
-    for seq in range(lo, hi + 1):
-        fps = {fp for t in tracks.values() if (fp := _fp_at(t, seq)) is not None}
-        if len(fps) > 1:
-            return seq
-    return None
+    """The first seq in lo..hi that two tracks holding it recorded differently, else None.
+
+    Track by track over the seqs each holds in the range (not seq by seq over every track: the
+    range above what all ranks hold is a few seqs, and the ranks are thousands)."""
+    if lo > hi:
+        return None
+    first: dict[int, int] = {}
+    bad: int | None = None
+    for t in tracks.values():
+        seqs = t.seqs
+        i, j = bisect.bisect_left(seqs, lo), bisect.bisect_right(seqs, hi)
+        for seq, fp in zip(seqs[i:j], t.fps[i:j], strict=True):
+            if first.setdefault(seq, fp) != fp and (bad is None or seq < bad):
+                bad = seq
+    return bad
 
 
 def _sig_view(sig: Signature) -> dict[str, object]:
