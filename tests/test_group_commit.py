@@ -37,7 +37,12 @@ def test_items_queued_during_a_write_share_the_next_one() -> None:
     assert groups == [[0], [1, 2, 3, 4, 5, 6, 7]]
 
 
-def test_max_weight_splits_groups_and_writers_bound_concurrency() -> None:
+@pytest.mark.parametrize(("threads", "items", "pause_s"), [(16, 40, 0.01), (64, 1000, 0.002)])
+def test_max_weight_splits_groups_and_writers_bound_concurrency(
+    threads: int, items: int, pause_s: float
+) -> None:
+    # Each thread sleeps on its own item's event: the queue must still drain through both writer
+    # slots (a freed slot wakes the next item in line, a new leader the one after it).
     active = 0
     most = 0
     sizes: list[int] = []
@@ -49,19 +54,20 @@ def test_max_weight_splits_groups_and_writers_bound_concurrency() -> None:
             active += 1
             most = max(most, active)
             sizes.append(sum(p.weight for p in group))
-        time.sleep(0.01)
+        time.sleep(pause_s)
         for p in group:
-            p.result = p.item
+            p.result = -p.item
         with lock:
             active -= 1
 
     gc: GroupCommit[int] = GroupCommit(write, writers=2, max_weight=5)
-    with ThreadPoolExecutor(16) as pool:
-        got = list(pool.map(lambda i: gc.run(i, weight=2, timeout_s=10).result, range(40)))
-    assert got == list(range(40))
-    assert most <= 2
-    assert max(sizes) <= 4  # two items of weight 2 fit under 5, three do not
-    assert sum(sizes) == 80
+    with ThreadPoolExecutor(threads) as pool:
+        got = list(pool.map(lambda i: gc.run(i, weight=1 + i % 3, timeout_s=30).result, range(items)))
+    assert got == [-i for i in range(items)]
+    assert most == 2
+    assert max(sizes) <= 5
+    assert sum(sizes) == sum(1 + i % 3 for i in range(items))
+    assert not gc._queue
 
 
 def test_an_error_reaches_only_the_items_of_its_write() -> None:
@@ -104,30 +110,4 @@ def test_an_item_not_taken_in_time_is_withdrawn() -> None:
         release.set()
         assert slow.result().result == 1
     assert written == [1]  # the withdrawn item was never written
-    assert not gc._queue
-
-
-def test_many_threads_all_get_written_with_both_writers_busy() -> None:
-    # Threads sleep on their own item's event; the queue must still drain through both writer
-    # slots (a freed slot wakes the next item in line, a new leader the one after it).
-    active = 0
-    most = 0
-    lock = threading.Lock()
-
-    def write(group: list[Pending[int]]) -> None:
-        nonlocal active, most
-        with lock:
-            active += 1
-            most = max(most, active)
-        time.sleep(0.002)
-        for p in group:
-            p.result = -p.item
-        with lock:
-            active -= 1
-
-    gc: GroupCommit[int] = GroupCommit(write, writers=2, max_weight=7)
-    with ThreadPoolExecutor(64) as pool:
-        got = list(pool.map(lambda i: gc.run(i, weight=1 + i % 3, timeout_s=30).result, range(1000)))
-    assert got == [-i for i in range(1000)]
-    assert most == 2
     assert not gc._queue

@@ -1,0 +1,128 @@
+"""CPU per entry of each ingest stage, in process, on one large job's batches.
+
+The batches are `bench/loadgen.py`'s (N ranks on H hosts, 10 collectives/s over 3 kinds of
+groups, one gzip batch per host every 2 s carrying new and changed entries). Each stage runs on
+all of them in turn, timed by this thread's CPU clock: gunzip, JSON parse and `decode_batch`
+(the garbage collector paused, as the server's `GcPause` has it),
+`store.ingest_batches` on a fresh PostgreSQL database (groups of `--group` batches, one
+transaction each, as group commit makes them under load), and the fold into the live
+summaries. One warm-up round goes first (ids, caches). The server process does the same work
+under contention with its other threads, which `bench/loadgen.py` measures.
+
+    python bench/ingest_stages.py --ranks 4096 --hosts 512 --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import os
+import random
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psycopg
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+from bench.loadgen import NS, RankSim, Sim, Topology
+from flightdeck.analysis import RankSummary, add_entries
+from flightdeck.server import store
+from flightdeck.server.db import connect, migrate
+from flightdeck.server.ingest import GC_PAUSE
+from flightdeck.wire import Batch, decode_batch
+
+PG_ADMIN = os.environ.get("FLIGHTDECK_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+def cpu_of(fn: Callable[[], Any]) -> tuple[float, Any]:
+    """(CPU seconds of this thread, result) of `fn()`."""
+    started = time.thread_time()
+    out = fn()
+    return time.thread_time() - started, out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--ranks", type=int, default=4096)
+    ap.add_argument("--hosts", type=int, default=512)
+    ap.add_argument("--rounds", type=int, default=3, help="2 s snapshot rounds measured")
+    ap.add_argument("--group", type=int, default=30, help="batches per transaction")
+    args = ap.parse_args(argv)
+
+    topo = Topology(args.ranks, args.hosts, 3)
+    topo.build()
+    t0 = time.time_ns() - 60 * NS
+    rng = random.Random(1)
+    sim = Sim("bench-stages", topo, 10.0, 2.0, t0, "none", 0, None, 60.0)
+    sim.ranks = [RankSim(r, rng.randrange(2_000_000)) for r in range(args.ranks)]
+    rounds = [
+        [sim.host_batch(h, t0 + (k + 1) * 2 * NS)[1] for h in range(args.hosts)]
+        for k in range(args.rounds + 1)
+    ]
+    warm = [decode_batch(orjson.loads(gzip.decompress(b))) for b in rounds[0]]
+    bodies = [b for r in rounds[1:] for b in r]
+
+    cpu: dict[str, float] = {}
+    cpu["gunzip"], raws = cpu_of(lambda: [gzip.decompress(b) for b in bodies])
+    with GC_PAUSE:  # as the server decodes: the cyclic collector off
+        cpu["JSON parse"], docs = cpu_of(lambda: [orjson.loads(r) for r in raws])
+        cpu["decode_batch"], batches = cpu_of(lambda: [decode_batch(d) for d in docs])
+    n = sum(b.entry_count for b in batches)
+
+    name = "flightdeck_stages_" + uuid.uuid4().hex[:8]
+    with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name}")  # a fresh hex name, not input
+    db = connect(PG_ADMIN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1) + "/" + name)
+    try:
+        migrate(db)
+        cache = store.IngestCache()
+
+        def write(bs: list[Batch]) -> None:
+            for i in range(0, len(bs), args.group):
+                with db.write() as session, session.begin():
+                    _, learned = store.ingest_batches(
+                        session=session,
+                        batches=[(b, None) for b in bs[i : i + args.group]],
+                        now_ns=time.time_ns(),
+                        cache=cache,
+                    )
+                cache.learn(learned)
+
+        write(warm)
+        wall = time.perf_counter()
+        cpu["store.ingest_batches (this process)"], _ = cpu_of(lambda: write(batches))
+        wall = time.perf_counter() - wall
+    finally:
+        db.dispose()
+        with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {name}")
+
+    summaries: dict[int, RankSummary] = {}
+
+    def fold(bs: list[Batch]) -> None:
+        for b in bs:
+            for s in b.snapshots:
+                rs = summaries.get(s.rank)
+                if rs is None:
+                    rs = summaries[s.rank] = RankSummary(rank=s.rank, source="bench", groups=dict(s.groups))
+                add_entries(rs, s.entries)
+
+    fold(warm)
+    cpu["fold into the summaries"], _ = cpu_of(lambda: fold(batches))
+
+    print(
+        f"{args.ranks} ranks / {args.hosts} hosts, {args.rounds} rounds: {n:,} entries in "
+        f"{len(batches)} batches ({n / len(batches):.0f} entries each), {args.group} per transaction"
+    )
+    for stage, s in cpu.items():
+        print(f"{stage:40s} {s / n * 1e6:6.2f} µs/entry")
+    print(f"{'write, wall clock (database included)':40s} {wall / n * 1e6:6.2f} µs/entry")
+
+
+if __name__ == "__main__":
+    main()
