@@ -93,7 +93,7 @@ def binary_array(col: Sequence[Any], typ: str) -> BinaryArray:
             values = np.fromiter(col, dtype=code, count=n)
         except TypeError:
             if col.count(None) == n:  # a column left out of the batch: all NULL
-                return _array_class(array_oid)(struct.pack(">iiiii", 1, 1, elem_oid, n, 1) + _NULL * n)
+                return _array_class(array_oid)(_header(True, elem_oid, n) + _NULL * n)
             null = np.array([v is None for v in col])
             values = np.array([0 if v is None else v for v in col], dtype=code)
     size = np.dtype(code).itemsize
@@ -108,5 +108,9 @@ def binary_array(col: Sequence[Any], typ: str) -> BinaryArray:
         keep = np.ones((n, 4 + size), dtype=bool)
         keep[null, 4:] = False
         body = rec.view(np.uint8).reshape(n, 4 + size)[keep].tobytes()
-    header = struct.pack(">iiiii", 1, null is not None, elem_oid, n, 1)
-    return _array_class(array_oid)(header + body)
+    return _array_class(array_oid)(_header(null is not None, elem_oid, n) + body)
+
+
+def _header(has_null: bool, elem_oid: int, n: int) -> bytes:
+    """A one-dimensional array's header: dimensions, NULL flag, element type, length, lower bound."""
+    return struct.pack(">iiiii", 1, has_null, elem_oid, n, 1)
