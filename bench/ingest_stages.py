@@ -30,10 +30,11 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 from bench.loadgen import NS, RankSim, Sim, Topology
-from flightdeck.analysis import RankSummary, add_entries
+from flightdeck.analysis import RankSummary
 from flightdeck.server import store
 from flightdeck.server.db import connect, migrate
 from flightdeck.server.ingest import GC_PAUSE
+from flightdeck.server.live import fold_entries
 from flightdeck.wire import Batch, decode_batch
 
 PG_ADMIN = os.environ.get("FLIGHTDECK_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
                 rs = summaries.get(s.rank)
                 if rs is None:
                     rs = summaries[s.rank] = RankSummary(rank=s.rank, source="bench", groups=dict(s.groups))
-                add_entries(rs, s.entries)
+                fold_entries(rs, s)  # as the server folds them
 
     fold(warm)
     cpu["fold into the summaries"], _ = cpu_of(lambda: fold(batches))

@@ -26,7 +26,7 @@ from flightdeck.server import store
 from flightdeck.server.db import connect, migrate
 from flightdeck.server.live import LiveDiagnosis
 from flightdeck.server.settings import ServerSettings
-from flightdeck.wire import Snapshot
+from flightdeck.wire import Snapshot, decode_batch
 
 
 def rounds(sim: Sim, t0_ns: int, history_s: float) -> list[list[Snapshot]]:
@@ -34,7 +34,7 @@ def rounds(sim: Sim, t0_ns: int, history_s: float) -> list[list[Snapshot]]:
     out = []
     t = t0_ns + int(sim.interval_s * NS)
     while t <= t0_ns + int(history_s * NS):
-        out.append([sim.snapshot(r, t, f"sim-{r.rank // sim.topo.per_host:05d}") for r in sim.ranks])
+        out.append([s for h in range(sim.topo.hosts) for s in decode_batch(sim.host_doc(h, t)).snapshots])
         t += int(sim.interval_s * NS)
     return out
 

@@ -25,7 +25,7 @@ Decoding validates everything and raises `WireError` with a message that names t
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import attrgetter
@@ -86,6 +86,13 @@ class Snapshot:
     source: str = ""
     #: The rank's configuration report, when its agent wrote one (small: sent with every snapshot).
     config: RankConfig | None = None
+    #: `entries` as the checked wire columns they were decoded from (version 2), for readers that
+    #: work column by column; None otherwise. Whoever replaces `entries` sets it to None.
+    columns: EntryColumns | None = field(default=None, compare=False, repr=False)
+
+    def entry_columns(self) -> EntryColumns:
+        """`entries` as columns: the decoded ones, or built from the entries."""
+        return self.columns if self.columns is not None else EntryColumns.of(self.entries)
 
 
 @dataclass(slots=True)
@@ -275,11 +282,12 @@ def _decode_snapshot(
                 () if stk is None else stacks[stk],
             )
         )
-    entries = (
-        _decode_entries(_req(s, "entries", list, where), stacks, where, memo)
-        if sigs is None
-        else _decode_columns(_req(s, "entries", dict, where), stacks, sigs, f"{where}.entries")
-    )
+    columns = None
+    if sigs is None:
+        entries = _decode_entries(_req(s, "entries", list, where), stacks, where, memo)
+    else:
+        columns = _check_columns(_req(s, "entries", dict, where), stacks, sigs, f"{where}.entries")
+        entries = columns.entries()
     iv = _opt(s, "interval_s", (int, float), where)
     raw_config = _opt(s, "config", dict, where)
     return Snapshot(
@@ -304,6 +312,7 @@ def _decode_snapshot(
         entries=entries,
         source=_opt(s, "source", str, where) or "",
         config=None if raw_config is None else config_from_dict(raw_config),
+        columns=columns,
     )
 
 
@@ -441,7 +450,7 @@ WIRE_COLUMNS: dict[str, tuple[str, frozenset[type], str, Any]] = {
 _GETTERS = {key: attrgetter(attr) for key, (attr, _, _, _) in WIRE_COLUMNS.items()}
 
 
-def _encode_columns(entries: list[Entry], stack_ref: Any, sig_ref: Any) -> dict[str, Any]:
+def _encode_columns(entries: Sequence[Entry], stack_ref: Any, sig_ref: Any) -> dict[str, Any]:
     """A snapshot's entries as columns; an optional column that holds only its default is left out."""
     cols: dict[str, Any] = {"n": len(entries)}
     for key, (_, _, _, default) in WIRE_COLUMNS.items():
@@ -504,8 +513,86 @@ def _index_column(cols: dict[str, Any], key: str, n: int, size: int, where: str,
     return col
 
 
-def _decode_columns(cols: dict[str, Any], stacks: list[Stack], sigs: list[_Sig], where: str) -> list[Entry]:
-    """Check a snapshot's entry columns (types, lengths, states, indexes) and build its entries.
+@dataclass(slots=True, eq=False)
+class EntryColumns:
+    """A snapshot's entries as columns: `cols` maps a `WIRE_COLUMNS` key to its `n` values (a key
+    left out holds its default throughout), `sig` indexes the batch's signature table `sigs` and
+    `stk` (None: no frames) its stack table `stacks`.
+
+    The server writes rows and folds summaries from these without reading an attribute of each
+    entry, and takes a signature's id or fingerprint once per table instead of once per entry.
+    """
+
+    n: int
+    cols: dict[str, list[Any]]
+    sigs: list[_Sig]
+    sig: list[int]
+    stacks: list[Stack]
+    stk: list[int | None] | None
+
+    def column(self, key: str) -> Iterable[Any]:
+        """All `n` values of the `WIRE_COLUMNS` column `key`."""
+        col = self.cols.get(key)
+        return repeat(WIRE_COLUMNS[key][3], self.n) if col is None else col
+
+    def frames(self) -> Iterable[Stack]:
+        """Each entry's frames."""
+        if self.stk is None:
+            return repeat((), self.n)
+        stacks = self.stacks
+        return [() if i is None else stacks[i] for i in self.stk]
+
+    def entries(self) -> list[Entry]:
+        """The entries, built."""
+        # The signature's eight fields as eight columns (a transpose in C).
+        sig_cols = tuple(zip(*map(self.sigs.__getitem__, self.sig), strict=True)) if self.n else ((),) * 8
+        v = self.column
+        return list(
+            map(
+                Entry,
+                v("rid"), v("g"), v("seq"), v("p2p"), v("opid"), *sig_cols,
+                v("st"), v("ret"), v("tc"), v("ts"), v("td"), v("dur"), v("to"), v("thr"), v("peer"),
+                self.frames(),
+            )
+        )  # fmt: skip
+
+    @classmethod
+    def of(cls, entries: Sequence[Entry]) -> EntryColumns:
+        """Entries as columns (what `encode_batch` would send of them)."""
+        sigs: list[_Sig] = []
+        sig_index: dict[_Sig, int] = {}
+        stacks: list[Stack] = []
+        stack_index: dict[int, int] = {}
+
+        def sig_ref(e: Entry) -> int:
+            key = _SIG_FIELDS(e)
+            i = sig_index.get(key)
+            if i is None:
+                i = sig_index[key] = len(sigs)
+                sigs.append(key)
+            return i
+
+        def stack_ref(st: Stack) -> int | None:
+            if not st:
+                return None
+            i = stack_index.get(id(st))
+            if i is None:
+                i = stack_index[id(st)] = len(stacks)
+                stacks.append(st)
+            return i
+
+        cols = _encode_columns(entries, stack_ref, sig_ref)
+        return cls(cols.pop("n"), cols, sigs, cols.pop("sig"), stacks, cols.pop("stk", None))
+
+
+#: An entry's `_Sig` (signature fields in `Entry` order).
+_SIG_FIELDS = attrgetter(
+    "backend", "op", "raw_op", "is_p2p", "input_sizes", "output_sizes", "input_dtypes", "output_dtypes"
+)
+
+
+def _check_columns(cols: dict[str, Any], stacks: list[Stack], sigs: list[_Sig], where: str) -> EntryColumns:
+    """Check a snapshot's entry columns (types, lengths, states, indexes).
 
     Each check is one pass in C over a column (`set(map(type, col))`), not a Python loop per
     entry, which is what makes this format cheap to take in.
@@ -513,13 +600,12 @@ def _decode_columns(cols: dict[str, Any], stacks: list[Stack], sigs: list[_Sig],
     n = cols.get("n")
     if type(n) is not int or n < 0:
         raise WireError(f"{where}.n: expected the number of entries (an int >= 0)")
-    values: dict[str, Any] = {}
+    values: dict[str, list[Any]] = {}
     for key, (_, types, what, default) in WIRE_COLUMNS.items():
         col = cols.get(key)
         if col is None:
             if default is ...:
                 raise WireError(f"{where}: missing column {key!r}")
-            values[key] = repeat(default, n)
             continue
         if type(col) is not list or len(col) != n:
             raise WireError(f"{where}.{key}: expected a list of {n} values")
@@ -534,17 +620,7 @@ def _decode_columns(cols: dict[str, Any], stacks: list[Stack], sigs: list[_Sig],
         raise WireError(f"{where}.st: unknown entry state {bad!r}")
     sig = _index_column(cols, "sig", n, len(sigs), where, nulls=False)
     stk = _index_column(cols, "stk", n, len(stacks), where, nulls=True)
-    # The signature's eight fields as eight columns (a transpose in C).
-    sig_cols = tuple(zip(*map(sigs.__getitem__, sig), strict=True)) if n else ((),) * 8
-    frames = repeat((), n) if stk is None else [() if i is None else stacks[i] for i in stk]
-    v = values
-    return list(
-        map(
-            Entry,
-            v["rid"], v["g"], v["seq"], v["p2p"], v["opid"], *sig_cols,
-            v["st"], v["ret"], v["tc"], v["ts"], v["td"], v["dur"], v["to"], v["thr"], v["peer"], frames,
-        )
-    )  # fmt: skip
+    return EntryColumns(n, values, sigs, sig, stacks, stk)
 
 
 def snapshot_from_dump(

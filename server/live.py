@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 from flightdeck.analysis import Finding, Options, RankSummary, Report, add_entries, diagnose
 from flightdeck.analysis.config_skew import PeerJob
 from flightdeck.analysis.findings import CONFIG_KINDS, MISMATCH_KINDS
-from flightdeck.analysis.summary import GroupTrack
+from flightdeck.analysis.summary import GroupTrack, fingerprint, signature_of
 from flightdeck.server import store
 from flightdeck.server.cluster import Cluster
 from flightdeck.server.db import Database
@@ -157,6 +157,16 @@ def live_findings(report: Report, *, job_age_s: float, grace_s: float) -> list[F
             f.consequence_of = new_index.get(f.consequence_of)
         out.append(f)
     return out
+
+
+def fold_entries(s: RankSummary, snap: Snapshot) -> None:
+    """Fold a snapshot's entries into its rank's summary."""
+    c = snap.columns
+    if c is None:
+        add_entries(s, snap.entries)
+    else:  # each signature's fingerprint once per signature table, not once per entry
+        table = [fingerprint(signature_of(op, i, o, idt, odt)) for _, op, _, _, i, o, idt, odt in c.sigs]
+        add_entries(s, snap.entries, map(table.__getitem__, c.sig))
 
 
 class LiveDiagnosis:
@@ -511,7 +521,7 @@ class LiveDiagnosis:
                 # One object per distinct member list of the job: diagnosis counts them by object.
                 ranks = js.intern_members(ranks)
             s.groups[name] = type(g)(name, g.desc or (old.desc if old else ""), ranks)
-        add_entries(s, snap.entries)
+        fold_entries(s, snap)
         self._count_collectives(js, s, snap)
         cap = self._settings.max_summary_seqs
         for t in s.tracks.values():
@@ -523,28 +533,26 @@ class LiveDiagnosis:
 
     def _count_collectives(self, js: JobState, s: RankSummary, snap: Snapshot) -> None:
         """Count each collective once: on the lowest member rank of its group."""
-        lowest_of: dict[str, int | None] = {}  # min() over a 4,096-member group once, not per entry
-        for e in snap.entries:
-            if e.is_p2p:
-                continue
-            if e.group in lowest_of:
-                lowest = lowest_of[e.group]
+        names = snap.columns.cols["g"] if snap.columns is not None else [e.group for e in snap.entries]
+        counted: set[str] = set()  # the groups whose lowest member is this rank
+        for name in dict.fromkeys(names):
+            info = s.groups.get(name)
+            if info is not None and info.ranks:
+                # Known when interned; min() over a world-sized list per snapshot was most of
+                # the cost of folding snapshots in at thousands of ranks.
+                lowest = js.lowest_member.get(id(info.ranks))
+                if lowest is None:
+                    lowest = min(info.ranks)
             else:
-                info = s.groups.get(e.group)
-                if info is not None and info.ranks:
-                    # Known when interned; min() over a world-sized list per snapshot was most of
-                    # the cost of folding snapshots in at thousands of ranks.
-                    lowest = js.lowest_member.get(id(info.ranks))
-                    if lowest is None:
-                        lowest = min(info.ranks)
-                else:
-                    lowest = 0 if e.group == "0" else None
-                lowest_of[e.group] = lowest
-            if lowest is not None and lowest != snap.rank:
-                continue
-            if lowest is None:
-                continue  # members unknown: which rank counts is unclear, so none does
-            if e.collective_seq_id > js.counted_seq.get(e.group, 0):
+                # Members unknown: which rank counts is unclear, so none does (but the default
+                # group's lowest member is rank 0).
+                lowest = 0 if name == "0" else None
+            if lowest == snap.rank:
+                counted.add(name)
+        if not counted:
+            return  # most ranks are the lowest member of none of their groups
+        for e in snap.entries:
+            if e.group in counted and not e.is_p2p and e.collective_seq_id > js.counted_seq.get(e.group, 0):
                 js.counted_seq[e.group] = e.collective_seq_id
                 js.collectives[(e.group, e.op)] += 1
 

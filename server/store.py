@@ -14,7 +14,6 @@ import sqlite3
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import chain, repeat
-from operator import attrgetter
 from typing import Any
 
 from sqlalchemy import and_, bindparam, case, delete, func, or_, select, text, update
@@ -35,7 +34,6 @@ from flightdeck.records import (
     config_from_dict,
     config_to_dict,
     frames_to_wire,
-    signature_key,
 )
 from flightdeck.server.models import (
     STATE_CODES,
@@ -56,7 +54,7 @@ from flightdeck.server.models import (
     StackRow,
     WebhookDelivery,
 )
-from flightdeck.wire import Batch, Snapshot
+from flightdeck.wire import Batch, EntryColumns, Snapshot
 
 #: Rows per executemany call: bounds one statement's parameter memory without costing round trips.
 _CHUNK = 10_000
@@ -220,13 +218,17 @@ def ingest_batches(
     if not fresh:
         return results, learned
     snapshots = [s for b, _ in fresh for s in b.snapshots]
-    stack_ids = _stack_ids(session, snapshots, cache, learned)
-    # Rows go in time order (a rank's newer snapshot last); each entry's signature key is built
-    # and hashed once: `sig_keys[i]` is entry i's, `sig_ids` maps the distinct ones to row ids.
-    ordered = sorted(snapshots, key=_SNAPSHOT_TIME)
-    ents = list(chain.from_iterable(s.entries for s in ordered))
-    sig_keys = list(map(signature_key, ents))
-    sig_ids = _signature_ids(session, list(dict.fromkeys(sig_keys)), cache, learned)
+    # Each snapshot's entries as columns (as decoded, or built once here), then its rows go in
+    # time order (a rank's newer snapshot last).
+    columns = [s.entry_columns() for s in snapshots]
+    stack_ids = _stack_ids(session, snapshots, columns, cache, learned)
+    ordered = sorted(range(len(snapshots)), key=lambda i: snapshots[i].snapshot_time_ns)
+    sig_ids = _signature_ids(
+        session,
+        list(dict.fromkeys(map(_sig_key, chain.from_iterable(c.sigs for c in columns)))),
+        cache,
+        learned,
+    )
     hosts = _host_ids(session, {s.host for s in snapshots if s.host}, cache, learned)
     job_ids: dict[tuple[str, int], int] = {}
     created: set[int] = set()
@@ -249,11 +251,14 @@ def ingest_batches(
         job_ids[key] = job_id
         if new_job:
             created.add(job_id)
-    group_ids = _group_ids(session, snapshots, job_ids, cache, learned)
+    group_ids = _group_ids(session, snapshots, columns, job_ids, cache, learned)
     _upsert_ranks(session, snapshots, job_ids, hosts, stack_ids, now_ns)
     _upsert_rank_configs(session, snapshots, job_ids)
-    if ents:
-        _upsert_entries(session, _entry_rows(ordered, ents, sig_keys, sig_ids, job_ids, group_ids, stack_ids))
+    if any(c.n for c in columns):
+        rows = _entry_rows(
+            [(snapshots[i], columns[i]) for i in ordered], sig_ids, job_ids, group_ids, stack_ids
+        )
+        _upsert_entries(session, rows)
     for b, r in fresh:
         for s in b.snapshots:
             job_id = job_ids[(s.job, s.attempt)]
@@ -277,75 +282,85 @@ def ingest_batches(
     return results, learned
 
 
-#: Sort key of snapshots (time order).
-_SNAPSHOT_TIME = attrgetter("snapshot_time_ns")
-#: The `ENTRY_COLUMNS` taken from an entry as they are.
+#: `ENTRY_COLUMNS` column -> the wire column (`flightdeck.wire.WIRE_COLUMNS`) it is as sent.
 _PLAIN_COLUMNS = {
-    "record_id": attrgetter("record_id"),
-    "seq": attrgetter("collective_seq_id"),
-    "p2p_seq": attrgetter("p2p_seq_id"),
-    "op_id": attrgetter("op_id"),
-    "retired": attrgetter("retired"),
-    "time_created_ns": attrgetter("time_created_ns"),
-    "time_started_ns": attrgetter("time_started_ns"),
-    "time_completed_ns": attrgetter("time_completed_ns"),
-    "duration_ms": attrgetter("duration_ms"),
-    "timeout_ms": attrgetter("timeout_ms"),
-    "peer": attrgetter("peer"),
+    "record_id": "rid",
+    "seq": "seq",
+    "p2p_seq": "p2p",
+    "op_id": "opid",
+    "retired": "ret",
+    "time_created_ns": "tc",
+    "time_started_ns": "ts",
+    "time_completed_ns": "td",
+    "duration_ms": "dur",
+    "timeout_ms": "to",
+    "peer": "peer",
 }
-_GROUP = attrgetter("group")
-_STATE = attrgetter("state")
-_THREAD = attrgetter("thread_name")
-_FRAMES = attrgetter("frames")
+
+
+def _sig_key(sig: tuple[Any, ...]) -> SignatureKey:
+    """The store's key of a wire signature (`EntryColumns.sigs` item)."""
+    be, _op, raw_op, is_p2p, isz, osz, idt, odt = sig
+    return (raw_op, be, is_p2p, isz, osz, idt, odt)
 
 
 def _entry_rows(
-    ordered: list[Snapshot],
-    ents: list[Entry],
-    sig_keys: list[SignatureKey],
+    ordered: list[tuple[Snapshot, EntryColumns]],
     sig_ids: dict[SignatureKey, int],
     job_ids: dict[tuple[str, int], int],
     group_ids: dict[int, dict[str, int]],
     stack_ids: dict[int, int],
 ) -> list[list[Any]]:
-    """The entries rows of `ents` (the entries of `ordered`, in order) as `ENTRY_COLUMNS` columns.
+    """The entries rows of the snapshots' entries (in this order) as `ENTRY_COLUMNS` columns.
 
-    Column by column, each a `map` in C over all entries: a tuple per row built in a Python loop
-    and then transposed for the array literals cost twice as much. One row per (job, rank,
-    record_id): the batches may carry several snapshots of a rank; the newest wins, but a
-    frame-less periodic snapshot must not drop the stack an older one sent.
+    Snapshot by snapshot, each column extended from the wire column as it came (a list extend in
+    C), with a signature's row id looked up once per signature table, not per entry. One row
+    per (job, rank, record_id): the batches may carry several snapshots of a rank; the newest
+    wins, but a frame-less periodic snapshot must not drop the stack an older one sent.
     """
-    job_col: list[int] = []
-    rank_col: list[int] = []
-    group_col: list[int] = []
-    for s in ordered:
-        job_id = job_ids[(s.job, s.attempt)]
-        job_col += repeat(job_id, len(s.entries))
-        rank_col += repeat(s.rank, len(s.entries))
-        group_col += map(group_ids[job_id].__getitem__, map(_GROUP, s.entries))
+    out: dict[str, list[Any]] = {name: [] for name in ENTRY_COLUMNS}
+    plain = [(out[name], key) for name, key in _PLAIN_COLUMNS.items()]
+    job_col, rank_col, group_col = out["job_id"], out["rank"], out["group_id"]
+    sig_col, state_col, thread_col, stack_col = (
+        out["sig_id"],
+        out["state"],
+        out["thread_name"],
+        out["stack_id"],
+    )
+    state_code = STATE_CODES.__getitem__
     stack_of = stack_ids.get
-    cols = {name: list(map(get, ents)) for name, get in _PLAIN_COLUMNS.items()}
-    cols |= {
-        "job_id": job_col,
-        "rank": rank_col,
-        "group_id": group_col,
-        "sig_id": list(map(sig_ids.__getitem__, sig_keys)),
-        "state": list(map(STATE_CODES.__getitem__, map(_STATE, ents))),
-        "thread_name": [t[:64] for t in map(_THREAD, ents)],
-        "stack_id": [stack_of(id(f)) if f else None for f in map(_FRAMES, ents)],
-    }
-    out = [cols[name] for name in ENTRY_COLUMNS]
-    if len({(s.job, s.attempt, s.rank) for s in ordered}) == len(ordered):
-        return out  # the common case: each rank once, keys are unique
+    table_ids: dict[int, list[int]] = {}  # id(signature table) -> row id of each signature
+    for s, c in ordered:
+        n = c.n
+        if not n:
+            continue
+        job_id = job_ids[(s.job, s.attempt)]
+        job_col += repeat(job_id, n)
+        rank_col += repeat(s.rank, n)
+        group_col += map(group_ids[job_id].__getitem__, c.cols["g"])
+        for col, key in plain:
+            col += c.column(key)
+        ids = table_ids.get(id(c.sigs))
+        if ids is None:
+            ids = table_ids[id(c.sigs)] = [sig_ids[_sig_key(t)] for t in c.sigs]
+        sig_col += map(ids.__getitem__, c.sig)
+        state_col += map(state_code, c.cols["st"])
+        thr = c.cols.get("thr")
+        thread_col += repeat("", n) if thr is None else [t[:64] for t in thr]
+        stack_col += (
+            repeat(None, n) if c.stk is None else [stack_of(id(f)) if f else None for f in c.frames()]
+        )
+    cols = [out[name] for name in ENTRY_COLUMNS]
+    if len({(s.job, s.attempt, s.rank) for s, _ in ordered}) == len(ordered):
+        return cols  # the common case: each rank once, keys are unique
     last: dict[tuple[int, int, int], int] = {}
-    stacks = cols["stack_id"]
-    for i, key in enumerate(zip(job_col, rank_col, cols["record_id"], strict=True)):
-        old = last.get(key)
-        if old is not None and stacks[i] is None:
-            stacks[i] = stacks[old]
-        last[key] = i
+    for i, row_key in enumerate(zip(job_col, rank_col, out["record_id"], strict=True)):
+        old = last.get(row_key)
+        if old is not None and stack_col[i] is None:
+            stack_col[i] = stack_col[old]
+        last[row_key] = i
     keep = sorted(last.values())
-    return [[col[i] for i in keep] for col in out]
+    return [[col[i] for i in keep] for col in cols]
 
 
 #: Column order of the entry columns `_upsert_entries` takes.
@@ -517,7 +532,11 @@ def _host_ids(session: Session, names: set[str], cache: IngestCache, learned: Ca
 
 
 def _stack_ids(
-    session: Session, snapshots: Sequence[Snapshot], cache: IngestCache, learned: CacheUpdate
+    session: Session,
+    snapshots: Sequence[Snapshot],
+    columns: Sequence[EntryColumns],
+    cache: IngestCache,
+    learned: CacheUpdate,
 ) -> dict[int, int]:
     """id(stack tuple) -> stack row id, for every stack the snapshots reference.
 
@@ -527,10 +546,11 @@ def _stack_ids(
     entry's call-site stack.
     """
     by_obj: dict[int, Stack] = {}
-    for s in snapshots:
-        for e in s.entries:
-            if e.frames:
-                by_obj.setdefault(id(e.frames), e.frames)
+    for s, c in zip(snapshots, columns, strict=True):
+        if c.stk is not None:
+            for i in set(c.stk):
+                if i is not None and c.stacks[i]:
+                    by_obj.setdefault(id(c.stacks[i]), c.stacks[i])
         for t in s.thread_stacks:
             if t.frames:
                 by_obj.setdefault(id(t.frames), t.frames)
@@ -610,6 +630,7 @@ def _signature_ids(
 def _group_ids(
     session: Session,
     snapshots: Sequence[Snapshot],
+    columns: Sequence[EntryColumns],
     job_ids: dict[tuple[str, int], int],
     cache: IngestCache,
     learned: CacheUpdate,
@@ -621,13 +642,13 @@ def _group_ids(
     per snapshot would be most of the work of a batch.
     """
     wanted: dict[tuple[int, str], tuple[str, tuple[int, ...] | None]] = {}
-    for s in snapshots:
+    for s, c in zip(snapshots, columns, strict=True):
         job_id = job_ids[(s.job, s.attempt)]
         for name, g in s.groups.items():
             wanted[(job_id, name[:128])] = (g.desc[:256], None if g.ranks is None else tuple(g.ranks))
-        for e in s.entries:
-            if (job_id, e.group) not in wanted:
-                wanted[(job_id, e.group[:128])] = ("", None)
+        for name in dict.fromkeys(c.cols["g"]):
+            if (job_id, name) not in wanted:
+                wanted[(job_id, name[:128])] = ("", None)
     out: dict[int, dict[str, int]] = {j: {} for j in job_ids.values()}
     if not wanted:
         return out

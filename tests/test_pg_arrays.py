@@ -34,6 +34,7 @@ def read_back(conn: psycopg.Connection[Any], col: list[Any], typ: str) -> list[A
         ("int", [None, None, None]),  # a column left out of its batch
         ("bigint", [INT64 - 1, -INT64, 1_700_000_000_123_456_789]),
         ("bigint", [1_700_000_000_123_456_789, None]),
+        ("bigint", [None, INT64 - 1, -INT64, None, 0]),
         ("smallint", [0, 2, 32767, -32768]),
         ("float8", [0.5, 1e300, -2.25, 0.0]),
         ("float8", [None, 3.5, None]),
@@ -57,3 +58,5 @@ def test_unnest_of_binary_and_text_arrays_makes_rows(conn: psycopg.Connection[An
 def test_out_of_range_values_raise_before_sending(typ: str, value: int) -> None:
     with pytest.raises(OverflowError):
         binary_array([1, value], typ)
+    with pytest.raises(OverflowError):  # beside a NULL too
+        binary_array([None, value], typ)

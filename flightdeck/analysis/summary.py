@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,15 +44,24 @@ Signature = tuple[
 
 def signature(e: Entry) -> Signature:
     """The part of an entry that must agree across the ranks of one collective."""
-    ins: tuple[tuple[int, ...], ...] = e.input_sizes
-    outs: tuple[tuple[int, ...], ...] = e.output_sizes
-    if e.op in _SIZES_FREE:
+    return signature_of(e.op, e.input_sizes, e.output_sizes, e.input_dtypes, e.output_dtypes)
+
+
+def signature_of(
+    op: str,
+    ins: tuple[tuple[int, ...], ...],
+    outs: tuple[tuple[int, ...], ...],
+    in_dtypes: tuple[str, ...],
+    out_dtypes: tuple[str, ...],
+) -> Signature:
+    """`signature` of the entry with this canonical op, these sizes and these dtypes."""
+    if op in _SIZES_FREE:
         ins, outs = (), ()
-    elif e.op in _INPUT_ONLY:
+    elif op in _INPUT_ONLY:
         outs = ()
-    elif e.op in _OUTPUT_ONLY:
+    elif op in _OUTPUT_ONLY:
         ins = ()
-    return (e.op, ins, outs, e.input_dtypes, e.output_dtypes)
+    return (op, ins, outs, in_dtypes, out_dtypes)
 
 
 _fp_cache: dict[Signature, int] = {}
@@ -177,12 +186,18 @@ def summarize(dump: RankDump) -> RankSummary:
     return s
 
 
-def add_entries(s: RankSummary, entries: Iterable[Entry]) -> None:
-    """Fold entries (oldest first, by record id) into the summary's tracks."""
+def add_entries(s: RankSummary, entries: Sequence[Entry], fps: Iterable[int] | None = None) -> None:
+    """Fold entries (oldest first, by record id) into the summary's tracks.
+
+    `fps`, when the caller has them, are the entries' signature fingerprints, one per entry (a
+    batch repeats a few signatures: the server takes each fingerprint once per signature table).
+    """
     tracks = s.tracks
     sigs = s.sigs
     sig_frames = s.sig_frames
-    for e in entries:
+    if fps is None:
+        fps = map(fingerprint, map(signature, entries))
+    for e, fp in zip(entries, fps, strict=True):
         track = tracks.get(e.group)
         if track is None:
             track = tracks[e.group] = GroupTrack()
@@ -195,10 +210,8 @@ def add_entries(s: RankSummary, entries: Iterable[Entry]) -> None:
             else:
                 track.p2p.append(e)
             continue
-        sig = signature(e)
-        fp = fingerprint(sig)
         if fp not in sigs:
-            sigs[fp] = sig
+            sigs[fp] = signature(e)
         if e.frames:
             sig_frames[fp] = e.frames
         seq = e.collective_seq_id
