@@ -194,9 +194,11 @@ def ingest_batches(
     batches: Sequence[tuple[Batch, int | None]],
     now_ns: int,
     cache: IngestCache | None = None,
+    packed: Sequence[PackedEntries | None] = (),
 ) -> tuple[list[IngestResult], CacheUpdate]:
     """Apply decoded (batch, collector id) pairs in one pass: jobs, ranks, groups, stacks,
-    signatures, entries, NIXL samples; one result per batch, in order.
+    signatures, entries, NIXL samples; one result per batch, in order. `packed`: the batches'
+    `pack_entries` (PostgreSQL), when their request threads made them.
 
     Several batches share every statement (group commit: see `flightdeck.server.group_commit`),
     so a transaction costs the same round trips for one batch or fifty. A batch id already
@@ -209,12 +211,14 @@ def ingest_batches(
     learned = CacheUpdate()
     results: list[IngestResult] = []
     fresh: list[tuple[Batch, IngestResult]] = []
-    for b, _ in batches:
+    fresh_packed: list[PackedEntries | None] = []
+    for i, (b, _) in enumerate(batches):
         r = IngestResult(duplicate=b.batch_id not in claimed)
         claimed.discard(b.batch_id)  # a second copy in this call is a duplicate
         results.append(r)
         if not r.duplicate:
             fresh.append((b, r))
+            fresh_packed.append(packed[i] if packed else None)
     if not fresh:
         return results, learned
     snapshots = [s for b, _ in fresh for s in b.snapshots]
@@ -232,17 +236,17 @@ def ingest_batches(
     hosts = _host_ids(session, {s.host for s in snapshots if s.host}, cache, learned)
     job_ids: dict[tuple[str, int], int] = {}
     created: set[int] = set()
+    touch: list[int] = []  # known jobs to mark seen, last in the transaction
     for s in snapshots:
         key = (s.job, s.attempt)
         if key in job_ids:
             continue
         known = cache.jobs.get(key)
-        if (
-            known is not None
-            and (s.world_size is None or s.world_size == known[1])
-            and now_ns - known[2] < cache.touch_every_ns
-        ):
-            job_ids[key] = known[0]  # touched less than touch_every_ns ago
+        if known is not None and (s.world_size is None or s.world_size == known[1]):
+            job_ids[key] = known[0]
+            if now_ns - known[2] >= cache.touch_every_ns:
+                touch.append(known[0])
+                learned.jobs[key] = (known[0], known[1], now_ns)
             continue
         job_id, new_job = upsert_job(
             session=session, name=s.job, attempt=s.attempt, world_size=s.world_size, seen_ns=now_ns
@@ -255,9 +259,17 @@ def ingest_batches(
     _upsert_ranks(session, snapshots, job_ids, hosts, stack_ids, now_ns)
     _upsert_rank_configs(session, snapshots, job_ids)
     if any(c.n for c in columns):
-        rows = _entry_rows(
-            [(snapshots[i], columns[i]) for i in ordered], sig_ids, job_ids, group_ids, stack_ids
-        )
+        ranks = {(s.job, s.attempt, s.rank) for s in snapshots}
+        if len(ranks) == len(snapshots) and all(p is not None for p in fresh_packed):
+            # Each rank once: row order does not matter, so the rows go in batch order and the
+            # columns the batches' threads packed are used as they are.
+            pairs = list(zip(snapshots, columns, strict=True))
+            rows = _id_columns(pairs, sig_ids, job_ids, group_ids, stack_ids)
+            rows |= _join_packed([p for p in fresh_packed if p is not None])
+        else:
+            rows = _entry_rows(
+                [(snapshots[i], columns[i]) for i in ordered], sig_ids, job_ids, group_ids, stack_ids
+            )
         _upsert_entries(session, rows)
     for b, r in fresh:
         for s in b.snapshots:
@@ -271,6 +283,14 @@ def ingest_batches(
             from flightdeck.nixl_records import NixlSample
 
             upsert_nixl(session=session, samples=[NixlSample.from_wire(d) for d in b.nixl])
+    # Rows every transaction may touch (the job's, the token's) are updated last: a row lock is
+    # held to the commit, and concurrent writers must not wait on each other for a whole write.
+    for job_id in sorted(touch):
+        session.execute(
+            update(Job)
+            .where(Job.id == job_id)
+            .values(last_seen_ns=case((Job.last_seen_ns < now_ns, now_ns), else_=Job.last_seen_ns))
+        )
     for collector_id in sorted(
         {c for (b, c), r in zip(batches, results, strict=True) if c is not None and not r.duplicate}
     ):
@@ -310,24 +330,43 @@ def _entry_rows(
     job_ids: dict[tuple[str, int], int],
     group_ids: dict[int, dict[str, int]],
     stack_ids: dict[int, int],
-) -> list[list[Any]]:
+) -> dict[str, list[Any]]:
     """The entries rows of the snapshots' entries (in this order) as `ENTRY_COLUMNS` columns.
 
-    Snapshot by snapshot, each column extended from the wire column as it came (a list extend in
-    C), with a signature's row id looked up once per signature table, not per entry. One row
-    per (job, rank, record_id): the batches may carry several snapshots of a rank; the newest
-    wins, but a frame-less periodic snapshot must not drop the stack an older one sent.
+    One row per (job, rank, record_id): the batches may carry several snapshots of a rank; the
+    newest wins, but a frame-less periodic snapshot must not drop the stack an older one sent.
     """
-    out: dict[str, list[Any]] = {name: [] for name in ENTRY_COLUMNS}
-    plain = [(out[name], key) for name, key in _PLAIN_COLUMNS.items()]
-    job_col, rank_col, group_col = out["job_id"], out["rank"], out["group_id"]
-    sig_col, state_col, thread_col, stack_col = (
-        out["sig_id"],
-        out["state"],
-        out["thread_name"],
-        out["stack_id"],
-    )
-    state_code = STATE_CODES.__getitem__
+    out = _id_columns(ordered, sig_ids, job_ids, group_ids, stack_ids) | _value_columns(ordered)
+    if len({(s.job, s.attempt, s.rank) for s, _ in ordered}) == len(ordered):
+        return out  # the common case: each rank once, keys are unique
+    last: dict[tuple[int, int, int], int] = {}
+    stack_col = out["stack_id"]
+    for i, row_key in enumerate(zip(out["job_id"], out["rank"], out["record_id"], strict=True)):
+        old = last.get(row_key)
+        if old is not None and stack_col[i] is None:
+            stack_col[i] = stack_col[old]
+        last[row_key] = i
+    keep = sorted(last.values())
+    return {name: [col[i] for i in keep] for name, col in out.items()}
+
+
+def _id_columns(
+    ordered: list[tuple[Snapshot, EntryColumns]],
+    sig_ids: dict[SignatureKey, int],
+    job_ids: dict[tuple[str, int], int],
+    group_ids: dict[int, dict[str, int]],
+    stack_ids: dict[int, int],
+) -> dict[str, list[Any]]:
+    """The row-id columns of the entries rows (job, rank, group, signature, stack).
+
+    Snapshot by snapshot, each a list extended in C, a signature's row id looked up once per
+    signature table, not per entry.
+    """
+    job_col: list[int] = []
+    rank_col: list[int] = []
+    group_col: list[int] = []
+    sig_col: list[int] = []
+    stack_col: list[int | None] = []
     stack_of = stack_ids.get
     table_ids: dict[int, list[int]] = {}  # id(signature table) -> row id of each signature
     for s, c in ordered:
@@ -338,29 +377,80 @@ def _entry_rows(
         job_col += repeat(job_id, n)
         rank_col += repeat(s.rank, n)
         group_col += map(group_ids[job_id].__getitem__, c.cols["g"])
-        for col, key in plain:
-            col += c.column(key)
         ids = table_ids.get(id(c.sigs))
         if ids is None:
             ids = table_ids[id(c.sigs)] = [sig_ids[_sig_key(t)] for t in c.sigs]
         sig_col += map(ids.__getitem__, c.sig)
-        state_col += map(state_code, c.cols["st"])
-        thr = c.cols.get("thr")
-        thread_col += repeat("", n) if thr is None else [t[:64] for t in thr]
         stack_col += (
             repeat(None, n) if c.stk is None else [stack_of(id(f)) if f else None for f in c.frames()]
         )
-    cols = [out[name] for name in ENTRY_COLUMNS]
-    if len({(s.job, s.attempt, s.rank) for s, _ in ordered}) == len(ordered):
-        return cols  # the common case: each rank once, keys are unique
-    last: dict[tuple[int, int, int], int] = {}
-    for i, row_key in enumerate(zip(job_col, rank_col, out["record_id"], strict=True)):
-        old = last.get(row_key)
-        if old is not None and stack_col[i] is None:
-            stack_col[i] = stack_col[old]
-        last[row_key] = i
-    keep = sorted(last.values())
-    return [[col[i] for i in keep] for col in cols]
+    return {
+        "job_id": job_col,
+        "rank": rank_col,
+        "group_id": group_col,
+        "sig_id": sig_col,
+        "stack_id": stack_col,
+    }
+
+
+def _value_columns(ordered: list[tuple[Snapshot, EntryColumns]]) -> dict[str, list[Any]]:
+    """The `_PACKED` columns of the entries rows: the values as sent (no row id to look up)."""
+    out: dict[str, list[Any]] = {name: [] for name in _PACKED}
+    as_sent = [(out[name], key) for name, key in _PLAIN_COLUMNS.items()]
+    state_col, thread_col = out["state"], out["thread_name"]
+    state_code = STATE_CODES.__getitem__
+    for _, c in ordered:
+        if not c.n:
+            continue
+        for col, key in as_sent:
+            col += c.column(key)
+        state_col += map(state_code, c.cols["st"])
+        thr = c.cols.get("thr")
+        thread_col += repeat("", c.n) if thr is None else [t[:64] for t in thr]
+    return out
+
+
+#: The `ENTRY_COLUMNS` that `pack_entries` packs: all but the row ids looked up in the transaction.
+_PACKED = (*_PLAIN_COLUMNS, "state", "thread_name")
+
+
+@dataclass(slots=True)
+class PackedEntries:
+    """A batch's `_PACKED` entry columns as PostgreSQL array parts (`pg_arrays.array_body`),
+    its snapshots' entries in order; the thread names as the inside of a text array literal."""
+
+    parts: dict[str, tuple[bytes, int, bool]]
+    thread_names: str
+
+
+def pack_entries(batch: Batch) -> PackedEntries:
+    """Pack a batch's entry columns that need no row id for a PostgreSQL upsert.
+
+    Called on the batch's request thread, before its group's transaction: the writer, which
+    works for the whole group while the others wait, only puts the parts together.
+    """
+    from flightdeck.server.pg_arrays import array_body  # numpy: PostgreSQL servers only
+
+    rows = _value_columns([(s, s.entry_columns()) for s in batch.snapshots])
+    types = dict(zip(ENTRY_COLUMNS, _PG_TYPES, strict=True))
+    return PackedEntries(
+        {name: array_body(rows[name], types[name]) for name in _PACKED if name != "thread_name"},
+        _pg_text_array(rows["thread_name"])[1:-1],
+    )
+
+
+def _join_packed(packed: Sequence[PackedEntries]) -> dict[str, Any]:
+    """The `_PACKED` columns of these batches, in order, as upsert parameters."""
+    from flightdeck.server.pg_arrays import joined_array
+
+    types = dict(zip(ENTRY_COLUMNS, _PG_TYPES, strict=True))
+    out: dict[str, Any] = {
+        name: joined_array([p.parts[name] for p in packed], types[name])
+        for name in _PACKED
+        if name != "thread_name"
+    }
+    out["thread_name"] = "{" + ",".join(p.thread_names for p in packed if p.thread_names) + "}"
+    return out
 
 
 #: Column order of the entry columns `_upsert_entries` takes.
@@ -422,8 +512,10 @@ def _pg_arrays(cols: Iterable[Sequence[Any]], types: Sequence[str]) -> list[Any]
     from flightdeck.server.pg_arrays import binary_array  # numpy: PostgreSQL servers only
 
     return [
-        _pg_text_array(c) if t == "text" else binary_array(c, t) for c, t in zip(cols, types, strict=True)
-    ]
+        c if isinstance(c, bytes | str)  # packed already (`_join_packed`)
+        else _pg_text_array(c) if t == "text" else binary_array(c, t)
+        for c, t in zip(cols, types, strict=True)
+    ]  # fmt: skip
 
 
 #: PostgreSQL element type of each ENTRY_COLUMNS column (`pg_arrays.TYPES`, or text).
@@ -450,8 +542,8 @@ def _pg_text_array(col: Sequence[str | None]) -> str:
     return "{" + ",".join(map(quoted.__getitem__, col)) + "}"
 
 
-def _upsert_entries(session: Session, cols: Sequence[Sequence[Any]]) -> None:
-    """Upsert entry rows given as columns (ENTRY_COLUMNS order, unique keys) at driver speed.
+def _upsert_entries(session: Session, columns: dict[str, Any]) -> None:
+    """Upsert entry rows given as columns (each ENTRY_COLUMNS name's; unique keys) at driver speed.
 
     The hottest statement of the server, so it skips SQLAlchemy's per-row parameter processing:
     SQLite gets multi-row INSERT ... VALUES statements run by executemany (in C, one step per
@@ -460,7 +552,7 @@ def _upsert_entries(session: Session, cols: Sequence[Sequence[Any]]) -> None:
     no value formatted in Python or parsed by the server.
     """
     conn = session.connection()
-    n = len(cols[0])
+    cols = [columns[name] for name in ENTRY_COLUMNS]
     if conn.dialect.name == "postgresql":
         raw: Any = conn.connection.driver_connection
         with raw.cursor() as cur:
@@ -469,6 +561,7 @@ def _upsert_entries(session: Session, cols: Sequence[Sequence[Any]]) -> None:
     # Rows of one statement are applied in order, as executemany would: a key sent twice in a
     # batch updates the row its first copy inserted.
     rows = list(zip(*cols, strict=True))
+    n = len(rows)
     dbapi: Any = conn.connection.driver_connection
     limit = dbapi.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
     done = 0

@@ -285,9 +285,9 @@ def test_decoded_entries_share_repeated_values() -> None:
     assert a.input_dtypes is b.output_dtypes
 
 
-def columns(rows: list[tuple[Any, ...]]) -> list[list[Any]]:
+def columns(rows: list[tuple[Any, ...]]) -> dict[str, list[Any]]:
     """Entry rows as the columns `store._upsert_entries` takes."""
-    return [list(c) for c in zip(*rows, strict=True)]
+    return {name: list(c) for name, c in zip(store.ENTRY_COLUMNS, zip(*rows, strict=True), strict=True)}
 
 
 @pytest.mark.parametrize("n", [1, 9, 600, 1_100, 6_000])
@@ -495,5 +495,74 @@ def test_known_stacks_are_not_written_again_and_keep_their_rows(database_url: st
         assert [got[i] for i in range(8)] == want and got[9] == STACKS[0]
         with db.read() as session:
             assert store.table_counts(session=session)["stacks"] == 4
+    finally:
+        db.dispose()
+
+
+def test_entries_packed_on_request_threads_store_the_same_rows(pg_database: str) -> None:
+    """PostgreSQL: a batch's entry columns packed ahead of its transaction (`pack_entries`, on
+    the request's thread) store exactly the rows the writer would build itself: NULLs, odd
+    thread names, frames; a packed batch that is a duplicate is left out, and a rank sent twice
+    in one transaction falls back to the writer's rows (newest wins)."""
+    db = connect(pg_database)
+    migrate(db)
+
+    def batches(job: str) -> list[Batch]:
+        def snap(rank: int, t: int, entries: list[Entry]) -> Snapshot:
+            return Snapshot(job=job, attempt=0, rank=rank, snapshot_time_ns=t, host="h", entries=entries)
+
+        odd = [
+            replace(entry(i), state="started", retired=False, time_completed_ns=None, duration_ms=None)
+            for i in range(3)
+        ]
+        odd.append(replace(entry(3), thread_name='say "hi" \\ {x,y}', timeout_ms=None, peer=7, frames=()))
+        docs = [
+            encode_batch(
+                Batch(f"{job}-1", "h", "1", 1, [snap(0, 10, odd), snap(1, 10, [entry(i) for i in range(3)])])
+            ),
+            encode_batch(Batch(f"{job}-2", "h", "1", 2, [snap(2, 11, [entry(i) for i in range(4)])])),
+            encode_batch(Batch(f"{job}-3", "h", "1", 3, [snap(0, 12, [entry(3, frames=()), entry(4)])])),
+        ]
+        return [decode_batch(json.loads(json.dumps(d))) for d in docs]  # through the wire, as served
+
+    def stored(job: str) -> list[tuple[Any, ...]]:
+        with db.read() as session:
+            j = store.get_job(session=session, name=job)
+            assert j is not None
+            rows = session.query(EntryRow).filter(EntryRow.job_id == j.id).all()
+            names = [n for n in store.ENTRY_COLUMNS if n not in ("job_id", "group_id", "sig_id", "stack_id")]
+            return sorted((*(getattr(r, n) for n in names), r.stack_id is not None) for r in rows)
+
+    def apply(job: str, *, pack: bool) -> list[list[bool]]:
+        bs = batches(job)
+        groups = [[bs[0]], [bs[0], bs[1]], [bs[2]]] if pack else [[bs[0]], [bs[1]], [bs[2]]]
+        dup = []
+        for group in groups:
+            with db.write() as session, session.begin():
+                results, _ = store.ingest_batches(
+                    session=session,
+                    batches=[(b, None) for b in group],
+                    now_ns=5,
+                    packed=[store.pack_entries(b) for b in group] if pack else (),
+                )
+            dup.append([r.duplicate for r in results])
+        return dup
+
+    try:
+        assert apply("plain", pack=False) == [[False], [False], [False]]
+        assert apply("packed", pack=True) == [[False], [True, False], [False]]
+        assert stored("packed") == stored("plain")
+        assert ('say "hi" \\ {x,y}', 7, False) in [r[-3:] for r in stored("packed")]
+        # One transaction with rank 0 twice: the writer's own rows (the newer snapshot wins).
+        for job, pack in (("twice", True), ("twice-plain", False)):
+            bs = batches(job)
+            with db.write() as session, session.begin():
+                store.ingest_batches(
+                    session=session,
+                    batches=[(b, None) for b in bs],
+                    now_ns=5,
+                    packed=[store.pack_entries(b) for b in bs] if pack else (),
+                )
+        assert stored("twice") == stored("twice-plain")
     finally:
         db.dispose()
