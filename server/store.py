@@ -11,7 +11,8 @@ from __future__ import annotations
 import hashlib
 import json
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import chain, repeat
 from typing import Any
@@ -167,10 +168,11 @@ def claim_batches(*, session: Session, batches: Sequence[tuple[str, int | None]]
     conn = session.connection()
     if conn.dialect.name == "postgresql":
         # One statement text whatever the number of batches: psycopg parses each new text in Python.
-        return {
-            row[0]
-            for row in conn.exec_driver_sql(_PG_CLAIM, (ids, [now_ns] * len(ids), [first[b] for b in ids]))
-        }
+        # Pipelined: the transaction's BEGIN goes with it, one round trip instead of two.
+        raw: Any = conn.connection.driver_connection
+        with raw.pipeline(), raw.cursor() as cur:
+            cur.execute(_PG_CLAIM, (ids, [now_ns] * len(ids), [first[b] for b in ids]))
+            return {row[0] for row in cur.fetchall()}
     # Driver-level: SQLAlchemy would compile (and cache-key) a new multi-row statement per size.
     values = ", ".join(["(?, ?, ?)"] * len(first))
     sql = (
@@ -256,8 +258,7 @@ def ingest_batches(
         if new_job:
             created.add(job_id)
     group_ids = _group_ids(session, snapshots, columns, job_ids, cache, learned)
-    _upsert_ranks(session, snapshots, job_ids, hosts, stack_ids, now_ns)
-    _upsert_rank_configs(session, snapshots, job_ids)
+    rows: dict[str, Any] | None = None
     if any(c.n for c in columns):
         ranks = {(s.job, s.attempt, s.rank) for s in snapshots}
         if len(ranks) == len(snapshots) and all(p is not None for p in fresh_packed):
@@ -270,7 +271,11 @@ def ingest_batches(
             rows = _entry_rows(
                 [(snapshots[i], columns[i]) for i in ordered], sig_ids, job_ids, group_ids, stack_ids
             )
-        _upsert_entries(session, rows)
+    with _pipeline(session):  # PostgreSQL: the two statements in one round trip
+        _upsert_ranks(session, snapshots, job_ids, hosts, stack_ids, now_ns)
+        if rows is not None:
+            _upsert_entries(session, rows)
+    _upsert_rank_configs(session, snapshots, job_ids)
     for b, r in fresh:
         for s in b.snapshots:
             job_id = job_ids[(s.job, s.attempt)]
@@ -300,6 +305,19 @@ def ingest_batches(
             )
             learned.tokens[collector_id] = now_ns
     return results, learned
+
+
+@contextmanager
+def _pipeline(session: Session) -> Iterator[None]:
+    """On PostgreSQL, the driver statements inside go in one round trip (psycopg's pipeline
+    mode); their errors are raised at the end. Elsewhere, nothing changes."""
+    conn = session.connection()
+    if conn.dialect.name != "postgresql":
+        yield
+        return
+    raw: Any = conn.connection.driver_connection
+    with raw.pipeline():
+        yield
 
 
 #: `ENTRY_COLUMNS` column -> the wire column (`flightdeck.wire.WIRE_COLUMNS`) it is as sent.
