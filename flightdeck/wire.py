@@ -25,11 +25,11 @@ Decoding validates everything and raises `WireError` with a message that names t
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import attrgetter
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from flightdeck.records import (
     WIRE_VERSION,
@@ -49,6 +49,9 @@ from flightdeck.records import (
     signature_key,
     signature_to_wire,
 )
+
+K = TypeVar("K")
+V = TypeVar("V")
 
 SNAPSHOT_KINDS = ("periodic", "stall", "final", "dump")
 #: Wire versions `decode_batch` takes (`encode_batch` writes WIRE_VERSION, the newest).
@@ -113,30 +116,32 @@ class Batch:
         return sum(len(s.entries) for s in self.snapshots)
 
 
+class _Table(Generic[K, V]):
+    """A batch table (stacks, signatures): each value once, in order of first use, by a key."""
+
+    def __init__(self) -> None:
+        self.values: list[V] = []
+        self._index: dict[K, int] = {}
+
+    def ref(self, key: K, make: Callable[[], V]) -> int:
+        """The index of `key`'s value, `make()` appended when the key is new."""
+        i = self._index.get(key)
+        if i is None:
+            i = self._index[key] = len(self.values)
+            self.values.append(make())
+        return i
+
+
 def encode_batch(batch: Batch) -> dict[str, Any]:
     """Encode a batch as plain JSON-able data, each distinct stack once."""
-    stacks: list[Stack] = []
-    index: dict[Stack, int] = {}
+    stacks = _Table[Stack, Stack]()
+    sigs = _Table[SignatureKey, dict[str, Any]]()
 
     def ref(st: Stack) -> int | None:
-        if not st:
-            return None
-        i = index.get(st)
-        if i is None:
-            i = index[st] = len(stacks)
-            stacks.append(st)
-        return i
-
-    sigs: list[dict[str, Any]] = []
-    sig_index: dict[SignatureKey, int] = {}
+        return stacks.ref(st, lambda: st) if st else None
 
     def sig_ref(e: Entry) -> int:
-        key = signature_key(e)
-        i = sig_index.get(key)
-        if i is None:
-            i = sig_index[key] = len(sigs)
-            sigs.append(signature_to_wire(e))
-        return i
+        return sigs.ref(signature_key(e), lambda: signature_to_wire(e))
 
     snaps = []
     for s in batch.snapshots:
@@ -176,8 +181,8 @@ def encode_batch(batch: Batch) -> dict[str, Any]:
         "batch_id": batch.batch_id,
         "collector": {"host": batch.collector_host, "version": batch.collector_version},
         "sent_at_ns": batch.sent_at_ns,
-        "stacks": [frames_to_wire(st) for st in stacks],
-        "sigs": sigs,
+        "stacks": [frames_to_wire(st) for st in stacks.values],
+        "sigs": sigs.values,
         "snapshots": snaps,
         "nixl": batch.nixl,
     }
@@ -559,30 +564,18 @@ class EntryColumns:
     @classmethod
     def of(cls, entries: Sequence[Entry]) -> EntryColumns:
         """Entries as columns (what `encode_batch` would send of them)."""
-        sigs: list[_Sig] = []
-        sig_index: dict[_Sig, int] = {}
-        stacks: list[Stack] = []
-        stack_index: dict[int, int] = {}
+        sigs = _Table[_Sig, _Sig]()
+        stacks = _Table[int, Stack]()  # by identity: the store finds a stack's row by id()
 
         def sig_ref(e: Entry) -> int:
             key = _SIG_FIELDS(e)
-            i = sig_index.get(key)
-            if i is None:
-                i = sig_index[key] = len(sigs)
-                sigs.append(key)
-            return i
+            return sigs.ref(key, lambda: key)
 
         def stack_ref(st: Stack) -> int | None:
-            if not st:
-                return None
-            i = stack_index.get(id(st))
-            if i is None:
-                i = stack_index[id(st)] = len(stacks)
-                stacks.append(st)
-            return i
+            return stacks.ref(id(st), lambda: st) if st else None
 
         cols = _encode_columns(entries, stack_ref, sig_ref)
-        return cls(cols.pop("n"), cols, sigs, cols.pop("sig"), stacks, cols.pop("stk", None))
+        return cls(cols.pop("n"), cols, sigs.values, cols.pop("sig"), stacks.values, cols.pop("stk", None))
 
 
 #: An entry's `_Sig` (signature fields in `Entry` order).

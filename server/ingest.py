@@ -179,8 +179,6 @@ class _Request:
     started: float
     #: The collector's `BATCH_AGE_HEADER` in seconds, if it sent a sane one.
     age_s: float | None
-    #: Its entry columns packed for the upsert (PostgreSQL), made on the request's own thread.
-    packed: store.PackedEntries | None = None
 
 
 class IngestService:
@@ -238,7 +236,6 @@ class IngestService:
                     batches=[(p.item.batch, p.item.collector.id) for p in group],
                     now_ns=now_ns,
                     cache=self._cache,
-                    packed=[p.item.packed for p in group],
                 )
                 if self._settings.cluster:
                     # For the processes that own these jobs' diagnosis (read back in commit order).
@@ -444,8 +441,6 @@ class IngestService:
             else b"",
             started=started,
             age_s=_batch_age_s(batch_age_ms),
-            # Here, on this request's thread, not by the group's writer that all others wait on.
-            packed=store.pack_entries(batch) if self._db.dialect == "postgresql" else None,
         )
         try:
             done = self._group.run(

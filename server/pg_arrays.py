@@ -77,28 +77,13 @@ def _record(code: str) -> np.dtype[Any]:
 
 
 def binary_array(col: Sequence[Any], typ: str) -> BinaryArray:
-    """`col` as a one-dimensional array of `typ` (a `TYPES` key), None as NULL."""
-    return joined_array([array_body(col, typ)], typ)
-
-
-def joined_array(parts: Sequence[tuple[bytes, int, bool]], typ: str) -> BinaryArray:
-    """One array of the `array_body` parts (of `typ`), in order."""
-    _, elem_oid, array_oid = TYPES[typ]
-    n = sum(p[1] for p in parts)
-    head = _header(any(p[2] for p in parts), elem_oid, n)
-    return _array_class(array_oid)(head + b"".join(p[0] for p in parts))
-
-
-def array_body(col: Sequence[Any], typ: str) -> tuple[bytes, int, bool]:
-    """`col`'s elements as an array of `typ` holds them (no header), their count, and whether any
-    is NULL: parts that `joined_array` puts together, so that each batch's are packed on its own
-    request thread, not by the transaction's writer.
+    """`col` as a one-dimensional array of `typ` (a `TYPES` key), None as NULL.
 
     The values must already be of the column's kind (ints; floats for float8; bools for
     boolean), as the store's columns are (built from decoded, type-checked batches): numpy would
     convert others. A value out of the type's range raises OverflowError before anything is sent.
     """
-    code = TYPES[typ][0]
+    code, elem_oid, array_oid = TYPES[typ]
     n = len(col)
     null: np.ndarray[Any, np.dtype[np.bool_]] | None = None
     if typ == "float8":
@@ -108,7 +93,7 @@ def array_body(col: Sequence[Any], typ: str) -> tuple[bytes, int, bool]:
             null = isnan
     elif None in col:  # numpy would take None for False, or fail
         if col.count(None) == n:  # a column left out of the batch: all NULL
-            return _NULL * n, n, True
+            return _array_class(array_oid)(_header(True, elem_oid, n) + _NULL * n)
         # As objects, NULLs are found and zeroed in C: a Python expression per element cost three
         # times as much, the largest part of the upsert where the completion times of entries
         # still in flight are NULL.
@@ -129,7 +114,7 @@ def array_body(col: Sequence[Any], typ: str) -> tuple[bytes, int, bool]:
         keep = np.ones((n, rec.itemsize), dtype=bool)
         keep[null, 4:] = False
         body = rec.view(np.uint8).reshape(n, rec.itemsize)[keep].tobytes()
-    return body, n, null is not None
+    return _array_class(array_oid)(_header(null is not None, elem_oid, n) + body)
 
 
 def _header(has_null: bool, elem_oid: int, n: int) -> bytes:

@@ -196,11 +196,9 @@ def ingest_batches(
     batches: Sequence[tuple[Batch, int | None]],
     now_ns: int,
     cache: IngestCache | None = None,
-    packed: Sequence[PackedEntries | None] = (),
 ) -> tuple[list[IngestResult], CacheUpdate]:
     """Apply decoded (batch, collector id) pairs in one pass: jobs, ranks, groups, stacks,
-    signatures, entries, NIXL samples; one result per batch, in order. `packed`: the batches'
-    `pack_entries` (PostgreSQL), when their request threads made them.
+    signatures, entries, NIXL samples; one result per batch, in order.
 
     Several batches share every statement (group commit: see `flightdeck.server.group_commit`),
     so a transaction costs the same round trips for one batch or fifty. A batch id already
@@ -213,14 +211,12 @@ def ingest_batches(
     learned = CacheUpdate()
     results: list[IngestResult] = []
     fresh: list[tuple[Batch, IngestResult]] = []
-    fresh_packed: list[PackedEntries | None] = []
-    for i, (b, _) in enumerate(batches):
+    for b, _ in batches:
         r = IngestResult(duplicate=b.batch_id not in claimed)
         claimed.discard(b.batch_id)  # a second copy in this call is a duplicate
         results.append(r)
         if not r.duplicate:
             fresh.append((b, r))
-            fresh_packed.append(packed[i] if packed else None)
     if not fresh:
         return results, learned
     snapshots = [s for b, _ in fresh for s in b.snapshots]
@@ -258,19 +254,11 @@ def ingest_batches(
         if new_job:
             created.add(job_id)
     group_ids = _group_ids(session, snapshots, columns, job_ids, cache, learned)
-    rows: dict[str, Any] | None = None
+    rows = None
     if any(c.n for c in columns):
-        ranks = {(s.job, s.attempt, s.rank) for s in snapshots}
-        if len(ranks) == len(snapshots) and all(p is not None for p in fresh_packed):
-            # Each rank once: row order does not matter, so the rows go in batch order and the
-            # columns the batches' threads packed are used as they are.
-            pairs = list(zip(snapshots, columns, strict=True))
-            rows = _id_columns(pairs, sig_ids, job_ids, group_ids, stack_ids)
-            rows |= _join_packed([p for p in fresh_packed if p is not None])
-        else:
-            rows = _entry_rows(
-                [(snapshots[i], columns[i]) for i in ordered], sig_ids, job_ids, group_ids, stack_ids
-            )
+        rows = _entry_rows(
+            [(snapshots[i], columns[i]) for i in ordered], sig_ids, job_ids, group_ids, stack_ids
+        )
     with _pipeline(session):  # PostgreSQL: the two statements in one round trip
         _upsert_ranks(session, snapshots, job_ids, hosts, stack_ids, now_ns)
         if rows is not None:
@@ -412,8 +400,8 @@ def _id_columns(
 
 
 def _value_columns(ordered: list[tuple[Snapshot, EntryColumns]]) -> dict[str, list[Any]]:
-    """The `_PACKED` columns of the entries rows: the values as sent (no row id to look up)."""
-    out: dict[str, list[Any]] = {name: [] for name in _PACKED}
+    """The other columns of the entries rows: the values as sent (no row id to look up)."""
+    out: dict[str, list[Any]] = {name: [] for name in (*_PLAIN_COLUMNS, "state", "thread_name")}
     as_sent = [(out[name], key) for name, key in _PLAIN_COLUMNS.items()]
     state_col, thread_col = out["state"], out["thread_name"]
     state_code = STATE_CODES.__getitem__
@@ -425,49 +413,6 @@ def _value_columns(ordered: list[tuple[Snapshot, EntryColumns]]) -> dict[str, li
         state_col += map(state_code, c.cols["st"])
         thr = c.cols.get("thr")
         thread_col += repeat("", c.n) if thr is None else [t[:64] for t in thr]
-    return out
-
-
-#: The `ENTRY_COLUMNS` that `pack_entries` packs: all but the row ids looked up in the transaction.
-_PACKED = (*_PLAIN_COLUMNS, "state", "thread_name")
-
-
-@dataclass(slots=True)
-class PackedEntries:
-    """A batch's `_PACKED` entry columns as PostgreSQL array parts (`pg_arrays.array_body`),
-    its snapshots' entries in order; the thread names as the inside of a text array literal."""
-
-    parts: dict[str, tuple[bytes, int, bool]]
-    thread_names: str
-
-
-def pack_entries(batch: Batch) -> PackedEntries:
-    """Pack a batch's entry columns that need no row id for a PostgreSQL upsert.
-
-    Called on the batch's request thread, before its group's transaction: the writer, which
-    works for the whole group while the others wait, only puts the parts together.
-    """
-    from flightdeck.server.pg_arrays import array_body  # numpy: PostgreSQL servers only
-
-    rows = _value_columns([(s, s.entry_columns()) for s in batch.snapshots])
-    types = dict(zip(ENTRY_COLUMNS, _PG_TYPES, strict=True))
-    return PackedEntries(
-        {name: array_body(rows[name], types[name]) for name in _PACKED if name != "thread_name"},
-        _pg_text_array(rows["thread_name"])[1:-1],
-    )
-
-
-def _join_packed(packed: Sequence[PackedEntries]) -> dict[str, Any]:
-    """The `_PACKED` columns of these batches, in order, as upsert parameters."""
-    from flightdeck.server.pg_arrays import joined_array
-
-    types = dict(zip(ENTRY_COLUMNS, _PG_TYPES, strict=True))
-    out: dict[str, Any] = {
-        name: joined_array([p.parts[name] for p in packed], types[name])
-        for name in _PACKED
-        if name != "thread_name"
-    }
-    out["thread_name"] = "{" + ",".join(p.thread_names for p in packed if p.thread_names) + "}"
     return out
 
 
@@ -530,10 +475,8 @@ def _pg_arrays(cols: Iterable[Sequence[Any]], types: Sequence[str]) -> list[Any]
     from flightdeck.server.pg_arrays import binary_array  # numpy: PostgreSQL servers only
 
     return [
-        c if isinstance(c, bytes | str)  # packed already (`_join_packed`)
-        else _pg_text_array(c) if t == "text" else binary_array(c, t)
-        for c, t in zip(cols, types, strict=True)
-    ]  # fmt: skip
+        _pg_text_array(c) if t == "text" else binary_array(c, t) for c, t in zip(cols, types, strict=True)
+    ]
 
 
 #: PostgreSQL element type of each ENTRY_COLUMNS column (`pg_arrays.TYPES`, or text).
