@@ -254,7 +254,7 @@ def ingest_batches(
         if new_job:
             created.add(job_id)
     group_ids = _group_ids(session, snapshots, columns, job_ids, cache, learned)
-    rows = None
+    rows: list[list[Any]] | None = None
     if any(c.n for c in columns):
         rows = _entry_rows(
             [(snapshots[i], columns[i]) for i in ordered], sig_ids, job_ids, group_ids, stack_ids
@@ -336,43 +336,24 @@ def _entry_rows(
     job_ids: dict[tuple[str, int], int],
     group_ids: dict[int, dict[str, int]],
     stack_ids: dict[int, int],
-) -> dict[str, list[Any]]:
+) -> list[list[Any]]:
     """The entries rows of the snapshots' entries (in this order) as `ENTRY_COLUMNS` columns.
 
-    One row per (job, rank, record_id): the batches may carry several snapshots of a rank; the
-    newest wins, but a frame-less periodic snapshot must not drop the stack an older one sent.
+    Snapshot by snapshot, each column extended from the wire column as it came (a list extend in
+    C), with a signature's row id looked up once per signature table, not per entry. One row
+    per (job, rank, record_id): the batches may carry several snapshots of a rank; the newest
+    wins, but a frame-less periodic snapshot must not drop the stack an older one sent.
     """
-    out = _id_columns(ordered, sig_ids, job_ids, group_ids, stack_ids) | _value_columns(ordered)
-    if len({(s.job, s.attempt, s.rank) for s, _ in ordered}) == len(ordered):
-        return out  # the common case: each rank once, keys are unique
-    last: dict[tuple[int, int, int], int] = {}
-    stack_col = out["stack_id"]
-    for i, row_key in enumerate(zip(out["job_id"], out["rank"], out["record_id"], strict=True)):
-        old = last.get(row_key)
-        if old is not None and stack_col[i] is None:
-            stack_col[i] = stack_col[old]
-        last[row_key] = i
-    keep = sorted(last.values())
-    return {name: [col[i] for i in keep] for name, col in out.items()}
-
-
-def _id_columns(
-    ordered: list[tuple[Snapshot, EntryColumns]],
-    sig_ids: dict[SignatureKey, int],
-    job_ids: dict[tuple[str, int], int],
-    group_ids: dict[int, dict[str, int]],
-    stack_ids: dict[int, int],
-) -> dict[str, list[Any]]:
-    """The row-id columns of the entries rows (job, rank, group, signature, stack).
-
-    Snapshot by snapshot, each a list extended in C, a signature's row id looked up once per
-    signature table, not per entry.
-    """
-    job_col: list[int] = []
-    rank_col: list[int] = []
-    group_col: list[int] = []
-    sig_col: list[int] = []
-    stack_col: list[int | None] = []
+    out: dict[str, list[Any]] = {name: [] for name in ENTRY_COLUMNS}
+    plain = [(out[name], key) for name, key in _PLAIN_COLUMNS.items()]
+    job_col, rank_col, group_col = out["job_id"], out["rank"], out["group_id"]
+    sig_col, state_col, thread_col, stack_col = (
+        out["sig_id"],
+        out["state"],
+        out["thread_name"],
+        out["stack_id"],
+    )
+    state_code = STATE_CODES.__getitem__
     stack_of = stack_ids.get
     table_ids: dict[int, list[int]] = {}  # id(signature table) -> row id of each signature
     for s, c in ordered:
@@ -383,37 +364,29 @@ def _id_columns(
         job_col += repeat(job_id, n)
         rank_col += repeat(s.rank, n)
         group_col += map(group_ids[job_id].__getitem__, c.cols["g"])
+        for col, key in plain:
+            col += c.column(key)
         ids = table_ids.get(id(c.sigs))
         if ids is None:
             ids = table_ids[id(c.sigs)] = [sig_ids[_sig_key(t)] for t in c.sigs]
         sig_col += map(ids.__getitem__, c.sig)
+        state_col += map(state_code, c.cols["st"])
+        thr = c.cols.get("thr")
+        thread_col += repeat("", n) if thr is None else [t[:64] for t in thr]
         stack_col += (
             repeat(None, n) if c.stk is None else [stack_of(id(f)) if f else None for f in c.frames()]
         )
-    return {
-        "job_id": job_col,
-        "rank": rank_col,
-        "group_id": group_col,
-        "sig_id": sig_col,
-        "stack_id": stack_col,
-    }
-
-
-def _value_columns(ordered: list[tuple[Snapshot, EntryColumns]]) -> dict[str, list[Any]]:
-    """The other columns of the entries rows: the values as sent (no row id to look up)."""
-    out: dict[str, list[Any]] = {name: [] for name in (*_PLAIN_COLUMNS, "state", "thread_name")}
-    as_sent = [(out[name], key) for name, key in _PLAIN_COLUMNS.items()]
-    state_col, thread_col = out["state"], out["thread_name"]
-    state_code = STATE_CODES.__getitem__
-    for _, c in ordered:
-        if not c.n:
-            continue
-        for col, key in as_sent:
-            col += c.column(key)
-        state_col += map(state_code, c.cols["st"])
-        thr = c.cols.get("thr")
-        thread_col += repeat("", c.n) if thr is None else [t[:64] for t in thr]
-    return out
+    cols = [out[name] for name in ENTRY_COLUMNS]
+    if len({(s.job, s.attempt, s.rank) for s, _ in ordered}) == len(ordered):
+        return cols  # the common case: each rank once, keys are unique
+    last: dict[tuple[int, int, int], int] = {}
+    for i, row_key in enumerate(zip(job_col, rank_col, out["record_id"], strict=True)):
+        old = last.get(row_key)
+        if old is not None and stack_col[i] is None:
+            stack_col[i] = stack_col[old]
+        last[row_key] = i
+    keep = sorted(last.values())
+    return [[col[i] for i in keep] for col in cols]
 
 
 #: Column order of the entry columns `_upsert_entries` takes.
@@ -503,8 +476,8 @@ def _pg_text_array(col: Sequence[str | None]) -> str:
     return "{" + ",".join(map(quoted.__getitem__, col)) + "}"
 
 
-def _upsert_entries(session: Session, columns: dict[str, Any]) -> None:
-    """Upsert entry rows given as columns (each ENTRY_COLUMNS name's; unique keys) at driver speed.
+def _upsert_entries(session: Session, cols: Sequence[Sequence[Any]]) -> None:
+    """Upsert entry rows given as columns (ENTRY_COLUMNS order, unique keys) at driver speed.
 
     The hottest statement of the server, so it skips SQLAlchemy's per-row parameter processing:
     SQLite gets multi-row INSERT ... VALUES statements run by executemany (in C, one step per
@@ -513,7 +486,7 @@ def _upsert_entries(session: Session, columns: dict[str, Any]) -> None:
     no value formatted in Python or parsed by the server.
     """
     conn = session.connection()
-    cols = [columns[name] for name in ENTRY_COLUMNS]
+    n = len(cols[0])
     if conn.dialect.name == "postgresql":
         raw: Any = conn.connection.driver_connection
         with raw.cursor() as cur:
@@ -522,7 +495,6 @@ def _upsert_entries(session: Session, columns: dict[str, Any]) -> None:
     # Rows of one statement are applied in order, as executemany would: a key sent twice in a
     # batch updates the row its first copy inserted.
     rows = list(zip(*cols, strict=True))
-    n = len(rows)
     dbapi: Any = conn.connection.driver_connection
     limit = dbapi.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
     done = 0

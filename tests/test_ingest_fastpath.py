@@ -285,9 +285,9 @@ def test_decoded_entries_share_repeated_values() -> None:
     assert a.input_dtypes is b.output_dtypes
 
 
-def columns(rows: list[tuple[Any, ...]]) -> dict[str, list[Any]]:
+def columns(rows: list[tuple[Any, ...]]) -> list[list[Any]]:
     """Entry rows as the columns `store._upsert_entries` takes."""
-    return {name: list(c) for name, c in zip(store.ENTRY_COLUMNS, zip(*rows, strict=True), strict=True)}
+    return [list(c) for c in zip(*rows, strict=True)]
 
 
 @pytest.mark.parametrize("n", [1, 9, 600, 1_100, 6_000])
