@@ -1,8 +1,9 @@
 """Load generator: N simulated ranks on H simulated hosts push to real `flightdeck server` processes.
 
-It speaks the collector's protocol: one batch per host and snapshot interval (`flightdeck.wire`
-`encode_batch`, gzip, `Authorization: Bearer`, `Idempotency-Key` = the batch id,
-`Flightdeck-Batch-Age-Ms` = how long it waited to be sent), each rank's
+It speaks the collector's protocol: one batch per host and snapshot interval (the document
+`flightdeck.wire.encode_batch` writes, built column by column: tests/test_loadgen.py), gzip,
+`Authorization: Bearer`, `Idempotency-Key` = the batch id, `Flightdeck-Batch-Age-Ms` = how long
+it waited to be sent), each rank's
 snapshot carrying only its new or changed entries (what `collector/delta.py` ships: a collective
 is shipped when it appears, and again when it completes if it was in flight at the snapshot), one
 request in flight per host, retried on 429/503 after `Retry-After` like `collector/pusher.py`.
