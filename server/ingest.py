@@ -212,7 +212,8 @@ class IngestService:
         #: Concurrent batches share transactions. SQLite has one writer; on its own it would make
         #: threads take turns in BEGIN IMMEDIATE, whose busy handler polls with sleeps of up to
         #: 100 ms. PostgreSQL gets two, so one group's rows are built while the other's are written
-        #: (four were no faster at 4,096 ranks: the process's GIL, not the database, is the limit).
+        #: (at 4,096 ranks four made smaller transactions and were slower, and one left the
+        #: database waiting: docs/performance.md).
         self._group: GroupCommit[_Request] = GroupCommit(
             self._write, writers=1 if db.dialect == "sqlite" else 2, max_weight=GROUP_MAX_ENTRIES
         )
