@@ -14,6 +14,7 @@ arrived since are compared), with and without the straggler analysis.
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import sys
 import tempfile
@@ -21,7 +22,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-from bench.loadgen import NS, RankSim, Sim, Topology
+from bench.loadgen import NS, RankSim, Sim, Topology, _dumps
 from flightdeck.server import store
 from flightdeck.server.db import connect, migrate
 from flightdeck.server.live import LiveDiagnosis
@@ -34,7 +35,9 @@ def rounds(sim: Sim, t0_ns: int, history_s: float) -> list[list[Snapshot]]:
     out = []
     t = t0_ns + int(sim.interval_s * NS)
     while t <= t0_ns + int(history_s * NS):
-        out.append([s for h in range(sim.topo.hosts) for s in decode_batch(sim.host_doc(h, t)).snapshots])
+        # Through JSON, as the server gets it (the simulator's member lists are tuples).
+        docs = (json.loads(_dumps(sim.host_doc(h, t))) for h in range(sim.topo.hosts))
+        out.append([s for doc in docs for s in decode_batch(doc).snapshots])
         t += int(sim.interval_s * NS)
     return out
 

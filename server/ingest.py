@@ -153,6 +153,9 @@ class GcPause:
 GC_PAUSE = GcPause()
 
 
+#: Longest an ingest thread waits for the diagnosis worker's step before decoding anyway.
+DECODE_GATE_MAX_WAIT_S = 1.0
+
 #: Entries per group commit. Small batches (a host's few hundred entries) share transactions;
 #: big ones go alone, so that one is decoded while another is written (two 8,000-entry batches
 #: in one transaction were slower than one after the other: nothing overlapped).
@@ -405,6 +408,8 @@ class IngestService:
         `batch_age_ms`: the collector's `BATCH_AGE_HEADER`, how long the batch waited in its queue.
         """
         limit = self._settings.max_request_bytes
+        # The diagnosis worker goes first: see `LiveDiagnosis.run_step`.
+        self._live.decode_gate.wait(DECODE_GATE_MAX_WAIT_S)
         enc = (encoding or "identity").strip().lower()
         sent = body
         try:

@@ -118,6 +118,12 @@ class JobState:
     #: Monotonic time since when a collector of the job has been replaying old batches.
     replaying_since: float | None = None
 
+    def lags(self) -> list[tuple[float, float, bool]]:
+        """`batch_lag`'s values, copied: ingest threads add collectors while the worker reads
+        (one C call under the GIL, so the copy is whole; iterating the dict itself raised
+        "dictionary changed size during iteration" when a host's first batch came in)."""
+        return list(self.batch_lag.values())
+
 
 def job_status(report: Report, summaries: Sequence[RankSummary], world_size: int | None) -> str:
     """The job status implied by a diagnosis (mismatch > hung > lost > finished > running)."""
@@ -201,6 +207,10 @@ class LiveDiagnosis:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
+        #: Clear while the worker folds and diagnoses (`run_step`): ingest threads wait on it
+        #: before decoding a batch.
+        self.decode_gate = threading.Event()
+        self.decode_gate.set()
         self._thread: threading.Thread | None = None
         self.jobs: dict[int, JobState] = {}
         #: Several servers on one PostgreSQL: which jobs this process diagnoses (see cluster.py).
@@ -250,7 +260,7 @@ class LiveDiagnosis:
         tick = max(0.02, min(0.1, self._settings.diagnosis_debounce_s / 4))
         while not self._stop.is_set():
             try:
-                self.step()
+                self.run_step()
             except Exception:  # the worker must outlive any one bad job or DB hiccup
                 log.exception("diagnosis step failed")
             self._wake.wait(tick)
@@ -300,6 +310,21 @@ class LiveDiagnosis:
                     js.world_size = applied.snapshot.world_size
 
     # --- worker side ----------------------------------------------------------------------------
+
+    def run_step(self) -> int:
+        """`step`, with the ingest threads' decoding held back (`decode_gate`) while it runs.
+
+        Under load dozens of ingest threads decode batches while this one thread folds and
+        diagnoses, and all of them share the GIL: a 4,096-rank job's diagnosis took 1.6 s of wall
+        time instead of 0.15 s, so it was diagnosed every 8 s and a hang found ~20 s late
+        (docs/performance.md). New batches wait for the step instead (`IngestService.ingest`,
+        at most `DECODE_GATE_MAX_WAIT_S`); the writers go on meanwhile.
+        """
+        self.decode_gate.clear()
+        try:
+            return self.step()
+        finally:
+            self.decode_gate.set()
 
     def step(self, *, force: bool = False) -> int:
         """Fold pending snapshots in and diagnose the jobs that are due; returns how many were.
@@ -567,7 +592,7 @@ class LiveDiagnosis:
         collector stuck mid-replay or a server that is always behind does not hide a real hang.
         """
         threshold = self._late_after_s()
-        if not any(lag > threshold for lag, _, _ in js.batch_lag.values()):
+        if not any(lag > threshold for lag, _, _ in js.lags()):
             js.replaying_since = None
             return False
         if js.replaying_since is None:
@@ -602,7 +627,7 @@ class LiveDiagnosis:
         limit = MAX_JUDGED_LAG * self._settings.stall_after_s
         recent = [
             (lag if skew_free else min(lag, limit), now - at)
-            for lag, at, skew_free in js.batch_lag.values()
+            for lag, at, skew_free in js.lags()
             if now - at <= limit
         ]
         if max((lag for lag, _ in recent), default=0.0) <= ON_TIME_LAG_S:
