@@ -175,6 +175,10 @@ def fold_entries(s: RankSummary, snap: Snapshot) -> None:
         add_entries(s, snap.entries, map(table.__getitem__, c.sig))
 
 
+#: Least time between two steps of the worker (folds, diagnoses): see `LiveDiagnosis._run`.
+STEP_GAP_S = 0.05
+
+
 class LiveDiagnosis:
     """In-memory summaries of the active jobs and the worker that diagnoses them."""
 
@@ -258,12 +262,18 @@ class LiveDiagnosis:
 
     def _run(self) -> None:
         tick = max(0.02, min(0.1, self._settings.diagnosis_debounce_s / 4))
+        gap = min(STEP_GAP_S, tick)
         while not self._stop.is_set():
             try:
                 self.run_step()
             except Exception:  # the worker must outlive any one bad job or DB hiccup
                 log.exception("diagnosis step failed")
-            self._wake.wait(tick)
+            # A wake-up (each ingest commit) ends the wait, but not before STEP_GAP_S: under
+            # load commits come every few ms, and a step per commit spent more on its own
+            # overhead and on holding decoding back (`run_step`) than on folding.
+            if self._stop.wait(gap):
+                return
+            self._wake.wait(tick - gap)
             self._wake.clear()
 
     # --- ingest side ----------------------------------------------------------------------------
