@@ -213,8 +213,7 @@ class Sim:
         cols["sig"] = [sigs.ref(i % kinds % len(OPS), bad and i == fi) for i in idx]
         groups: dict[str, Any] = {}
         if not r.groups_sent_ns or now_ns - r.groups_sent_ns >= self.groups_resend_s * NS:
-            # The world group's members go as null, as `encode_batch` sends them (`wire._wire_members`).
-            groups = {n: {"desc": d, "ranks": None if n == "0" else m} for n, d, m in member}
+            groups = {n: {"desc": d, "ranks": m} for n, d, m in member}
             r.groups_sent_ns = now_ns
         return {
             "job": self.job,

@@ -164,7 +164,8 @@ def encode_batch(batch: Batch) -> dict[str, Any]:
                 "wrapped": s.wrapped,
                 "oldest_record_id": s.oldest_record_id,
                 "groups": {
-                    k: {"desc": g.desc, "ranks": _wire_members(g, s.world_size)} for k, g in s.groups.items()
+                    k: {"desc": g.desc, "ranks": None if g.ranks is None else list(g.ranks)}
+                    for k, g in s.groups.items()
                 },
                 "thread_stacks": [
                     {"thread_name": t.thread_name, "thread_id": t.thread_id, "stk": ref(t.frames)}
@@ -185,29 +186,6 @@ def encode_batch(batch: Batch) -> dict[str, Any]:
         "snapshots": snaps,
         "nixl": batch.nixl,
     }
-
-
-#: Largest world whose default group's members a decoded snapshot fills in from `world_size`
-#: (above it they stay unknown: a hostile world size must not allocate a huge tuple).
-MAX_IMPLIED_WORLD = 1 << 20
-
-
-def _is_default(name: str, desc: str) -> bool:
-    """Whether a group is the default (world) one, by torch's name or description for it."""
-    return name == "0" or desc == "default_pg"
-
-
-def _wire_members(g: GroupInfo, world_size: int | None) -> list[int] | None:
-    """A group's member list as sent: null for the default group when it is the whole world.
-
-    That list is world-sized (100,000 ints per rank at 100,000 ranks, once a minute each) and
-    the receiver knows it from `world_size`: `_decode_snapshot` puts it back.
-    """
-    if g.ranks is None:
-        return None
-    # The length first: most lists are not world-sized, and need no comparison.
-    world = bool(world_size) and len(g.ranks) == world_size and _is_default(g.name, g.desc)
-    return None if world and g.ranks == tuple(range(len(g.ranks))) else list(g.ranks)
 
 
 def _req(d: dict[str, Any], key: str, typ: type | tuple[type, ...], where: str) -> Any:
@@ -285,7 +263,6 @@ def _decode_snapshot(
         raise WireError(f"{where}.rank: must be >= 0")
     groups: dict[str, GroupInfo] = {}
     raw_groups = _opt(s, "groups", dict, where) or {}
-    world_size = _opt(s, "world_size", int, where)
     for name, g in raw_groups.items():
         if not isinstance(g, dict):
             raise WireError(f"{where}.groups[{name!r}]: expected an object")
@@ -293,17 +270,9 @@ def _decode_snapshot(
         # One pass in C: a world group's member list is thousands of ints, sent every minute.
         if ranks is not None and (type(ranks) is not list or not set(map(type, ranks)) <= _INT):
             raise WireError(f"{where}.groups[{name!r}].ranks: expected a list of ints or null")
-        desc = str(g.get("desc") or "")
-        if (
-            ranks is None
-            and world_size is not None
-            and 0 < world_size <= MAX_IMPLIED_WORLD
-            and _is_default(str(name), desc)
-        ):
-            members: tuple[int, ...] | None = _world(world_size, memo)  # left out: see `_wire_members`
-        else:
-            members = None if ranks is None else tuple(ranks)
-        groups[str(name)] = GroupInfo(str(name), desc, members)
+        groups[str(name)] = GroupInfo(
+            str(name), str(g.get("desc") or ""), None if ranks is None else tuple(ranks)
+        )
     threads = []
     for j, t in enumerate(_opt(s, "thread_stacks", list, where) or []):
         tw = f"{where}.thread_stacks[{j}]"
@@ -333,7 +302,7 @@ def _decode_snapshot(
         rank=rank,
         snapshot_time_ns=_req(s, "snapshot_time_ns", int, where),
         kind=kind,
-        world_size=world_size,
+        world_size=_opt(s, "world_size", int, where),
         local_rank=_opt(s, "local_rank", int, where),
         host=_opt(s, "host", str, where),
         pid=_opt(s, "pid", int, where),
@@ -376,18 +345,6 @@ class _Memo:
     dtypes: dict[tuple[str, ...], tuple[str, ...]] = field(default_factory=dict)
     #: raw op name -> canonical op name
     ops: dict[str, str] = field(default_factory=dict)
-    #: world size -> the default group's members (one tuple for the batch's ranks)
-    worlds: dict[int, tuple[int, ...]] = field(default_factory=dict)
-
-
-def _world(size: int, memo: _Memo | None) -> tuple[int, ...]:
-    """`tuple(range(size))`, once per batch."""
-    if memo is None:
-        return tuple(range(size))
-    w = memo.worlds.get(size)
-    if w is None:
-        w = memo.worlds[size] = tuple(range(size))
-    return w
 
 
 def _decode_entries(raw: list[Any], stacks: list[Stack], where: str, memo: _Memo | None) -> list[Entry]:

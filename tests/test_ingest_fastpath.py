@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 from sqlalchemy import event
 
-from flightdeck.records import Entry, Frame, GroupInfo, entry_from_wire, entry_to_wire
+from flightdeck.records import Entry, Frame, entry_from_wire, entry_to_wire
 from flightdeck.server import store
 from flightdeck.server.db import connect, migrate
 from flightdeck.server.ingest import GcPause
 from flightdeck.server.models import EntryRow
-from flightdeck.wire import MAX_IMPLIED_WORLD, Batch, Snapshot, WireError, decode_batch, encode_batch
+from flightdeck.wire import Batch, Snapshot, WireError, decode_batch, encode_batch
 
 STACKS = [(Frame("f", "a.py", 1),), (Frame("g", "b.py", 2), Frame("h", "c.py", 3))]
 
@@ -122,32 +122,6 @@ def test_columns_round_trip_and_share_what_repeats() -> None:
     required = ("rid", "g", "seq", "p2p", "opid", "st", "ret", "tc", "sig")
     assert empty["snapshots"][0]["entries"] == {"n": 0, **{k: [] for k in required}}
     assert decode_batch(empty).snapshots[0].entries == []
-
-
-def test_the_world_groups_members_are_implied_by_the_world_size() -> None:
-    # The default group's world-sized list goes as null and comes back from world_size; any
-    # other list (a subset, a non-default group spanning the world) goes as it is.
-    world = tuple(range(6))
-    groups = {
-        "0": GroupInfo("0", "default_pg", world),
-        "1": GroupInfo("1", "", world),
-        "2": GroupInfo("2", "", (0, 2, 4)),
-        "3": GroupInfo("3", "", None),
-    }
-    snap = Snapshot(job="j", attempt=0, rank=1, snapshot_time_ns=1, world_size=6, groups=groups)
-    doc = json.loads(json.dumps(encode_batch(Batch("b1", "host", "1", 1, [snap]))))
-    sent = doc["snapshots"][0]["groups"]
-    assert [sent[k]["ranks"] for k in "0123"] == [None, list(world), [0, 2, 4], None]
-    assert decode_batch(doc).snapshots[0].groups == groups
-    # A default group that is not the whole world (a smaller list than world_size) keeps its list.
-    part = replace(snap, groups={"0": GroupInfo("0", "default_pg", (0, 1, 2))})
-    doc = json.loads(json.dumps(encode_batch(Batch("b1", "host", "1", 1, [part]))))
-    assert doc["snapshots"][0]["groups"]["0"]["ranks"] == [0, 1, 2]
-    # Without a world size, or with one too large to fill in, the members stay unknown.
-    for size in (None, MAX_IMPLIED_WORLD + 1):
-        doc["snapshots"][0]["world_size"] = size
-        doc["snapshots"][0]["groups"]["0"]["ranks"] = None
-        assert decode_batch(doc).snapshots[0].groups["0"].ranks is None
 
 
 def test_columns_take_int_durations_as_floats() -> None:
