@@ -322,6 +322,7 @@ def _decode_snapshot(
     )
 
 
+#: The types a member list may hold (bool is not a rank, though isinstance would take it).
 _INT = frozenset({int})
 
 #: Entry states as sent, each mapped to itself (an unknown state is not in it).

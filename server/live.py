@@ -326,9 +326,10 @@ class LiveDiagnosis:
 
         Under load dozens of ingest threads decode batches while this one thread folds and
         diagnoses, and all of them share the GIL: a 4,096-rank job's diagnosis took 1.6 s of wall
-        time instead of 0.15 s, so it was diagnosed every 8 s and a hang found ~20 s late
+        time instead of 0.15 s, so it was diagnosed every 8 s and a hang found 30 s late
         (docs/performance.md). New batches wait for the step instead (`IngestService.ingest`,
-        at most `DECODE_GATE_MAX_WAIT_S`); the writers go on meanwhile.
+        at most `DECODE_GATE_MAX_WAIT_S`); the writers go on meanwhile, and so does decoding
+        while a job's summaries are rebuilt from the database (`_fold`).
         """
         self.decode_gate.clear()
         try:
@@ -463,7 +464,15 @@ class LiveDiagnosis:
         if js.summaries is None:
             if not js.dirty and not pending:
                 return
-            self._rebuild(js)  # reads the rows the pending snapshots were committed as
+            # Reads the rows the pending snapshots were committed as: seconds for a large job,
+            # mostly waiting for the database, so decoding is not held back meanwhile.
+            held = not self.decode_gate.is_set()
+            self.decode_gate.set()
+            try:
+                self._rebuild(js)
+            finally:
+                if held:
+                    self.decode_gate.clear()
             return
         for snap in pending:
             self._apply(js, snap)
