@@ -14,13 +14,10 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models.dashboard import Dashboard
 
 from flightdeck.dashboards import job, nixl, overview
-from flightdeck.dashboards.common import DEFAULT_FLIGHTDECK_URL
+from flightdeck.dashboards.defaults import BUILD_DIR, DEFAULT_FLIGHTDECK_URL
 
 #: every dashboard: a function from the Flightdeck base URL to the built dashboard.
 DASHBOARDS: tuple[Callable[[str], Dashboard], ...] = (overview.build, job.build, nixl.build)
-
-#: where the committed JSON lives (Grafana's file provider mounts this directory).
-BUILD_DIR = Path(__file__).resolve().parent / "build"
 
 
 def encode(board: Dashboard) -> str:

@@ -6,13 +6,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from flightdeck.dashboards.common import DEFAULT_FLIGHTDECK_URL
+from flightdeck.dashboards.defaults import BUILD_DIR, DEFAULT_FLIGHTDECK_URL
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the `dashboards` arguments to `parser`."""
-    from flightdeck.dashboards.build import BUILD_DIR
-
     parser.add_argument("action", choices=["build"], help="build: render every dashboard to JSON")
     parser.add_argument(
         "--out", type=Path, default=BUILD_DIR, help=f"output directory (default: {BUILD_DIR})"
@@ -30,7 +28,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Build (or check) the dashboards; returns the exit code."""
-    from flightdeck.dashboards.build import drift, write
+    try:
+        from flightdeck.dashboards.build import drift, write
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not exc.name.startswith("grafana_foundation_sdk"):
+            raise
+        print(
+            "flightdeck dashboards: the Grafana SDK is not installed; "
+            "install the extra: pip install 'flightdeck[dashboards]'",
+            file=sys.stderr,
+        )
+        return 2
 
     if args.check:
         stale = drift(args.out, args.flightdeck_url)

@@ -14,11 +14,10 @@ from grafana_foundation_sdk.models import common as common_models
 from grafana_foundation_sdk.models import dashboard as model
 from grafana_foundation_sdk.models import prometheus as prometheus_models
 
+from flightdeck.dashboards.defaults import DEFAULT_FLIGHTDECK_URL as DEFAULT_FLIGHTDECK_URL
+
 #: uid of the Prometheus datasource; `provisioning/datasources/flightdeck.yml` creates it.
 DATASOURCE_UID = "prometheus"
-
-#: where the Flightdeck web UI answers by default (`flightdeck server --port 8470`).
-DEFAULT_FLIGHTDECK_URL = "http://127.0.0.1:8470"
 
 #: name of the dashboard variable holding the Flightdeck base URL; links use `${flightdeck_url}`.
 URL_VARIABLE = "flightdeck_url"

@@ -25,15 +25,15 @@ else:
     from metrics_doc import documented_series, metric_names
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
-SCHEMAS = SHARED / "schemas" / "grafana"
+#: Grafana's schemas, vendored into the repository (tests/data/grafana/README.md).
+SCHEMAS = REPO / "tests" / "data" / "grafana"
 DASHBOARD_SCHEMA = "dashboard-v11.6.jsonschema.json"
 
 
 def _registry() -> Registry[Any]:
     """All Grafana schema files, addressable by file name so cross-file `$ref`s resolve."""
     if not (SCHEMAS / DASHBOARD_SCHEMA).is_file():
-        pytest.fail(f"Grafana JSON schemas not found at {SCHEMAS} (expected ../shared beside the repo)")
+        pytest.fail(f"Grafana JSON schemas not found at {SCHEMAS}")
     resources = [
         (path.name, Resource.from_contents(json.loads(path.read_text(encoding="utf-8")), DRAFT7))
         for path in sorted(SCHEMAS.glob("*.json"))
