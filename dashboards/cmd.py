@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
             raise
         print(
             "flightdeck dashboards: the Grafana SDK is not installed; "
-            "install the extra: pip install 'flightdeck[dashboards]'",
+            "install the extra: pip install 'torch-flightdeck[dashboards]'",
             file=sys.stderr,
         )
         return 2

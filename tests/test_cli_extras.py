@@ -41,5 +41,5 @@ def test_dashboards_help_needs_no_grafana_sdk() -> None:
 def test_dashboards_build_without_the_sdk_names_the_extra(tmp_path: object) -> None:
     done = _cli("dashboards", "build", "--out", str(tmp_path))
     assert done.returncode == 2
-    assert "flightdeck[dashboards]" in done.stderr
+    assert "torch-flightdeck[dashboards]" in done.stderr
     assert "Traceback" not in done.stderr
