@@ -16,8 +16,16 @@ from grafana_foundation_sdk.models import prometheus as prometheus_models
 
 from flightdeck.dashboards.defaults import DEFAULT_FLIGHTDECK_URL as DEFAULT_FLIGHTDECK_URL
 
-#: uid of the Prometheus datasource; `provisioning/datasources/flightdeck.yml` creates it.
+#: uid of the Prometheus datasource; `provisioning/datasources/flightdeck.yml` creates it, and the
+#: `datasource` variable starts on it.
 DATASOURCE_UID = "prometheus"
+
+#: name of the dashboard variable choosing the Prometheus datasource; every query uses it, so the
+#: dashboards work on a Grafana whose Prometheus has another uid.
+DATASOURCE_VARIABLE = "datasource"
+
+#: the Prometheus `job` of the Flightdeck server replicas in the shipped prometheus.yml.
+SERVER_SCRAPE_JOB = "flightdeck"
 
 #: name of the dashboard variable holding the Flightdeck base URL; links use `${flightdeck_url}`.
 URL_VARIABLE = "flightdeck_url"
@@ -33,8 +41,18 @@ COLLECTOR_STALE_SECONDS = 120
 
 
 def datasource() -> model.DataSourceRef:
-    """The provisioned Prometheus datasource."""
-    return model.DataSourceRef(type_val="prometheus", uid=DATASOURCE_UID)
+    """The Prometheus datasource the `datasource` variable names."""
+    return model.DataSourceRef(type_val="prometheus", uid="${" + DATASOURCE_VARIABLE + "}")
+
+
+def datasource_variable() -> dash.DatasourceVariable:
+    """The `datasource` drop-down: any Prometheus datasource, the provisioned one first."""
+    return (
+        dash.DatasourceVariable(DATASOURCE_VARIABLE)
+        .label("Prometheus")
+        .type("prometheus")
+        .current(model.VariableOption(selected=True, text=DATASOURCE_UID, value=DATASOURCE_UID))
+    )
 
 
 def query(expr: str, legend: str = "__auto", ref_id: str = "A") -> prometheus.Dataquery:
@@ -126,6 +144,18 @@ def thresholds(base: str, *steps: tuple[float, str]) -> dash.ThresholdsConfig:
     )
 
 
+def alerts_annotation() -> dash.AnnotationQuery:
+    """Flightdeck's firing alerts as annotations on every time series (from Prometheus' ALERTS)."""
+    return (
+        dash.AnnotationQuery()
+        .name("Flightdeck alerts")
+        .datasource(datasource())
+        .enable(True)
+        .icon_color("red")
+        .expr('ALERTS{alertname=~"Flightdeck.*", alertstate="firing"}')
+    )
+
+
 def base_dashboard(uid: str, title: str, description: str, flightdeck_url: str) -> dash.Dashboard:
     """A dashboard with Flightdeck's common settings: tags, refresh, time, links, URL variable."""
     return (
@@ -138,6 +168,8 @@ def base_dashboard(uid: str, title: str, description: str, flightdeck_url: str) 
         .timezone("browser")
         .tooltip(model.DashboardCursorSync.CROSSHAIR)
         .readonly()
+        .annotation(alerts_annotation())
+        .with_variable(datasource_variable())
         .with_variable(url_variable(flightdeck_url))
         .link(flightdeck_home_link())
         .link(sibling_dashboards_link())

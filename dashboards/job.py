@@ -31,6 +31,7 @@ TITLE = "Flightdeck / Job"
 #: selectors for the chosen job and process groups.
 _JOB = 'job="$job"'
 _JOB_GROUP = 'job="$job", group=~"$group"'
+_JOB_RANK = 'job="$job", rank=~"$rank"'
 
 #: the incident page of the chosen job.
 _INCIDENT = "${job}"
@@ -60,6 +61,21 @@ def group_variable() -> dash.QueryVariable:
         .query('label_values(flightdeck_job_hang_active{job="$job"}, group)')
         .refresh(model.VariableRefresh.ON_TIME_RANGE_CHANGED)
         .sort(model.VariableSort.ALPHABETICAL_ASC)
+        .multi(True)
+        .include_all(True)
+        .all_value(".*")
+    )
+
+
+def rank_variable() -> dash.QueryVariable:
+    """The rank picker for the per-rank panels (all ranks by default; they show the top few)."""
+    return (
+        dash.QueryVariable("rank")
+        .label("Rank")
+        .datasource(datasource())
+        .query('label_values(flightdeck_rank_last_seen_age_seconds{job="$job"}, rank)')
+        .refresh(model.VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .sort(model.VariableSort.NUMERICAL_ASC)
         .multi(True)
         .include_all(True)
         .all_value(".*")
@@ -223,7 +239,7 @@ def stragglers_by_rank() -> timeseries.Panel:
         .description("Median arrival lag of each straggler rank behind the first arrival.")
         .with_target(
             query(
-                f"topk({TOP_RANKS}, max by (rank) (flightdeck_job_straggler_lag_seconds{{{_JOB}}}))",
+                f"topk({TOP_RANKS}, max by (rank) (flightdeck_job_straggler_lag_seconds{{{_JOB_RANK}}}))",
                 legend="rank {{rank}}",
             )
         )
@@ -241,7 +257,7 @@ def rank_last_seen_age() -> timeseries.Panel:
         timeseries_panel(f"Rank last-seen age (top {TOP_RANKS})")
         .with_target(
             query(
-                f"topk({TOP_RANKS}, max by (rank) (flightdeck_rank_last_seen_age_seconds{{{_JOB}}}))",
+                f"topk({TOP_RANKS}, max by (rank) (flightdeck_rank_last_seen_age_seconds{{{_JOB_RANK}}}))",
                 legend="rank {{rank}}",
             )
         )
@@ -269,6 +285,7 @@ def build(flightdeck_url: str = DEFAULT_FLIGHTDECK_URL) -> model.Dashboard:
         )
         .with_variable(job_variable())
         .with_variable(group_variable())
+        .with_variable(rank_variable())
         .link(incident_link())
     )
     board = with_section(

@@ -15,6 +15,7 @@ from flightdeck.dashboards.common import (
     COLLECTOR_STALE_SECONDS,
     DEFAULT_FLIGHTDECK_URL,
     RATE,
+    SERVER_SCRAPE_JOB,
     base_dashboard,
     instant_table_query,
     job_incident_link,
@@ -322,6 +323,97 @@ def ingest_latency() -> timeseries.Panel:
     )
 
 
+_SERVER = f'job="{SERVER_SCRAPE_JOB}"'
+
+
+def server_up() -> stat.Panel:
+    """Server replicas Prometheus reaches now, with the version each runs."""
+    return (
+        stat.Panel()
+        .title("Server replicas up")
+        .description("Flightdeck server processes that answered the last scrape.")
+        .with_target(query(f"sum(up{{{_SERVER}}})"))
+        .thresholds(thresholds("red", (1, "green")))
+        .span(4)
+        .height(8)
+    )
+
+
+def server_versions() -> table.Panel:
+    """Which version each replica runs (from flightdeck_build_info)."""
+    return (
+        table.Panel()
+        .title("Server versions")
+        .with_target(
+            instant_table_query(f"max by (instance, version, python) (flightdeck_build_info{{{_SERVER}}})")
+        )
+        .span(8)
+        .height(8)
+    )
+
+
+def diagnosis_duration() -> timeseries.Panel:
+    """Live diagnosis time per job (p50, p99) and the share of a core it takes."""
+    bucket = f"sum by (le) (rate(flightdeck_diagnosis_duration_seconds_bucket[{RATE}]))"
+    return (
+        timeseries_panel("Diagnosis duration")
+        .description(
+            "One live diagnosis of one job. A p99 near the diagnosis interval means the server is behind."
+        )
+        .with_target(query(f"histogram_quantile(0.5, {bucket})", legend="p50"))
+        .with_target(query(f"histogram_quantile(0.99, {bucket})", legend="p99", ref_id="B"))
+        .unit("s")
+        .min(0)
+        .span(8)
+        .height(8)
+    )
+
+
+def webhook_outbox() -> timeseries.Panel:
+    """Webhook deliveries waiting, and deliveries by outcome."""
+    return (
+        timeseries_panel("Webhook outbox")
+        .description(
+            "Deliveries waiting in the outbox (a growing line: the receiver is down) and outcomes per second."
+        )
+        .with_target(query(f"max(flightdeck_webhook_outbox_depth_deliveries{{{_SERVER}}})", legend="waiting"))
+        .with_target(
+            query(
+                f"sum by (outcome) (rate(flightdeck_webhook_deliveries_total[{RATE}]))",
+                legend="{{outcome}}",
+                ref_id="B",
+            )
+        )
+        .min(0)
+        .span(8)
+        .height(8)
+    )
+
+
+def server_memory() -> timeseries.Panel:
+    """Resident memory of each server replica."""
+    return (
+        timeseries_panel("Server memory")
+        .with_target(query(f"process_resident_memory_bytes{{{_SERVER}}}", legend="{{instance}}"))
+        .unit("bytes")
+        .min(0)
+        .span(8)
+        .height(8)
+    )
+
+
+def server_cpu() -> timeseries.Panel:
+    """CPU cores each server replica uses."""
+    return (
+        timeseries_panel("Server CPU")
+        .with_target(query(f"rate(process_cpu_seconds_total{{{_SERVER}}}[{RATE}])", legend="{{instance}}"))
+        .unit("short")
+        .min(0)
+        .span(8)
+        .height(8)
+    )
+
+
 def build(flightdeck_url: str = DEFAULT_FLIGHTDECK_URL) -> model.Dashboard:
     """The cluster overview dashboard; links point at `flightdeck_url` unless changed in Grafana."""
     board = base_dashboard(
@@ -355,6 +447,18 @@ def build(flightdeck_url: str = DEFAULT_FLIGHTDECK_URL) -> model.Dashboard:
             ingest_rate(),
             ingest_rejects_and_errors(),
             ingest_latency(),
+        ],
+    )
+    board = with_section(
+        board,
+        "Server health",
+        [
+            server_up(),
+            server_versions(),
+            diagnosis_duration(),
+            webhook_outbox(),
+            server_memory(),
+            server_cpu(),
         ],
     )
     return number_panels(board.build())

@@ -30,7 +30,13 @@ from flightdeck.server.errors import ServerError, UnavailableError, error_answer
 from flightdeck.server.ingest import IngestService
 from flightdeck.server.ingest_http import IngestEndpoint
 from flightdeck.server.live import JobState, LiveDiagnosis
-from flightdeck.server.metrics import IngestMetrics, SharedState, StateCollector, WebhookMetrics
+from flightdeck.server.metrics import (
+    IngestMetrics,
+    SharedState,
+    StateCollector,
+    WebhookMetrics,
+    register_process_metrics,
+)
 from flightdeck.server.settings import ServerSettings
 from flightdeck.server.webhooks import WebhookSender
 from flightdeck.web.routes import SecurityHeadersMiddleware, WebSettings, make_router
@@ -219,6 +225,7 @@ def build_services(
             shared.set_nixl(a.host, a.agent, a.source, store.nixl_totals(a), a.sample)
     reg.register(StateCollector(live=live, shared=shared, ingest=metrics, clock=clock))
     reg.register(webhook_metrics)
+    register_process_metrics(reg)
     ingest = IngestService(db=db, settings=settings, clock=clock, metrics=metrics, shared=shared, live=live)
     services = Services(
         settings=settings,

@@ -7,12 +7,14 @@ in-memory state, so a job's series appear and vanish with the job and nothing is
 
 from __future__ import annotations
 
+import platform
 import threading
 from collections import Counter as Tally
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -421,3 +423,27 @@ class WebhookMetrics(Collector):
             value=float(self.depth),
         )
         yield from (deliveries, depth)
+
+
+class BuildInfo(Collector):
+    """`flightdeck_build_info`: 1, labelled with the running version, so a dashboard can show what
+    each replica runs and an upgrade shows up as a change of series."""
+
+    def collect(self) -> Iterable[Metric]:
+        """The build-info family."""
+        from flightdeck import __version__
+
+        info = GaugeMetricFamily(
+            "flightdeck_build_info",
+            "Version of the Flightdeck server and of the Python running it (always 1).",
+            labels=["version", "python"],
+        )
+        info.add_metric([__version__, platform.python_version()], 1.0)
+        yield info
+
+
+def register_process_metrics(registry: CollectorRegistry) -> None:
+    """Add `flightdeck_build_info` and the standard `process_*` series (CPU seconds, resident
+    memory, open file descriptors, start time; from /proc on Linux) to `registry`."""
+    registry.register(BuildInfo())
+    ProcessCollector(registry=registry)

@@ -17,7 +17,8 @@ from referencing.jsonschema import DRAFT7
 
 from flightdeck.dashboards import build
 from flightdeck.dashboards.cmd import main as dashboards_main
-from flightdeck.dashboards.common import DATASOURCE_UID, URL_VARIABLE
+from flightdeck.dashboards.common import DATASOURCE_UID, DATASOURCE_VARIABLE, URL_VARIABLE
+from flightdeck.dashboards.defaults import BUILD_DIR
 
 if TYPE_CHECKING:
     from tests.metrics_doc import documented_series, metric_names
@@ -59,7 +60,7 @@ def _dashboards() -> dict[str, dict[str, Any]]:
     """Every committed dashboard JSON, keyed by file name."""
     return {
         path.name: json.loads(path.read_text(encoding="utf-8"))
-        for path in sorted(build.BUILD_DIR.glob("*.json"))
+        for path in sorted(BUILD_DIR.glob("*.json"))
     }
 
 
@@ -87,7 +88,7 @@ def test_committed_dashboards_match_code(tmp_path: Path) -> None:
     """Regenerating into a temp dir gives byte-identical files to dashboards/build/."""
     assert dashboards_main(["build", "--out", str(tmp_path)]) == 0
     fresh = {p.name: p.read_text(encoding="utf-8") for p in sorted(tmp_path.glob("*.json"))}
-    committed = {p.name: p.read_text(encoding="utf-8") for p in sorted(build.BUILD_DIR.glob("*.json"))}
+    committed = {p.name: p.read_text(encoding="utf-8") for p in sorted(BUILD_DIR.glob("*.json"))}
     assert sorted(fresh) == sorted(committed), "dashboards/build/ has missing or stale files"
     drifted = [name for name in fresh if fresh[name] != committed[name]]
     assert not drifted, f"dashboards/build/ is out of date for {drifted}: run `flightdeck dashboards build`"
@@ -151,13 +152,13 @@ def test_schema_rejects_a_misspelled_key(registry: Registry[Any]) -> None:
 @pytest.mark.parametrize("name", sorted(build.render()))
 def test_exprs_use_only_documented_metrics(name: str) -> None:
     """Every PromQL expression queries only series listed in docs/metrics.md."""
-    documented = documented_series()
+    documented = documented_series().keys() | {"up"}  # Prometheus's own series per target
     exprs = list(_exprs(_dashboards()[name]))
     assert exprs, f"{name} has no queries"
     for where, expr in exprs:
         used = metric_names(expr)
         assert used, f"{name} {where}: no metric found in {expr!r}"
-        unknown = used - documented.keys()
+        unknown = used - documented
         assert not unknown, f"{name} {where}: {sorted(unknown)} not in docs/metrics.md: {expr!r}"
 
 
@@ -206,13 +207,18 @@ def test_flightdeck_url_is_a_build_parameter() -> None:
 
 @pytest.mark.parametrize("name", sorted(build.render()))
 def test_panels_use_the_provisioned_datasource(name: str) -> None:
-    """Every target names the datasource uid the provisioning file creates; panel ids are unique."""
+    """Every target queries the `datasource` variable, which starts on the uid the provisioning file
+    creates; panel ids are unique."""
     dashboard = _dashboards()[name]
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables[DATASOURCE_VARIABLE]["type"] == "datasource"
+    assert variables[DATASOURCE_VARIABLE]["query"] == "prometheus"
+    assert variables[DATASOURCE_VARIABLE]["current"]["value"] == DATASOURCE_UID
     ids = [panel["id"] for panel in _panels(dashboard)]
     assert len(ids) == len(set(ids))
     for panel in _panels(dashboard):
         for target in panel.get("targets", []):
-            assert target["datasource"] == {"type": "prometheus", "uid": DATASOURCE_UID}
+            assert target["datasource"] == {"type": "prometheus", "uid": "${" + DATASOURCE_VARIABLE + "}"}
     provisioning = (REPO / "dashboards" / "provisioning" / "datasources" / "flightdeck.yml").read_text()
     assert f"uid: {DATASOURCE_UID}" in provisioning
 

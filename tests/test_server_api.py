@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -830,8 +831,13 @@ def test_metrics_expose_the_documented_names_and_the_state(server: Server) -> No
     r = server.client.get("/metrics")
     assert r.status_code == 200
     exposed = _families(r.text)
-    assert exposed == server_metric_names()
+    assert {f for f in exposed if f.startswith("flightdeck_")} == server_metric_names()
+    assert {"process_cpu_seconds_total", "process_resident_memory_bytes"} <= exposed
     get = server.svc.registry.get_sample_value
+    from flightdeck import __version__
+
+    assert get("flightdeck_build_info", {"version": __version__, "python": platform.python_version()}) == 1
+    assert (get("process_resident_memory_bytes") or 0) > 0
     assert get("flightdeck_jobs", {"status": "hung"}) == 1
     assert get("flightdeck_job_hang_active", {"job": "skip", "group": "0"}) == 1
     assert get("flightdeck_job_culprit_ranks", {"job": "skip", "group": "0"}) == 1
