@@ -16,7 +16,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "analyze": ("flightdeck.analyze_cmd", "diagnose a job from its flight-recorder dumps (offline)"),
     "collector": (
         "flightdeck.collector.cmd",
-        "per-node daemon: ship flight-recorder snapshots and NIXL telemetry",
+        "per-node daemon: ship flight-recorder snapshots and NIXL telemetry "
+        "(`flightdeck collector install --help`: set a host up under systemd)",
     ),
     "demo": (
         "flightdeck.demo.cmd",
@@ -47,6 +48,11 @@ def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the `flightdeck` command line; returns the process exit code."""
     args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:2] == ["collector", "install"]:
+        # A one-off setup step, not a mode of the daemon: it has its own options.
+        from flightdeck.collector.install import main as install_main
+
+        return install_main(args_list[2:])
     args = build_parser(args_list).parse_args(args_list)
     module = importlib.import_module(COMMANDS[args.command][0])
     code: int = module.run(args)
