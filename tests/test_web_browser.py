@@ -21,6 +21,7 @@ import uvicorn
 from fastapi import FastAPI
 from playwright.sync_api import Browser, Dialog, Page, Request, expect, sync_playwright
 
+from bench.web_render import synthetic_job
 from flightdeck.analysis import Options
 from flightdeck.collector.frdump import discover, merge, read_dump_file
 from flightdeck.collector.nixl_mp import read_mp_dir
@@ -95,12 +96,14 @@ def base_url() -> Iterator[str]:
         {
             "skip": dumps,
             "big": replicate_dumps(dumps, 1024),
+            # 500 collectives, the last one stuck: the window ends on the stuck column.
+            "long": synthetic_job(64, 500),
             XSS_JOB: poisoned(dumps),
             # Three groups: the world, pair 0-1, pair 2-3; rank 3 hangs pair23, then the world.
             "subgroup_hang": live_dumps("subgroup_hang"),
         },
         options=OPTIONS,
-        active=["skip"],  # one live job, so the page polls as it would during an incident
+        active=["skip", "long"],  # live jobs: the page polls as it would during an incident
         nixl=[s.to_wire() for s in nixl],
     )
     app = FastAPI()
@@ -280,3 +283,44 @@ def test_group_selector_and_rank_filter(page: Page, base_url: str) -> None:
     expect(pg.locator("#c-0-13")).to_have_count(0)
     expect(pg.locator("#c-2-13")).to_have_attribute("aria-label", "ranks 2–3, seq 13 barrier: never entered")
     assert "ranks=2-3" in pg.url
+
+
+#: The stuck column's place in the grid's visible area, and the grid's scroll position.
+_STUCK_IN_VIEW = """() => {
+  const wrap = document.querySelector('.grid-wrap');
+  const stuck = wrap.querySelector('th.seq.stuck');
+  const who = wrap.querySelector('thead th.who');
+  const w = wrap.getBoundingClientRect(), s = stuck.getBoundingClientRect();
+  const labels = who.getBoundingClientRect();
+  return {left: s.left, right: s.right, viewLeft: Math.max(w.left, labels.right),
+          viewRight: Math.min(w.right, window.innerWidth), scroll: wrap.scrollLeft,
+          scrollable: wrap.scrollWidth > wrap.clientWidth};
+}"""
+
+
+@pytest.mark.parametrize("width", [1024, 1280, 1400, 1920])
+@pytest.mark.parametrize("job", ["skip", "big", "long"])
+def test_timeline_opens_with_the_stuck_collective_in_view(
+    browser: Browser, base_url: str, job: str, width: int
+) -> None:
+    """At every width down to a small laptop screen, the stuck column is visible on load, beside
+    the rank labels (they stay put while the grid scrolls), and the reader can still scroll."""
+    ctx = browser.new_context(viewport={"width": width, "height": 800})
+    try:
+        pg = ctx.new_page()
+        pg.goto(f"{base_url}/jobs/{job}")
+        expect(pg.locator("th.seq.stuck")).to_have_count(1)
+        box = pg.evaluate(_STUCK_IN_VIEW)
+        assert box["viewLeft"] <= box["left"] and box["right"] <= box["viewRight"], box
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        pg.screenshot(path=str(ARTIFACTS / f"stuck-in-view-{job}-{width}.png"))
+        if job == "long" and box["scrollable"]:
+            # Scrolling stays possible, and the live refresh keeps where the reader scrolled to.
+            assert box["scroll"] > 0, box
+            pg.evaluate("() => { document.querySelector('.grid-wrap').scrollLeft = 0; }")
+            with pg.expect_response(lambda r: "/jobs/long" in r.url and "hx-request" in r.request.headers):
+                pass  # the next poll of the live fragment (every 2 s)
+            pg.wait_for_function("() => document.querySelector('#live.htmx-settling') === null")
+            assert pg.evaluate("() => document.querySelector('.grid-wrap').scrollLeft") == 0
+    finally:
+        ctx.close()
