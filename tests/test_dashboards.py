@@ -59,8 +59,7 @@ def _validate(schema_ref: str, instance: object, registry: Registry[Any], where:
 def _dashboards() -> dict[str, dict[str, Any]]:
     """Every committed dashboard JSON, keyed by file name."""
     return {
-        path.name: json.loads(path.read_text(encoding="utf-8"))
-        for path in sorted(BUILD_DIR.glob("*.json"))
+        path.name: json.loads(path.read_text(encoding="utf-8")) for path in sorted(BUILD_DIR.glob("*.json"))
     }
 
 
