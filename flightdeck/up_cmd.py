@@ -79,7 +79,9 @@ Flightdeck is up: {url}   (incidents at {url}/jobs/<job>, API at {url}/docs)
   spool: {spool_dir}
 
 In your training jobs (same machine, same user):
-  export FLIGHTDECK_SPOOL_DIR={spool_dir}
+  export FLIGHTDECK_SPOOL_DIR={spool_dir}   # where the agent writes; this collector watches it
+  export FLIGHTDECK_JOB=my-run-42   # the name the job is shown under (default: the scheduler's id,
+                                    # TORCHELASTIC_RUN_ID or SLURM_JOB_ID; plain torchrun makes a UUID)
   python -m flightdeck.agent train.py ...            # or: torchrun --nproc-per-node N -m flightdeck.agent train.py ...
   # or, in the script after init_process_group:  import flightdeck.agent; flightdeck.agent.start()
 
