@@ -12,7 +12,6 @@ For PostgreSQL, several hosts or another bind address, run `flightdeck server` a
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
 import threading
@@ -22,19 +21,7 @@ from types import FrameType
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-
-def _xdg(var: str, fallback: str) -> Path:
-    return Path(os.environ.get(var) or Path.home() / fallback)
-
-
-def default_data_dir() -> Path:
-    """`$XDG_DATA_HOME/flightdeck`, i.e. `~/.local/share/flightdeck` by default."""
-    return _xdg("XDG_DATA_HOME", ".local/share") / "flightdeck"
-
-
-def default_spool_dir() -> Path:
-    """`$XDG_CACHE_HOME/flightdeck/spool`, i.e. `~/.cache/flightdeck/spool` by default."""
-    return _xdg("XDG_CACHE_HOME", ".cache") / "flightdeck" / "spool"
+from flightdeck.paths import default_data_dir, default_spool_dir
 
 
 class UpSettings(BaseSettings):

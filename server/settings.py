@@ -10,6 +10,8 @@ from pathlib import Path
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from flightdeck.paths import default_data_dir
+
 
 class ServerSettings(BaseSettings):
     """Configuration of `flightdeck server` (environment prefix `FLIGHTDECK_`)."""
@@ -17,8 +19,10 @@ class ServerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FLIGHTDECK_", extra="ignore", frozen=True)
 
     data_dir: Path = Field(
-        default=Path(".data"),
-        description="Directory for the server's own files (the default SQLite database lives here).",
+        default_factory=default_data_dir,
+        description="Directory for the server's own files (the default SQLite database lives here); "
+        "default `$XDG_DATA_HOME/flightdeck` (`~/.local/share/flightdeck`), the same as `flightdeck up`, "
+        "so `flightdeck token` and `flightdeck server` find up's database.",
     )
     database_url: str | None = Field(
         default=None,

@@ -76,3 +76,27 @@ def test_port_in_use() -> None:
         s.bind(("127.0.0.1", 0))
         s.listen()
         assert port_in_use("127.0.0.1", s.getsockname()[1])
+
+
+def test_token_command_uses_the_database_of_flightdeck_up(tmp_path: Path) -> None:
+    """With no database configured, `flightdeck token` opens up's SQLite file, not a new one in
+    the current folder."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLIGHTDECK_")}
+    env["XDG_DATA_HOME"] = str(tmp_path / "xdg")
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-m", "flightdeck", "token", "list"],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "xdg" / "flightdeck" / "flightdeck.db").is_file()
+    assert list(cwd.iterdir()) == []
