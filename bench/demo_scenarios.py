@@ -159,17 +159,19 @@ def main() -> int:
         "| scenario | fault -> finding in API (s) | fault -> blocked collective named (s) | fault -> page (s) | pages | target |"
     )
     print("|---|---|---|---|---|---|")
-    for scenario, got in rows.items():
+    for scenario, runs in rows.items():
         if scenario == "busy":
-            kinds = "; ".join(", ".join(f"{k} after {t:.1f} s" for k, t in g["kinds"]) or "none" for g in got)
+            kinds = "; ".join(
+                ", ".join(f"{k} after {t:.1f} s" for k, t in g["kinds"]) or "none" for g in runs
+            )
             print(
                 f"| busy {args.busy_s:.0f} s | findings: {kinds} | – | – "
-                f"| {', '.join(str(g['pages']) for g in got)} (hang findings {', '.join(str(g['hangs']) for g in got)}) | 0 pages |"
+                f"| {', '.join(str(g['pages']) for g in runs)} (hang findings {', '.join(str(g['hangs']) for g in runs)}) | 0 pages |"
             )
             continue
         print(
-            f"| {scenario} | {_med([g['finding'] for g in got])} | {_med([g['named'] for g in got])} "
-            f"| **{_med([g['page'] for g in got])}** | – | < 15 |"
+            f"| {scenario} | {_med([g['finding'] for g in runs])} | {_med([g['named'] for g in runs])} "
+            f"| **{_med([g['page'] for g in runs])}** | – | < 15 |"
         )
     return 0
 

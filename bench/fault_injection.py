@@ -195,21 +195,21 @@ def main() -> int:
         "| scenario | finding | first finding naming the culprit (s) | finding in API (s) | page at webhook (s) | culprit stack in finding | pages | target |"
     )
     print("|---|---|---|---|---|---|---|---|")
-    for fault, got in rows.items():
-        if not got:
+    for fault, runs in rows.items():
+        if not runs:
             continue
         if fault == BUSY:
-            kinds = ", ".join(f"{k} ({v:.1f} s)" for k, v in sorted(got[-1]["kinds"].items())) or "none"
+            kinds = ", ".join(f"{k} ({v:.1f} s)" for k, v in sorted(runs[-1]["kinds"].items())) or "none"
             print(
                 f"| busy {args.busy_s:.0f} s | {kinds} | – | – | – | – "
-                f"| {', '.join(str(g['pages']) for g in got)} (hang findings {', '.join(str(g['hangs']) for g in got)}) | 0 pages |"
+                f"| {', '.join(str(g['pages']) for g in runs)} (hang findings {', '.join(str(g['hangs']) for g in runs)}) | 0 pages |"
             )
             continue
-        firsts = [g["first"] for g in got if g["first"] is not None]
-        frames = sum(1 for g in got if g["frames"])
+        firsts = [g["first"] for g in runs if g["first"] is not None]
+        frames = sum(1 for g in runs if g["frames"])
         print(
-            f"| {fault} | {got[0]['kind']}, ranks {got[0]['culprits']} | {_med(firsts)} | {_med([g['finding'] for g in got])} "
-            f"| **{_med([g['page'] for g in got])}** | {frames}/{len(got)} | – | < {PAGE_TARGET_S:.0f} |"
+            f"| {fault} | {runs[0]['kind']}, ranks {runs[0]['culprits']} | {_med(firsts)} | {_med([g['finding'] for g in runs])} "
+            f"| **{_med([g['page'] for g in runs])}** | {frames}/{len(runs)} | – | < {PAGE_TARGET_S:.0f} |"
         )
     return 0
 
