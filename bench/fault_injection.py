@@ -1,20 +1,24 @@
-"""Time from fault injection to the finding and to the alert, on a namespace cluster (issue #7).
+"""Fault -> finding -> page on a namespace cluster, with the shipped defaults (issues #7, #19).
 
-    sudo .venv/bin/python bench/fault_injection.py [--repeat N] [--faults partition,stall,crash,mismatch]
+    sudo .venv/bin/python bench/fault_injection.py [--repeat 3] [--faults partition,stall,crash,mismatch,busy]
 
 Builds the cluster of tests/netns_cluster.py (two namespace hosts, two ranks of one 4-rank gloo job
-each, a collector per host, the server on the bridge) and the real Prometheus + Alertmanager of
-tests/ops_stack.py, then for each fault and repetition starts a fresh job, commits the fault on
-rank 3 (host 1) and measures, from the injection:
+each, a collector per host, the server on the bridge) with `shipped_defaults`: no threshold or
+interval is set anywhere, so the server (stall_after 5 s), the collectors (push every 2 s) and the
+agents (snapshot every 2 s) run with their defaults. Prometheus and Alertmanager run the shipped
+configuration (tests/ops_stack.py `render_shipped`: dashboards/prometheus, dashboards/alerts,
+dashboards/alertmanager with only the addresses made local). For each fault and repetition it
+starts a fresh job, commits the fault on rank 3 (host 1) and measures, from the injection:
 
 - finding: the first open finding of the expected kind in GET /api/v1/jobs/{job}/findings
-  (polled every 0.1 s);
-- first: the first open finding of any kind that names a culprit (a lost rank is told sooner than
-  the hang it causes);
-- alert: the arrival of the firing alert for the job at the Alertmanager webhook.
+  (polled every 0.1 s); whether it carries the culprit's stack (`culprit_frames`);
+- first: the earliest-opened finding of any kind that names a culprit;
+- page: the arrival of the fault's firing alert at the paging receiver (/flightdeck/critical).
 
-stall_after is 10 s for the agents and the server; agents snapshot every 1 s, collectors push every
-0.5 s, Prometheus scrapes and evaluates every 1 s. Needs root; prints a Markdown table.
+`busy` is not a fault: rank 3 computes and writes for `--busy-s` (90 s) while the others wait in a
+barrier, then the job goes on. It counts the pages for the job until every rank went on two steps
+and 10 s more (five evaluations of the paging rules), the hang findings and the `slow_rank`
+findings opened meanwhile (target: 0 pages, 0 hangs). Needs root; prints a Markdown table.
 """
 
 from __future__ import annotations
@@ -26,39 +30,46 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere
 sys.path.insert(0, str(ROOT / "tests"))
 if TYPE_CHECKING:
     from tests.netns_cluster import (
+        BUSY,
+        BUSY_S,
         EXPECTED,
+        FAULT_RANK,
+        FAULT_STEP,
         FAULTS,
         FaultRun,
         NetnsCluster,
-        await_alert,
         await_finding,
         inject_fault,
         netns_unavailable,
     )
-    from tests.ops_stack import HangTarget, OpsStack
+    from tests.ops_stack import Delivery, HangTarget, OpsStack, pages
 else:
     from netns_cluster import (
+        BUSY,
+        BUSY_S,
         EXPECTED,
+        FAULT_RANK,
+        FAULT_STEP,
         FAULTS,
         FaultRun,
         NetnsCluster,
-        await_alert,
         await_finding,
         inject_fault,
         netns_unavailable,
     )
-    from ops_stack import HangTarget, OpsStack
+    from ops_stack import Delivery, HangTarget, OpsStack, pages
 
-RULES = ROOT / "dashboards" / "alerts" / "flightdeck.rules.yml"
-#: Targets of issue #7 (seconds from injection to finding and alert).
-TARGETS = {"partition": 15.0, "stall": 15.0, "crash": 5.0, "mismatch": 5.0}
+#: Targets of issue #19 (seconds from the fault to the page at the webhook, shipped defaults).
+PAGE_TARGET_S = 15.0
+#: After the busy job went on: five 2 s evaluations of the paging rules and the 1 s group_wait.
+BUSY_SETTLE_S = 12.0
 
 
 def first_culprit_s(cluster: NetnsCluster, run: FaultRun) -> float | None:
@@ -74,57 +85,131 @@ def first_culprit_s(cluster: NetnsCluster, run: FaultRun) -> float | None:
     return min(opened) - (run.injected_at + offset)
 
 
+def await_page(ops: OpsStack, run: FaultRun, timeout_s: float) -> Delivery:
+    """The first delivery to the paging receiver with the fault's alert firing for the job."""
+    name, job = EXPECTED[run.fault][1], run.job.spec.job
+
+    def match(d: Delivery) -> bool:
+        return bool(pages([d], job)) and any(a["labels"].get("alertname") == name for a in d.alerts())
+
+    return ops.webhook.wait_for(match, timeout_s)
+
+
+def run_fault(cluster: NetnsCluster, ops: OpsStack, fault: str) -> dict[str, Any]:
+    """One true fault on a fresh job: finding, first culprit finding, page (seconds from the fault)."""
+    run = inject_fault(cluster, fault, f"bench-{fault}-{uuid.uuid4().hex[:6]}")
+    try:
+        await_finding(cluster, run, timeout_s=90)
+        page = await_page(ops, run, timeout_s=90)
+        first = first_culprit_s(cluster, run)
+    finally:
+        if fault == "partition":
+            cluster.set_link(run.job.hosts[FAULT_RANK], up=True)
+        cluster.end_job(run.job)
+    return {
+        "finding": run.finding_s,
+        "first": first,
+        "page": page.received_at - run.injected_at,
+        "kind": run.finding["kind"],
+        "culprits": run.finding["culprit_ranks"],
+        "frames": bool(run.finding.get("culprit_frames")),
+    }
+
+
+def run_busy(cluster: NetnsCluster, ops: OpsStack, busy_s: float) -> dict[str, Any]:
+    """The busy rank: pages, hang and slow findings until the job went on (and BUSY_SETTLE_S more)."""
+    run = inject_fault(cluster, BUSY, f"bench-busy-{uuid.uuid4().hex[:6]}", busy_s=busy_s)
+    job = run.job
+    try:
+        job.wait_for_line(FAULT_RANK, "checkpoint saved", busy_s + 120)
+        done = time.monotonic() - run.injected_at
+        for rank in job.procs:
+            job.wait_for_line(rank, f"step {FAULT_STEP + 2}\n", 120)
+        time.sleep(BUSY_SETTLE_S)
+        doc = cluster.api(f"/api/v1/jobs/{job.spec.job}/findings") or {}
+    finally:
+        cluster.end_job(job)
+    offset = time.time() - time.monotonic()
+    rows = doc.get("findings", [])
+    kinds: dict[str, float] = {}
+    for row in rows:
+        t = float(row["opened_at_s"]) - (run.injected_at + offset)
+        kinds[row["finding"]["kind"]] = min(t, kinds.get(row["finding"]["kind"], t))
+    return {
+        "busy": done,
+        "pages": len(pages(ops.webhook.deliveries, job.spec.job)),
+        "hangs": sum(1 for row in rows if row["finding"]["kind"] == "hang"),
+        "slow": sum(1 for row in rows if row["finding"]["kind"] == "slow_rank"),
+        "kinds": kinds,
+    }
+
+
+def _med(values: list[float]) -> str:
+    if not values:
+        return "–"
+    out = f"{statistics.median(values):.1f}"
+    return out if len(values) == 1 else f"{out} ({min(values):.1f}–{max(values):.1f})"
+
+
 def main() -> int:
-    """Run every fault `--repeat` times and print the table."""
+    """Run every fault `--repeat` times (busy once) and print the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=1, help="runs per fault")
-    parser.add_argument("--faults", default=",".join(FAULTS), help="comma-separated faults to run")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per true fault")
+    parser.add_argument("--faults", default=",".join((*FAULTS, BUSY)), help="comma-separated scenarios")
+    parser.add_argument("--busy-s", type=float, default=BUSY_S, help="how long the busy rank saves")
+    parser.add_argument("--busy-repeat", type=int, default=1, help="runs of the busy scenario")
     args = parser.parse_args()
     reason = netns_unavailable()
     if reason is not None:
         print(f"cannot build a namespace cluster: {reason}", file=sys.stderr)
         return 2
     faults = [f for f in args.faults.split(",") if f]
-    rows: dict[str, list[tuple[float, float | None, float]]] = {f: [] for f in faults}
+    rows: dict[str, list[dict[str, Any]]] = {f: [] for f in faults}
     with tempfile.TemporaryDirectory(prefix="fd-fault-bench-") as tmp:
         work = Path(tmp)
-        with NetnsCluster(work / "cluster", hosts_n=2, stall_after_s=10.0) as cluster:
+        with NetnsCluster(work / "cluster", hosts_n=2, shipped_defaults=True) as cluster:
             target = HangTarget(f"{cluster.bridge_ip}:{cluster.port}", "/metrics", lambda: None)
-            with OpsStack(rule_files=[RULES], targets=[target], workdir=work / "ops") as ops:
-                ops.wait_for_targets_up(timeout=60)
-                ops.wait_for_alertmanager_discovered(timeout=60)
-                for i in range(args.repeat):
+            with OpsStack(rule_files=[], targets=[target], workdir=work / "ops", shipped=True) as ops:
+                ops.wait_for_targets_up(timeout=90)
+                ops.wait_for_alertmanager_discovered(timeout=90)
+                for i in range(max(args.repeat, args.busy_repeat)):
                     for fault in faults:
-                        run = inject_fault(cluster, fault, f"bench-{fault}-{uuid.uuid4().hex[:6]}")
+                        if i >= (args.busy_repeat if fault == BUSY else args.repeat):
+                            continue
                         try:
-                            await_finding(cluster, run, timeout_s=90)
-                            await_alert(ops.webhook, run, timeout_s=90)
-                            first = first_culprit_s(cluster, run)
-                        finally:
-                            if fault == "partition":
-                                cluster.set_link(run.job.hosts[3], up=True)
-                            cluster.end_job(run.job)
-                        rows[fault].append((run.finding_s, first, run.alert_s))
-                        print(
-                            f"run {i + 1} {fault}: finding {run.finding_s:.2f} s, alert {run.alert_s:.2f} s"
-                            f" ({run.finding['kind']}, culprits {run.finding['culprit_ranks']})",
-                            flush=True,
-                        )
+                            got = (
+                                run_busy(cluster, ops, args.busy_s)
+                                if fault == BUSY
+                                else run_fault(cluster, ops, fault)
+                            )
+                        except Exception as exc:  # one failed run must not lose the others
+                            print(
+                                f"run {i + 1} {fault}: FAILED {exc}\n{cluster.tail('server.log', 10)}",
+                                flush=True,
+                            )
+                            continue
+                        rows[fault].append(got)
+                        print(f"run {i + 1} {fault}: {got}", flush=True)
     print()
     print(
-        "| fault | finding kind | first culprit finding (s) | finding in API (s) | alert at webhook (s) | target (s) |"
+        "| scenario | finding | first finding naming the culprit (s) | finding in API (s) | page at webhook (s) | culprit stack in finding | pages | target |"
     )
-    print("|---|---|---|---|---|---|")
-    for fault, got in rows.items():
-        if not got:
+    print("|---|---|---|---|---|---|---|---|")
+    for fault, runs in rows.items():
+        if not runs:
             continue
-        med = statistics.median
-        firsts = [g[1] for g in got if g[1] is not None]
-        first_s = f"{med(firsts):.1f}" if firsts else "–"
-        spread = "" if len(got) == 1 else f" (max {max(g[0] for g in got):.1f})"
+        if fault == BUSY:
+            kinds = ", ".join(f"{k} ({v:.1f} s)" for k, v in sorted(runs[-1]["kinds"].items())) or "none"
+            print(
+                f"| busy {args.busy_s:.0f} s | {kinds} | – | – | – | – "
+                f"| {', '.join(str(g['pages']) for g in runs)} (hang findings {', '.join(str(g['hangs']) for g in runs)}) | 0 pages |"
+            )
+            continue
+        firsts = [g["first"] for g in runs if g["first"] is not None]
+        frames = sum(1 for g in runs if g["frames"])
         print(
-            f"| {fault} | {EXPECTED[fault][0]} | {first_s} | {med(g[0] for g in got):.1f}{spread} "
-            f"| {med(g[2] for g in got):.1f} | < {TARGETS[fault]:.0f} |"
+            f"| {fault} | {runs[0]['kind']}, ranks {runs[0]['culprits']} | {_med(firsts)} | {_med([g['finding'] for g in runs])} "
+            f"| **{_med([g['page'] for g in runs])}** | {frames}/{len(runs)} | – | < {PAGE_TARGET_S:.0f} |"
         )
     return 0
 

@@ -6,7 +6,8 @@ seconds and then fed, snapshot by snapshot, to the server's `LiveDiagnosis` on a
 database (findings and reports are written as in the server). Prints what one 2 s round of
 snapshots costs to fold in, the first diagnosis (it compares the whole history held), and the
 next ones after one more round (what a live server pays each time: only the collectives that
-arrived since are compared), with and without the straggler analysis.
+arrived since are compared), with and without the straggler analysis; and what one scrape of
+/metrics costs for the job (the shipped Prometheus scrapes the server every 2 s, docs/alerting.md).
 
     python bench/live_diagnosis.py --ranks 4096 --hosts 512 --history 30
 """
@@ -26,6 +27,7 @@ from bench.loadgen import NS, RankSim, Sim, Topology, _dumps
 from flightdeck.server import store
 from flightdeck.server.db import connect, migrate
 from flightdeck.server.live import LiveDiagnosis
+from flightdeck.server.metrics import IngestMetrics, SharedState, StateCollector
 from flightdeck.server.settings import ServerSettings
 from flightdeck.wire import Snapshot, decode_batch
 
@@ -113,6 +115,22 @@ def main(argv: list[str] | None = None) -> None:
         for label, ts in timings.items():
             print(f"diagnose_job, {label}: {min(ts):.3f} s (best of {len(ts)})")
         print(f"findings: {[f.kind for f in (report.findings if report else [])]}")
+        from prometheus_client import CollectorRegistry, generate_latest
+
+        registry = CollectorRegistry()
+        registry.register(
+            StateCollector(live=live, shared=SharedState(), ingest=IngestMetrics(), clock=time.time_ns)
+        )
+        scrapes = []
+        for _ in range(args.repeat):
+            started = time.perf_counter()
+            exposition = generate_latest(registry)
+            scrapes.append(time.perf_counter() - started)
+        series = sum(1 for line in exposition.splitlines() if line and not line.startswith(b"#"))
+        print(
+            f"one /metrics exposition: {min(scrapes) * 1000:.0f} ms (best of {len(scrapes)}), "
+            f"{len(exposition) / 1024:.0f} KiB, {series:,} series"
+        )
 
 
 if __name__ == "__main__":

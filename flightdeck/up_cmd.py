@@ -43,7 +43,7 @@ class UpSettings(BaseSettings):
         default=None,
         ge=1.0,
         description="Seconds a collective may stay unfinished before it is a hang; default: the "
-        "server's FLIGHTDECK_STALL_AFTER_S (30).",
+        "server's FLIGHTDECK_STALL_AFTER_S (5).",
     )
 
 
@@ -53,7 +53,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", type=Path, default=None, help="default ~/.local/share/flightdeck")
     parser.add_argument("--spool-dir", type=Path, default=None, help="default ~/.cache/flightdeck/spool")
     parser.add_argument(
-        "--stall-after", type=float, default=None, help="hang threshold in seconds (server default 30)"
+        "--stall-after", type=float, default=None, help="hang threshold in seconds (server default 5)"
     )
     parser.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
 

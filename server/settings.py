@@ -38,9 +38,10 @@ class ServerSettings(BaseSettings):
     host: str = Field(default="127.0.0.1", description="Address the HTTP server binds to.")
     port: int = Field(default=8470, ge=1, le=65535, description="TCP port the HTTP server listens on.")
     stall_after_s: float = Field(
-        default=30.0,
+        default=5.0,
         ge=1.0,
-        description="A collective unfinished on some ranks for at least this many seconds is a hang.",
+        description="A collective unfinished on some ranks for at least this many seconds is a hang "
+        "(5 s lets the shipped alert path page within 15 s of the fault, docs/alerting.md).",
     )
     lost_after_intervals: float = Field(
         default=3.0,

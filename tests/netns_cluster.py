@@ -7,6 +7,10 @@
                      runs ranks of one gloo job (agent in-process, spooling to the host's own spool)
                      and its own `flightdeck collector`, pushing to the server over the bridge.
 
+`shipped_defaults=True` sets no threshold or interval anywhere: the server, the collectors and the
+agents run with their defaults (for the benchmarks); otherwise `stall_after_s` goes to the server and
+the agents, agents snapshot every 1 s and collectors push every 0.5 s (for the tests).
+
 A partition is `ip link set fdv<i>x<pid> down` in the root namespace: the host keeps running but
 reaches neither the other hosts nor the server. Names carry the owning process id, so parallel
 runs do not clash and leftovers of a crashed run (owner gone) are removed at the next start. The
@@ -225,6 +229,8 @@ class NetnsCluster:
     workdir: Path
     hosts_n: int = 2
     stall_after_s: float = 10.0
+    #: True: no threshold or interval is set anywhere (server, collectors, agents use their defaults)
+    shipped_defaults: bool = False
     start_timeout_s: float = 60.0
     owner: int = field(default_factory=os.getpid)
     hosts: list[Host] = field(default_factory=list)
@@ -301,8 +307,9 @@ class NetnsCluster:
             "FLIGHTDECK_DATA_DIR": str(data),
             "FLIGHTDECK_HOST": self.bridge_ip,
             "FLIGHTDECK_PORT": str(self.port),
-            "FLIGHTDECK_STALL_AFTER_S": str(self.stall_after_s),
         }
+        if not self.shipped_defaults:
+            env["FLIGHTDECK_STALL_AFTER_S"] = str(self.stall_after_s)
         cmd = [sys.executable, "-m", "flightdeck"]
         # The token goes into the server's database: same environment as the server.
         self.token = subprocess.run(
@@ -339,13 +346,16 @@ class NetnsCluster:
             "FLIGHTDECK_TORCH_DUMP_PREFIXES": "[]",
             "FLIGHTDECK_METRICS_LISTEN": "",
             "FLIGHTDECK_HOST": host.name,
-            # Push often and retry soon: a partition heals in seconds here, not minutes.
-            "FLIGHTDECK_PUSH_INTERVAL_S": "0.5",
-            "FLIGHTDECK_RETRY_BACKOFF_S": "0.2",
-            "FLIGHTDECK_RETRY_BACKOFF_MAX_S": "1.0",
-            "FLIGHTDECK_REQUEST_TIMEOUT_S": "2.0",
-            "FLIGHTDECK_PUSH_DEADLINE_S": "5.0",
         }
+        if not self.shipped_defaults:
+            # Push often and retry soon: a partition heals in seconds here, not minutes.
+            env |= {
+                "FLIGHTDECK_PUSH_INTERVAL_S": "0.5",
+                "FLIGHTDECK_RETRY_BACKOFF_S": "0.2",
+                "FLIGHTDECK_RETRY_BACKOFF_MAX_S": "1.0",
+                "FLIGHTDECK_REQUEST_TIMEOUT_S": "2.0",
+                "FLIGHTDECK_PUSH_DEADLINE_S": "5.0",
+            }
         log = (self.workdir / f"collector-{host.name}.log").open("wb")
         host.collector = subprocess.Popen(
             ["ip", "netns", "exec", host.name, sys.executable, "-m", "flightdeck", "collector"],
@@ -409,10 +419,11 @@ class NetnsCluster:
         worker_args: Sequence[str] = (),
         *,
         ranks_per_host: int = 2,
-        interval_s: float = 1.0,
+        interval_s: float | None = 1.0,
         extra_env: Mapping[str, str] | None = None,
     ) -> Job:
-        """Start one gloo job over every host, `ranks_per_host` consecutive ranks on each."""
+        """Start one gloo job over every host, `ranks_per_host` consecutive ranks on each (with
+        `shipped_defaults`, the agents' own interval and threshold)."""
         world = ranks_per_host * len(self.hosts)
         spec = JobSpec(
             job=job,
@@ -421,8 +432,8 @@ class NetnsCluster:
             master_port=free_port(),
             spool_dir=self.hosts[0].spool_dir,
             worker_args=tuple(worker_args),
-            interval_s=interval_s,
-            stall_after_s=self.stall_after_s,
+            interval_s=None if self.shipped_defaults else interval_s,
+            stall_after_s=None if self.shipped_defaults else self.stall_after_s,
             extra_env={"GLOO_SOCKET_IFNAME": "eth0", **(extra_env or {})},
         )
         logs_dir = self.workdir / "jobs" / job
@@ -472,6 +483,10 @@ class NetnsCluster:
 
 #: The faults of the acceptance (issue #7), each committed by rank FAULT_RANK on host 1.
 FAULTS = ("partition", "stall", "crash", "mismatch")
+#: Not a fault: rank FAULT_RANK saves a checkpoint (computes and writes) for BUSY_S seconds while
+#: the others wait in a barrier, then the job goes on. Nothing should page.
+BUSY = "busy"
+BUSY_S = 90.0
 #: The rank that commits (or suffers) the fault: the second rank of host 1.
 FAULT_RANK = 3
 #: The step at which it does (a few seconds into training; startup takes ~15 s on 2 cores).
@@ -511,16 +526,22 @@ class FaultRun:
         return self.alert_at - self.injected_at
 
 
-def inject_fault(cluster: NetnsCluster, fault: str, job_name: str, *, timeout_s: float = 120.0) -> FaultRun:
-    """Start a job over the cluster and commit `fault` on rank FAULT_RANK mid-run."""
-    if fault not in FAULTS:
-        raise ValueError(f"fault must be one of {FAULTS}, got {fault!r}")
+def inject_fault(
+    cluster: NetnsCluster, fault: str, job_name: str, *, timeout_s: float = 120.0, busy_s: float = BUSY_S
+) -> FaultRun:
+    """Start a job over the cluster and commit `fault` (or `busy`) on rank FAULT_RANK mid-run."""
+    if fault not in (*FAULTS, BUSY):
+        raise ValueError(f"fault must be one of {(*FAULTS, BUSY)}, got {fault!r}")
     args = ["--steps", "5000", "--pg-timeout-s", "600"]
-    if fault in ("crash", "mismatch"):
+    if fault in ("crash", "mismatch", BUSY):
         args += ["--fault", fault, "--fault-rank", str(FAULT_RANK), "--fault-at-step", str(FAULT_STEP)]
+    if fault == BUSY:
+        args += ["--busy-s", str(busy_s)]
     job = cluster.start_job(job_name, args)
     rank = FAULT_RANK
-    if fault == "crash":
+    if fault == BUSY:
+        at = job.wait_for_line(rank, "busy in save_checkpoint", timeout_s)
+    elif fault == "crash":
         at = job.wait_for_line(rank, "crashing (SIGKILL)", timeout_s)
     elif fault == "mismatch":
         at = job.wait_for_line(rank, "taking another code path", timeout_s)

@@ -4,6 +4,12 @@
                     → Alertmanager (group_wait 0 s, group_interval 1 s, repeat 1 h)
                     → WebhookReceiver (an http.server thread recording each POST and its arrival time)
 
+`OpsStack(..., shipped=True)` runs the configuration docker-compose.yml ships instead
+(dashboards/prometheus, dashboards/alerts, dashboards/alertmanager): the same intervals, rule
+groups, routes and `group_wait`; `render_shipped()` rewrites only the addresses (the compose service
+names) to 127.0.0.1 ports, and the receivers' URLs to the local webhook, keeping their paths
+(`/flightdeck/critical` pages, `/flightdeck/warning` is the ticket queue).
+
 Everything binds to 127.0.0.1 on free ports, lives in a temporary directory, and every wait has a
 deadline. Binaries: `prometheus` and `prometheus-alertmanager` (Debian's packages `prometheus`
 and `prometheus-alertmanager`); `alertmanager` (upstream name) is accepted too.
@@ -15,6 +21,7 @@ hang finding.
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 import subprocess
@@ -29,6 +36,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from flightdeck.demo.ranks import free_port
@@ -36,6 +44,15 @@ from flightdeck.demo.ranks import free_port
 #: binaries tried for each component, first found wins.
 PROMETHEUS_BINARIES = ("prometheus",)
 ALERTMANAGER_BINARIES = ("prometheus-alertmanager", "alertmanager")
+
+REPO = Path(__file__).resolve().parents[1]
+#: What docker-compose.yml mounts into the Prometheus and Alertmanager containers.
+SHIPPED_PROMETHEUS = REPO / "dashboards" / "prometheus" / "prometheus.yml"
+SHIPPED_RULES_DIR = REPO / "dashboards" / "alerts"
+SHIPPED_ALERTMANAGER = REPO / "dashboards" / "alertmanager" / "alertmanager.yml"
+#: The webhook paths of the shipped receivers: critical alerts page, warnings make tickets.
+PAGE_PATH = "/flightdeck/critical"
+TICKET_PATH = "/flightdeck/warning"
 
 
 class StackError(RuntimeError):
@@ -81,6 +98,8 @@ class Delivery:
 
     received_at: float
     payload: dict[str, Any]
+    #: the request path (which receiver of the Alertmanager config posted it).
+    path: str = "/alerts"
 
     def alerts(self, status: str = "firing") -> list[dict[str, Any]]:
         """The payload's alerts with the given status."""
@@ -102,7 +121,7 @@ class WebhookReceiver:
                 self.send_response(200)
                 self.end_headers()
                 with receiver._cond:
-                    receiver.deliveries.append(Delivery(received_at, json.loads(body)))
+                    receiver.deliveries.append(Delivery(received_at, json.loads(body), self.path))
                     receiver._cond.notify_all()
 
             def log_message(self, format: str, *args: Any) -> None:
@@ -115,6 +134,11 @@ class WebhookReceiver:
     def url(self) -> str:
         """The URL Alertmanager posts to."""
         return f"http://127.0.0.1:{self._server.server_address[1]}/alerts"
+
+    @property
+    def address(self) -> str:
+        """`127.0.0.1:port` of the receiver (any path is accepted and recorded)."""
+        return f"127.0.0.1:{self._server.server_address[1]}"
 
     def start(self) -> None:
         """Serve in a background thread."""
@@ -140,6 +164,15 @@ class WebhookReceiver:
                         f"no matching webhook delivery within {timeout:.0f} s: {self.deliveries}"
                     )
                 self._cond.wait(left)
+
+
+def pages(deliveries: Sequence[Delivery], job: str) -> list[Delivery]:
+    """The deliveries to the shipped paging receiver (`PAGE_PATH`) with a firing alert for `job`."""
+    return [
+        d
+        for d in deliveries
+        if d.path == PAGE_PATH and any(a["labels"].get("job") == job for a in d.alerts("firing"))
+    ]
 
 
 # --- targets ------------------------------------------------------------------------------------
@@ -194,6 +227,73 @@ def fake_hang_target(job: str = "j", group: str = "0", culprits: int = 1) -> Ite
 # --- Prometheus + Alertmanager ------------------------------------------------------------------
 
 
+#: The compose service addresses of the shipped configs, by what stands behind them here.
+_PROMETHEUS_SELF = "localhost:9090"
+_ALERTMANAGER_SERVICE = "alertmanager:9093"
+
+
+def _local_targets(targets: Sequence[str], mapping: dict[str, str]) -> list[str]:
+    """`targets` with each compose address replaced; an address we do not know is an error."""
+    unknown = [t for t in targets if t not in mapping]
+    if unknown:
+        raise StackError(f"the shipped config names addresses render_shipped() does not map: {unknown}")
+    return [mapping[t] for t in targets]
+
+
+def render_shipped(
+    workdir: Path,
+    *,
+    flightdeck_targets: Sequence[str],
+    prometheus_port: int,
+    alertmanager_port: int,
+    webhook_address: str,
+) -> tuple[Path, Path, dict[str, Any], dict[str, Any]]:
+    """Write the shipped Prometheus and Alertmanager configs into `workdir`, addresses made local.
+
+    Layout as in the Prometheus container (`prometheus/prometheus.yml` beside `alerts/`), so the
+    config's relative `rule_files` path is used unchanged. Only these change: the Flightdeck
+    server's DNS discovery becomes a static list of `flightdeck_targets`; the Alertmanager and
+    Prometheus self addresses become the local ports; each receiver URL's host:port becomes
+    `webhook_address` (its path stays). Returns (prometheus.yml, alertmanager.yml, and both
+    rendered documents).
+    """
+    import yaml
+
+    mapping = {
+        _PROMETHEUS_SELF: f"127.0.0.1:{prometheus_port}",
+        _ALERTMANAGER_SERVICE: f"127.0.0.1:{alertmanager_port}",
+    }
+    prometheus: dict[str, Any] = copy.deepcopy(yaml.safe_load(SHIPPED_PROMETHEUS.read_text(encoding="utf-8")))
+    for am in prometheus["alerting"]["alertmanagers"]:
+        for static in am["static_configs"]:
+            static["targets"] = _local_targets(static["targets"], mapping)
+    for job in prometheus["scrape_configs"]:
+        if job["job_name"] == "flightdeck":
+            # DNS discovery of the compose replicas -> the servers this test or bench runs
+            del job["dns_sd_configs"]
+            job["static_configs"] = [{"targets": list(flightdeck_targets)}]
+        else:
+            for static in job["static_configs"]:
+                static["targets"] = _local_targets(static["targets"], mapping)
+    alertmanager: dict[str, Any] = copy.deepcopy(
+        yaml.safe_load(SHIPPED_ALERTMANAGER.read_text(encoding="utf-8"))
+    )
+    for receiver in alertmanager["receivers"]:
+        for hook in receiver.get("webhook_configs", []):
+            parts = urlsplit(hook["url"])
+            hook["url"] = urlunsplit(("http", webhook_address, parts.path, parts.query, ""))
+    prometheus_dir = workdir / "prometheus"
+    prometheus_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(SHIPPED_RULES_DIR, workdir / "alerts", dirs_exist_ok=True)
+    prometheus_yml = prometheus_dir / "prometheus.yml"
+    prometheus_yml.write_text(yaml.safe_dump(prometheus, sort_keys=False), encoding="utf-8")
+    alertmanager_dir = workdir / "alertmanager"
+    alertmanager_dir.mkdir(parents=True, exist_ok=True)
+    alertmanager_yml = alertmanager_dir / "alertmanager.yml"
+    alertmanager_yml.write_text(yaml.safe_dump(alertmanager, sort_keys=False), encoding="utf-8")
+    return prometheus_yml, alertmanager_yml, prometheus, alertmanager
+
+
 @dataclass
 class _Process:
     name: str
@@ -209,12 +309,15 @@ class _Process:
 class OpsStack:
     """Real Prometheus + Alertmanager + webhook receiver for `targets`, evaluating `rule_files`.
 
-    Use as a context manager; `start()` returns once both servers answer `/-/ready`.
+    `shipped=True`: the configuration docker-compose.yml ships (`render_shipped`), its own rule
+    file (`rule_files` must then be empty). Use as a context manager; `start()` returns once both
+    servers answer `/-/ready`.
     """
 
     rule_files: Sequence[Path]
     targets: Sequence[HangTarget]
     workdir: Path
+    shipped: bool = False
     start_timeout: float = 30.0
     prometheus_port: int = field(default_factory=free_port)
     alertmanager_port: int = field(default_factory=free_port)
@@ -293,7 +396,21 @@ class OpsStack:
             raise StackError("prometheus and prometheus-alertmanager must be installed")
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.webhook.start()
-        prometheus_yml, alertmanager_yml = self._write_configs()
+        if self.shipped:
+            if self.rule_files:
+                raise StackError("shipped=True evaluates the shipped rule file; pass rule_files=[]")
+            for target in self.targets:
+                if target.metrics_path != "/metrics":
+                    raise StackError(f"the shipped config scrapes /metrics, not {target.metrics_path}")
+            prometheus_yml, alertmanager_yml, _, _ = render_shipped(
+                self.workdir,
+                flightdeck_targets=[t.address for t in self.targets],
+                prometheus_port=self.prometheus_port,
+                alertmanager_port=self.alertmanager_port,
+                webhook_address=self.webhook.address,
+            )
+        else:
+            prometheus_yml, alertmanager_yml = self._write_configs()
         self._spawn(
             "alertmanager",
             [
@@ -359,7 +476,9 @@ class OpsStack:
             if status != 200:
                 return False
             active = json.loads(body)["data"]["activeTargets"]
-            return len(active) == len(self.targets) and all(t["health"] == "up" for t in active)
+            # the shipped config also scrapes Prometheus and Alertmanager themselves
+            expected = len(self.targets) + (2 if self.shipped else 0)
+            return len(active) == expected and all(t["health"] == "up" for t in active)
 
         wait_until(all_up, timeout, "every scrape target to be up", interval=0.1)
 

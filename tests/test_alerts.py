@@ -144,3 +144,47 @@ def test_runbook_has_a_section_per_alert() -> None:
     for heading in headings:
         body = RUNBOOK.read_text(encoding="utf-8").split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
         assert "**Means" in body and "**At 3 a.m.**" in body, f"runbook section {heading} is incomplete"
+
+
+def _seconds(duration: str) -> float:
+    """A Prometheus duration of one unit (`2s`, `1m`) in seconds."""
+    m = re.fullmatch(r"(\d+)(ms|s|m|h)", duration)
+    assert m, duration
+    return int(m[1]) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[m[2]]
+
+
+def test_shipped_intervals_fit_the_page_budget() -> None:
+    """The shipped intervals add up to a page within 15 s of a hang (docs/alerting.md):
+    stall_after + diagnosis tick + debounce + scrape + evaluation + group_wait, each at its worst,
+    with 2 s left for the agent/collector hops the threshold does not hide and the deliveries."""
+    from flightdeck.server.settings import ServerSettings
+
+    prometheus = yaml.safe_load((REPO / "dashboards/prometheus/prometheus.yml").read_text(encoding="utf-8"))
+    alertmanager = yaml.safe_load(
+        (REPO / "dashboards/alertmanager/alertmanager.yml").read_text(encoding="utf-8")
+    )
+    groups = {g["name"]: g for g in yaml.safe_load(RULES.read_text(encoding="utf-8"))["groups"]}
+    (scrape,) = [j for j in prometheus["scrape_configs"] if j["job_name"] == "flightdeck"]
+    page = groups["flightdeck-page"]
+    paged = {r["alert"] for r in page["rules"]}
+    assert paged == {"FlightdeckCollectiveHang", "FlightdeckCollectiveMismatch", "FlightdeckRankLost"}
+    assert all(r["labels"]["severity"] == "critical" for r in page["rules"])
+    (critical,) = [r for r in alertmanager["route"]["routes"] if r["matchers"] == ['severity="critical"']]
+    (warning,) = [r for r in alertmanager["route"]["routes"] if r["matchers"] == ['severity="warning"']]
+    # warnings keep the normal batching of the root route
+    assert "group_wait" not in warning and _seconds(alertmanager["route"]["group_wait"]) >= 10
+    defaults = ServerSettings()
+    hang = {"FlightdeckCollectiveHang", "FlightdeckCollectiveMismatch"}
+    assert all(_seconds(r["for"]) == 0 for r in page["rules"] if r["alert"] in hang)
+    worst = (
+        defaults.stall_after_s
+        + defaults.diagnosis_interval_s
+        + defaults.diagnosis_debounce_s
+        + _seconds(scrape["scrape_interval"])
+        + _seconds(page["interval"])
+        + _seconds(critical["group_wait"])
+    )
+    assert worst <= 15 - 2, worst
+    # everything else keeps the 15 s global resolution
+    assert _seconds(prometheus["global"]["scrape_interval"]) == 15
+    assert "interval" not in groups["flightdeck"]

@@ -37,7 +37,18 @@ FLIGHTDECK = [sys.executable, "-m", "flightdeck"]
 DATA = Path(__file__).parent / "data" / "fr"
 STALL_AFTER_S = 3.0
 #: The demo's options that keep these tests short: small threshold, early fault, quick snapshots.
-FAST = ["--stall-after", str(STALL_AFTER_S), "--interval", "1", "--fault-at-step", "5", "--settle", "2"]
+FAST = [
+    "--stall-after",
+    str(STALL_AFTER_S),
+    "--interval",
+    "1",
+    "--push-interval",
+    "0.5",
+    "--fault-at-step",
+    "5",
+    "--settle",
+    "2",
+]
 
 
 def get(url: str, token: str | None = None) -> tuple[int, str]:

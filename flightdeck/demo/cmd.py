@@ -1,11 +1,13 @@
 """`flightdeck demo`: a 4-rank real gloo job with an injected fault, diagnosed live by Flightdeck.
 
-    flightdeck demo [--scenario stall|crash|mismatch|partition] [--server URL [--token T]] [--exit]
+    flightdeck demo [--scenario stall|crash|mismatch|partition|busy] [--server URL [--token T]] [--exit]
 
 Without `--server` it runs its own server (SQLite in a temporary directory, or `--data-dir`) on
-127.0.0.1, with the hang threshold `--stall-after`; a server given with `--server` uses its own
-(FLIGHTDECK_STALL_AFTER_S, default 30 s). It always runs its own collector(s), on spool directories
-of its own, so a system-wide collector is not needed. The job's ranks run `flightdeck.demo.worker` with the agent; rank 1 commits
+127.0.0.1, with the hang threshold `--stall-after` (default 5 s, the server's default); a server
+given with `--server` uses its own (FLIGHTDECK_STALL_AFTER_S, default 5 s). It always runs its own
+collector(s), on spool directories of its own, so a system-wide collector is not needed; they push
+every `--push-interval` (default: the collector's, 2 s), the agents snapshot every `--interval`
+(default: the agent's, 2 s). The job's ranks run `flightdeck.demo.worker` with the agent; rank 1 commits
 the fault at `--fault-at-step`:
 
 - stall:     rank 1 blocks in its data loader (a hung storage read; not SIGSTOP, which the partition
@@ -18,6 +20,9 @@ the fault at `--fault-at-step`:
              collector (nothing flows either way, as in a partition) for `--partition-s` seconds,
              and at least until the finding is in; then SIGCONT brings the "link" back, host-b's
              data arrives and the job goes on.
+- busy:      no fault: rank 1 saves a checkpoint for `--busy-s` seconds (computing and writing a
+             file) while the others wait in a barrier, then the job goes on. The demo lists the
+             findings opened meanwhile; a busy rank is not a hang, and should not page anyone.
 
 The demo prints the verdict, the time from fault to finding and the link to the incident page,
 then serves until Ctrl-C (`--exit`: stops at once).
@@ -44,7 +49,7 @@ from typing import Any
 
 from flightdeck.demo.ranks import JobSpec, free_port, start_rank, stop_all
 
-SCENARIOS = ("stall", "crash", "mismatch", "partition")
+SCENARIOS = ("stall", "crash", "mismatch", "partition", "busy")
 WORLD_SIZE = 4
 FAULT_RANK = 1
 #: Ranks of each simulated host in the partition scenario; the cut isolates the last one.
@@ -54,6 +59,7 @@ FAULT_MARKERS = {
     "stall": "stalling in load_batch",
     "crash": "crashing (SIGKILL)",
     "mismatch": "taking another code path",
+    "busy": "busy in save_checkpoint",
 }
 #: Findings that are consequences or noise rather than the injected fault.
 NOT_THE_FAULT = {"straggler", "missing_dump", "undecided"}
@@ -76,9 +82,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--port", type=int, default=None, help="own server's port (default 8470, or a free one if taken)"
     )
     parser.add_argument(
-        "--stall-after", type=float, default=10.0, help="hang threshold of agent and own server (s)"
+        "--stall-after", type=float, default=5.0, help="hang threshold of agent and own server (s, default 5)"
     )
-    parser.add_argument("--interval", type=float, default=1.0, help="agent snapshot interval (s)")
+    parser.add_argument(
+        "--interval", type=float, default=None, help="agent snapshot interval (s; default the agent's, 2)"
+    )
+    parser.add_argument(
+        "--push-interval",
+        type=float,
+        default=None,
+        help="collector push interval (s; default the collector's, 2)",
+    )
+    parser.add_argument("--busy-s", type=float, default=90.0, help="busy: how long rank 1 saves (s)")
     parser.add_argument("--fault-at-step", type=int, default=10, help="training step of the fault")
     parser.add_argument("--partition-s", type=float, default=20.0, help="partition: least time cut off (s)")
     parser.add_argument(
@@ -101,6 +116,11 @@ class Run:
     link_back_s: float | None = None
     cut_off_data_s: float | None = None
     resolved_s: float | None = None
+    #: busy: when rank 1 was done and when every rank had gone on training (epoch s)
+    busy_done_s: float | None = None
+    went_on_s: float | None = None
+    #: busy: (first seen, epoch s; finding) of every finding opened meanwhile, oldest first
+    busy_seen: list[tuple[float, dict[str, Any]]] = field(default_factory=list)
 
 
 class Api:
@@ -142,8 +162,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         demo.start()
         demo.inject()
-        demo.await_findings()
-        print(verdict(demo.result), flush=True)
+        if args.scenario == "busy":
+            demo.watch_busy()
+            print(busy_verdict(demo.result, args.busy_s), flush=True)
+        else:
+            demo.await_findings()
+            print(verdict(demo.result), flush=True)
         if args.scenario == "partition":
             demo.heal()
         print(f"incident: {demo.result.url}", flush=True)
@@ -180,7 +204,7 @@ class Demo:
         self.api = Api("", None)
         self.job = f"demo-{args.scenario}-{uuid.uuid4().hex[:6]}"
         self.result = Run(job=self.job, url="")
-        self.deadline = time.monotonic() + args.timeout
+        self.deadline = time.monotonic() + args.timeout + (args.busy_s if args.scenario == "busy" else 0.0)
         self.cut: list[subprocess.Popen[bytes]] = []
 
     def start(self) -> None:
@@ -198,7 +222,7 @@ class Demo:
                 token_file=token_files[h],
                 torch_dumps=False,
                 host_name=h if len(self.hosts) > 1 else None,
-                push_interval_s=0.5,
+                push_interval_s=self.args.push_interval,
             )
         spec = JobSpec(
             job=self.job,
@@ -267,7 +291,10 @@ class Demo:
             for p in self.cut:
                 p.send_signal(signal.SIGSTOP)
             self.result.fault_s = time.time()
-            print(f"cut off host-b (ranks {_join(b_ranks)} and its collector: SIGSTOP)", flush=True)
+            print(
+                f"cut off host-b (ranks {_join(b_ranks)} and its collector: SIGSTOP at {self.result.fault_s:.3f})",
+                flush=True,
+            )
             return
         marker = FAULT_MARKERS[self.args.scenario]
         _wait_for(
@@ -277,7 +304,7 @@ class Demo:
             self.check_alive,
         )
         self.result.fault_s = time.time()
-        print(f"rank {FAULT_RANK}: {marker}", flush=True)
+        print(f"rank {FAULT_RANK}: {marker} (at {self.result.fault_s:.3f})", flush=True)
 
     def await_findings(self) -> None:
         """Poll the job's report until its findings settle and one names the blocked collective.
@@ -314,6 +341,39 @@ class Demo:
             # Most often the collectors could not ship (a wrong --token): show what they said.
             tails = "\n".join(f"{c.name}:\n{c.log_tail(5)}" for c in self.collectors.values())
             raise DemoError(f"{exc}\n{tails}") from None
+
+    def watch_busy(self) -> None:
+        """Busy: record every finding opened (even briefly) until rank 1 is done, every rank has
+        gone on two steps and `--settle` seconds more have passed."""
+        r = self.result
+        path = f"/api/v1/jobs/{urllib.parse.quote(self.job)}/findings"
+        first_seen: dict[tuple[Any, ...], tuple[float, dict[str, Any]]] = {}
+        on = f"step {self.args.fault_at_step + 2}\n"
+
+        def done() -> bool:
+            self.check_alive()
+            now = time.time()
+            for row in (self.api.get(path) or {}).get("findings", []):
+                f = row["finding"]
+                if f.get("kind") not in ("missing_dump", "undecided"):
+                    first_seen.setdefault(_key(f), (now, f))
+            if r.busy_done_s is None and _log_has(self.work, FAULT_RANK, "checkpoint saved"):
+                r.busy_done_s = now
+            if (
+                r.went_on_s is None
+                and r.busy_done_s is not None
+                and all(_log_has(self.work, k, on) for k in self.ranks)
+            ):
+                r.went_on_s = now
+            return r.went_on_s is not None and now - r.went_on_s >= self.args.settle
+
+        _wait_for(
+            done, self.deadline, "the busy rank to finish and the job to go on", lambda: None, poll_s=0.2
+        )
+        ordered = sorted(first_seen.values(), key=lambda v: v[0])
+        r.findings = [f for _, f in ordered]
+        r.finding_s = ordered[0][0] if ordered else 0.0
+        r.busy_seen = ordered
 
     def heal(self) -> None:
         """Partition: bring host-b back after `--partition-s`, then wait for its data and the resolution."""
@@ -382,6 +442,7 @@ def _worker_args(args: argparse.Namespace) -> list[str]:
         "--fault-rank", str(FAULT_RANK),
         "--fault-at-step", str(args.fault_at_step),
         "--pg-timeout-s", "900",
+        "--busy-s", str(args.busy_s),
     ]  # fmt: skip
 
 
@@ -428,6 +489,27 @@ def _collective(f: Mapping[str, Any]) -> str:
         f"group {f.get('process_group')}{f' ({desc})' if desc else ''}, seq id {f.get('collective_seq_id')}, "
         f"op {f.get('op')}, elapsed {f'{elapsed:.1f} s' if isinstance(elapsed, (int, float)) else '-'}"
     )
+
+
+def busy_verdict(result: Run, busy_s: float) -> str:
+    """What happened while rank 1 was busy: each finding opened, when, and the count of hangs."""
+    waited = ", ".join(str(r) for r in range(WORLD_SIZE) if r != FAULT_RANK)
+    done = result.busy_done_s - result.fault_s if result.busy_done_s else busy_s
+    lines = [
+        f"busy: rank {FAULT_RANK} saved a checkpoint for {done:.1f} s while ranks {waited} waited in a "
+        "barrier; the job went on",
+    ]
+    hangs = [f for f in result.findings if f.get("kind") == "hang"]
+    if result.busy_seen:
+        lines.append("findings while busy:")
+        for seen, f in result.busy_seen:
+            lines.append(
+                f"  {f.get('kind')} after {seen - result.fault_s:.1f} s: {_culprits(f)}; {f.get('detail', '')}"
+            )
+    else:
+        lines.append("findings while busy: none")
+    lines.append(f"hang findings: {len(hangs)}")
+    return "\n".join(lines)
 
 
 def verdict(result: Run) -> str:

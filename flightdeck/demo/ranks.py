@@ -39,8 +39,9 @@ class JobSpec:
     master_port: int
     spool_dir: Path
     worker_args: Sequence[str] = ()
-    interval_s: float = 1.0
-    stall_after_s: float = 10.0
+    #: the agent's FLIGHTDECK_INTERVAL_S and FLIGHTDECK_STALL_AFTER_S; None: the agent's default
+    interval_s: float | None = 1.0
+    stall_after_s: float | None = 10.0
     extra_env: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -55,10 +56,12 @@ def rank_env(spec: JobSpec, rank: int, local_rank: int, spool_dir: Path | None =
         LOCAL_RANK=str(local_rank),
         FLIGHTDECK_SPOOL_DIR=str(spool_dir or spec.spool_dir),
         FLIGHTDECK_JOB=spec.job,
-        FLIGHTDECK_INTERVAL_S=str(spec.interval_s),
-        FLIGHTDECK_STALL_AFTER_S=str(spec.stall_after_s),
         OMP_NUM_THREADS="1",
     )
+    if spec.interval_s is not None:
+        env["FLIGHTDECK_INTERVAL_S"] = str(spec.interval_s)
+    if spec.stall_after_s is not None:
+        env["FLIGHTDECK_STALL_AFTER_S"] = str(spec.stall_after_s)
     env.update(spec.extra_env)
     return env
 

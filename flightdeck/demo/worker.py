@@ -11,6 +11,8 @@ Faults the rank `--fault-rank` commits at step `--fault-at-step`:
   the others wait in the step's all-reduce. (`SIGSTOP` from outside is the other way to stall.)
 - `crash`: it kills itself with SIGKILL, leaving no exit handler to run.
 - `mismatch`: it takes another code path: an all-gather where the others all-reduce.
+- `busy`: not a fault: it saves a checkpoint for `--busy-s` seconds (computing and writing a file,
+  as a real save does) while the others wait in a barrier; then every rank goes on training.
 - `none`: nothing; healthy runs, and faults injected from outside (SIGSTOP, link down).
 
 Each rank prints `step N` (flushed) as it starts step N, so an outside injector can time a fault.
@@ -22,11 +24,12 @@ import argparse
 import os
 import signal
 import sys
+import tempfile
 import time
 from datetime import timedelta
 from typing import Any
 
-FAULTS = ("none", "stall", "crash", "mismatch")
+FAULTS = ("none", "stall", "crash", "mismatch", "busy")
 
 
 class Trainer:
@@ -95,8 +98,22 @@ class Trainer:
         out = torch.empty(size, dtype=torch.float32)
         dist.all_gather_into_tensor(out, loss.reshape(1).float(), group=self.shard_group)
 
+    def save_checkpoint(self, step: int) -> None:
+        """The `busy` step: the busy rank computes and writes for `--busy-s` s, then all meet in a
+        barrier (the way a rank-0 checkpoint save looks to the others)."""
+        import torch.distributed as dist
+
+        a = self.args
+        if self._faulty(step, "busy"):
+            print(f"rank {self.rank}: busy in save_checkpoint for {a.busy_s}s", file=sys.stderr, flush=True)
+            _busy_writing(self.weights, a.busy_s)
+            print(f"rank {self.rank}: checkpoint saved", file=sys.stderr, flush=True)
+        dist.barrier()
+
     def train_step(self, step: int) -> None:
         """One step: batch, compute, gradient sync, and now and then a metrics gather."""
+        if self.args.fault == "busy" and step == self.args.fault_at_step:
+            self.save_checkpoint(step)
         if self._faulty(step, "crash"):
             print(f"rank {self.rank}: crashing (SIGKILL)", file=sys.stderr, flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
@@ -110,6 +127,26 @@ class Trainer:
         return bool(a.fault == kind and self.rank == a.fault_rank and step == a.fault_at_step)
 
 
+def _busy_writing(weights: Any, seconds: float) -> None:
+    """Compute and write a checkpoint-sized file over and over for `seconds` (CPU time grows, the
+    stack changes, the file is rewritten: bounded at 1 MiB, in a temporary directory)."""
+    import torch
+
+    deadline = time.monotonic() + seconds
+    with tempfile.TemporaryDirectory(prefix="flightdeck-demo-ckpt-") as tmp:
+        path = os.path.join(tmp, "checkpoint.bin")
+        w = weights
+        while time.monotonic() < deadline:
+            for _ in range(8):
+                w = torch.tanh(w @ weights)
+            with open(path, "wb") as f:
+                chunk = w.numpy().tobytes()  # 16 KiB
+                for _ in range(64):
+                    f.write(chunk)
+                f.flush()
+                os.fsync(f.fileno())
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The worker's options (the demo command and the acceptance harness pass them through)."""
     p = argparse.ArgumentParser(prog="python -m flightdeck.demo.worker", description=__doc__.splitlines()[0])
@@ -120,6 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fault-rank", type=int, default=1, help="the rank that commits it")
     p.add_argument("--fault-at-step", type=int, default=10, help="the step at which it does")
     p.add_argument("--stall-s", type=float, default=3600.0, help="how long a `stall` blocks")
+    p.add_argument("--busy-s", type=float, default=90.0, help="how long the `busy` rank saves")
     p.add_argument("--pg-timeout-s", type=float, default=120.0, help="process-group timeout")
     p.add_argument("--no-agent", action="store_true", help="run without the Flightdeck agent")
     return p
