@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import pickle
+import re
 import shutil
 import subprocess
 import sys
@@ -63,6 +64,17 @@ def generate(scenario: Scenario, out: Path) -> dict[str, Any]:
     return doc
 
 
+def _errors(msg: str) -> str:
+    """'Culprit rank 0; Error type: X, why, Culprit rank 2; ...' -> 'X by ranks 0, 2 (why)'."""
+    found = re.findall(r"Culprit rank (\d+); Error type: (\w+), (.*?)(?=, Culprit rank |$)", msg)
+    if not found:
+        return msg
+    kinds: dict[tuple[str, str], list[str]] = {}
+    for rank, kind, why in found:
+        kinds.setdefault((kind, why), []).append(rank)
+    return "; ".join(f"{k} by ranks {', '.join(sorted(rs))} ({why})" for (k, why), rs in kinds.items())
+
+
 def frtrace_verdict(text: str) -> dict[str, str]:
     """One line per input of `run_torchfrtrace`'s output: what PyTorch's analyzer concluded."""
     out: dict[str, str] = {}
@@ -87,7 +99,7 @@ def frtrace_verdict(text: str) -> dict[str, str]:
                 err = next((x for x in lines[i : i + 12] if x.startswith("error msg:")), "")
                 where = next((x for x in lines[i : i + 4] if x.startswith("group info:")), group)
                 said.append(
-                    f"seq {seq} {where.removeprefix('group info: ')} {err.removeprefix('error msg: ')}"
+                    f"seq {seq} {where.removeprefix('group info: ')} {_errors(err.removeprefix('error msg: '))}"
                 )
             elif "cannot decide" in line.lower() or "UNDECIDED" in line:
                 said.append(line.strip())
