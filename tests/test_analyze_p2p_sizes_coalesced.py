@@ -29,6 +29,8 @@ JOBS = [
     "reduce_scatter_size",
     "coalesced_healthy",
     "coalesced_hang",
+    "tp_pp_dp_healthy",
+    "tp_pp_dp_hang",
 ]
 FAULT_KINDS = {
     "hang",
@@ -133,3 +135,14 @@ def test_stored_summaries_keep_what_the_rules_need(name: str) -> None:
     got = [f.to_json() for f in diagnose(back, now_ns=now).findings]
     assert got == want
     assert want[0]["culprit_ranks"] == doc["expected"]["culprit_ranks"]
+
+
+def test_layout_groups_are_non_contiguous() -> None:
+    """The 16-rank job's DP and PP groups are strided rank sets, as Megatron builds them."""
+    code, verdict = _analyze(str(DATA / "tp_pp_dp_hang"))
+    assert code == 1
+    root = verdict["findings"][0]
+    meta = json.loads((DATA / "tp_pp_dp_hang" / "rank_9.final.pkl.meta.json").read_text())
+    members = meta["groups"][root["process_group"]]["ranks"]
+    assert members == [9, 11, 13, 15]
+    assert sorted(root["waiting_ranks"]) == [11, 13, 15]

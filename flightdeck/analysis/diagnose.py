@@ -25,7 +25,7 @@ from flightdeck.analysis.findings import (
     Report,
     entry_json,
 )
-from flightdeck.analysis.p2p_gaps import refine_hang
+from flightdeck.analysis.p2p_gaps import link_stranded, refine_hang
 from flightdeck.analysis.sizes import all_to_all_balance
 from flightdeck.analysis.summary import GroupTrack, RankSummary, Signature
 from flightdeck.records import Entry, Stack
@@ -104,6 +104,7 @@ def diagnose(
     if without:
         findings.append(_missing(without))
     roots = _link_consequences(findings)
+    link_stranded(findings, roots, {g.name: g.members for g in groups}, by_rank)
     if stragglers:
         report.arrival_skew_s, slow = _stragglers(groups, by_rank, opts)
         if not findings:

@@ -159,3 +159,110 @@ def refine_hang(f: Finding, group: str, members: Sequence[int], by_rank: dict[in
 
 def _ref(s: RankSummary | None, rank: int) -> RankRef:
     return RankRef(rank, s.host if s else None, s.pid if s else None)
+
+
+def _does_p2p(track: GroupTrack) -> bool:
+    """Whether the rank's op_ids in this group show p2p ops between its collectives."""
+    if len(track.op_ids) != len(track.seqs):
+        return False
+    return any(_gap_at(track, i) for i in range(1, len(track.seqs)))
+
+
+def _outside_collectives(s: RankSummary) -> bool:
+    """Whether the rank's newest recorded collective is finished: it is not stuck in one."""
+    newest = None
+    for t in s.tracks.values():
+        if t.tail and (newest is None or t.tail[-1].record_id > newest.record_id):
+            newest = t.tail[-1]
+    return newest is not None and newest.finished
+
+
+def link_stranded(
+    findings: Sequence[Finding],
+    roots: dict[int, Finding],
+    members: dict[str, Sequence[int]],
+    by_rank: dict[int, RankSummary],
+) -> None:
+    """Point hangs at the older hang they follow from, where a rank is stranded between groups.
+
+    Links `diagnose` cannot see from the collectives alone (`roots` is updated in place):
+    - a hang whose culprits are stranded outside any collective and listed as blocked in another
+      hang (by `refine_hang`: waiting for the p2p op that hang's culprit left out) follows from it;
+    - a hang whose culprits are all culprits of an older hang (the rank left, or is stuck, and
+      every group it was to meet next hangs too) follows from that older hang;
+    - a hang whose culprits are stuck outside any collective (in a p2p op gloo did not record)
+      and do p2p in a group with a rank that is a culprit of, or waiting in, an older hang (a
+      pipeline stage whose neighbour stopped) follows from that older hang.
+    """
+    hangs = sorted(
+        (f for f in findings if f.kind == "hang" and f.culprit_ranks), key=lambda f: -(f.elapsed_s or 0)
+    )
+    for f in hangs:
+        if id(f) in roots:
+            continue
+        blocker = next(
+            (
+                o
+                for o in hangs
+                if o is not f
+                and id(o) not in roots
+                and roots.get(id(o)) is not f
+                and set(f.culprit_ranks) <= set(o.waiting_ranks)
+                and all(c in by_rank and _outside_collectives(by_rank[c]) for c in f.culprit_ranks)
+            ),
+            None,
+        )
+        if blocker is not None:
+            # Stranded in a p2p op by the other hang's culprit (see refine_hang), whatever the
+            # order in which the two hangs began.
+            roots[id(f)] = blocker
+            f.detail += (
+                f" The culprit is itself stranded in a point-to-point op, blocked by the culprit of the hang "
+                f"in group {blocker.process_group} (collective_seq_id {blocker.collective_seq_id})."
+            )
+            continue
+        for older in hangs:
+            if older is f or id(older) in roots or (older.elapsed_s or 0) <= (f.elapsed_s or 0):
+                continue
+            if set(f.culprit_ranks) <= set(older.culprit_ranks):
+                roots[id(f)] = older
+                f.detail += (
+                    f" The same rank{'s are' if len(f.culprit_ranks) > 1 else ' is'} the culprit of the older "
+                    f"hang in group {older.process_group} (collective_seq_id {older.collective_seq_id})."
+                )
+                break
+            involved = set(older.culprit_ranks) | set(older.waiting_ranks)
+            via = _p2p_neighbour(f.culprit_ranks, involved, members, by_rank)
+            if via is not None:
+                roots[id(f)] = older
+                group, peer = via
+                f.detail += (
+                    f" The culprit is stuck outside any collective, in a point-to-point op it exchanges in "
+                    f"group {group} with rank {peer}, which is in the older hang in group "
+                    f"{older.process_group} (collective_seq_id {older.collective_seq_id})."
+                )
+                break
+
+
+def _p2p_neighbour(
+    culprits: Sequence[int],
+    involved: set[int],
+    members: dict[str, Sequence[int]],
+    by_rank: dict[int, RankSummary],
+) -> tuple[str, int] | None:
+    """(group, peer) through which every culprit waits on p2p with a rank in `involved`, or None."""
+    first: tuple[str, int] | None = None
+    for c in culprits:
+        s = by_rank.get(c)
+        if s is None or not _outside_collectives(s):
+            return None
+        found = None
+        for name, t in s.tracks.items():
+            peers = [r for r in members.get(name, ()) if r != c and r in involved]
+            if peers and _does_p2p(t):
+                found = (name, peers[0])
+                break
+        if found is None:
+            return None
+        first = first or found
+    return first

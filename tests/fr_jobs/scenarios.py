@@ -541,3 +541,20 @@ _ISSUE26: tuple[Scenario, ...] = (
     ),
 )
 SCENARIOS.update({s.name: s for s in _ISSUE26})
+
+_ISSUE26_MORE: tuple[Scenario, ...] = (
+    Scenario(
+        "tp_pp_dp_pp_skip_send",
+        "as tp_pp_dp_healthy; at the 3rd step rank 10 (pipeline stage 1) leaves its PP send to rank 2 "
+        "out: rank 2 is stranded in its recv, rank 10 goes on to the PP tied-embedding all_reduce with "
+        "one op_id fewer used, and the job hangs behind rank 2",
+        16,
+        _P3D,
+        (Fault(nth(_P3D, "p2p_ring", 2, "pp"), 10, "skip_send"),),
+        layout=_L3D,
+        pg_timeout_s=30.0,
+        deadline_s=400.0,
+        settle_s=0.5,
+    ),
+)
+SCENARIOS.update({s.name: s for s in _ISSUE26_MORE})
