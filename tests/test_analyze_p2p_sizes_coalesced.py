@@ -31,6 +31,7 @@ JOBS = [
     "coalesced_hang",
     "tp_pp_dp_healthy",
     "tp_pp_dp_hang",
+    "tp_pp_dp_pp_skip_send",
 ]
 FAULT_KINDS = {
     "hang",

@@ -188,6 +188,8 @@ def link_stranded(
     Links `diagnose` cannot see from the collectives alone (`roots` is updated in place):
     - a hang whose culprits are stranded outside any collective and listed as blocked in another
       hang (by `refine_hang`: waiting for the p2p op that hang's culprit left out) follows from it;
+    - a hang whose culprits wait in an older hang that is itself a consequence follows from the
+      same root (the collective rules link only to older hangs that are root causes);
     - a hang whose culprits are all culprits of an older hang (the rank left, or is stuck, and
       every group it was to meet next hangs too) follows from that older hang;
     - a hang whose culprits are stuck outside any collective (in a p2p op gloo did not record)
@@ -221,6 +223,26 @@ def link_stranded(
                 f"in group {blocker.process_group} (collective_seq_id {blocker.collective_seq_id})."
             )
             continue
+        waited_in = next(
+            (
+                o
+                for o in hangs
+                if o is not f
+                and id(o) in roots
+                and (o.elapsed_s or 0) >= (f.elapsed_s or 0)
+                and set(f.culprit_ranks) & set(o.waiting_ranks)
+                and _root_of(o, roots) is not f
+            ),
+            None,
+        )
+        if waited_in is not None:
+            # The culprit waits in an older hang that itself follows from another: the same chain.
+            roots[id(f)] = _root_of(waited_in, roots)
+            f.detail += (
+                f" The culprit is itself blocked in the older hang in group {waited_in.process_group} "
+                f"(collective_seq_id {waited_in.collective_seq_id})."
+            )
+            continue
         for older in hangs:
             if older is f or id(older) in roots or (older.elapsed_s or 0) <= (f.elapsed_s or 0):
                 continue
@@ -242,6 +264,15 @@ def link_stranded(
                     f"{older.process_group} (collective_seq_id {older.collective_seq_id})."
                 )
                 break
+
+
+def _root_of(f: Finding, roots: dict[int, Finding]) -> Finding:
+    """Follow the consequence links from `f` to its root cause (stops on a cycle)."""
+    seen = {id(f)}
+    while id(f) in roots and id(roots[id(f)]) not in seen:
+        f = roots[id(f)]
+        seen.add(id(f))
+    return f
 
 
 def _p2p_neighbour(
