@@ -120,6 +120,9 @@ def refine_hang(f: Finding, group: str, members: Sequence[int], by_rank: dict[in
             "each other (a wrong peer or tag), and the dumps do not say which side addressed the wrong "
             "rank."
         )
+        sides = [f"rank {r} in a {side}" for r in stranded if (side := _p2p_side(by_rank.get(r)))]
+        if sides:
+            f.detail += f" They failed waiting: {', '.join(sides)}."
         return f
     culprits = sorted(g.rank for g in short)
     words = "; ".join(
@@ -155,6 +158,17 @@ def refine_hang(f: Finding, group: str, members: Sequence[int], by_rank: dict[in
         f.culprit_last_entry = entry_json(e)
         f.culprit_frames = e.frames
     return f
+
+
+def _p2p_side(s: RankSummary | None) -> str | None:
+    """'send' or 'recv' when the rank exited with gloo's timeout in that kind of p2p op."""
+    exc = s.exception if s is not None else None
+    if not exc:
+        return None
+    for side in ("send", "recv"):
+        if f"for {side} operation" in exc:
+            return side
+    return None
 
 
 def _ref(s: RankSummary | None, rank: int) -> RankRef:
