@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from flightdeck.cli import main
+from tests.conftest import FakeClock
 
 DATA = Path(__file__).parent / "data" / "fr"
 JOBS = [
@@ -147,3 +148,31 @@ def test_layout_groups_are_non_contiguous() -> None:
     members = meta["groups"][root["process_group"]]["ranks"]
     assert members == [9, 11, 13, 15]
     assert sorted(root["waiting_ranks"]) == [11, 13, 15]
+
+
+@pytest.mark.parametrize(
+    "name", ["p2p_skip_send", "a2a_short_send", "tp_pp_dp_pp_skip_send", "coalesced_healthy"]
+)
+def test_live_server_reaches_the_same_verdict(name: str, database_url: str, clock: FakeClock) -> None:
+    """The server folds the same snapshots (as a collector ships them) into its live summaries."""
+    from tests.test_server_api import make_server
+    from tests.test_server_support import scenario_dumps, snapshots
+
+    dumps = sorted(
+        (d for ds in scenario_dumps(name).values() for d in ds), key=lambda d: d.snapshot_time_ns or 0
+    )
+    clock.now_ns = max(d.snapshot_time_ns or 0 for d in dumps) + 1_000_000_000
+    server = make_server(database_url, clock)
+    try:
+        assert server.push(snapshots(dumps)).status_code == 200
+        server.diagnose()
+        doc = server.job(name)
+        exp = _doc(name)["expected"]
+        if exp["healthy"]:
+            assert doc["findings"] == []
+            return
+        root = doc["findings"][0]
+        got = (root["kind"], root["process_group"], root["collective_seq_id"], root["culprit_ranks"])
+        assert got == (exp["kind"], exp["process_group"], exp["collective_seq_id"], exp["culprit_ranks"])
+    finally:
+        server.svc.close()
