@@ -1,9 +1,12 @@
 """Regenerate the committed sample dumps: `python -m tests.fr_jobs.generate [--out DIR] [SCENARIO...]`.
 
 For each scenario: run the real gloo job with the agent, copy the spool files unmodified into
-`<out>/<scenario>/`, write `scenario.json` (the definition, its expected verdict, and what was
-observed), check the definition's seq counting against a healthy rank's dump, and store PyTorch's
-own analyzer output (on raw copies and on copies whose pg_config was rebuilt from the sidecars).
+`<out>/<scenario>/` (and PyTorch's own JSON dumps, which each rank writes on its way out, into
+`pytorch_json/r<rank>.json`), write `scenario.json` (the definition, its expected verdict, and what
+was observed), check the definition's seq counting against a healthy rank's dump, and store PyTorch's
+own analyzer output (on raw copies and on copies whose pg_config was rebuilt from the sidecars) in
+`torchfrtrace.txt`, with one line of what it concluded per input in scenario.json
+(`torchfrtrace_verdict`).
 """
 
 from __future__ import annotations
