@@ -176,3 +176,20 @@ def test_live_server_reaches_the_same_verdict(name: str, database_url: str, cloc
         assert got == (exp["kind"], exp["process_group"], exp["collective_seq_id"], exp["culprit_ranks"])
     finally:
         server.svc.close()
+
+
+@pytest.mark.parametrize(
+    "name", ["p2p_skip_send", "p2p_wrong_peer", "coalesced_hang", "tp_pp_dp_hang", "tp_pp_dp_pp_skip_send"]
+)
+def test_copied_dumps_taken_during_the_hang(name: str, tmp_path: Path) -> None:
+    """Only what was dumped while the job hung (the stall snapshot, else the last periodic one), as
+    bare pickles: the same root cause as from the dumps written at exit."""
+    doc = _doc(name)
+    for rank in range(doc["world_size"]):
+        for suffix in (".stall.pkl", ".pkl"):
+            src = DATA / name / f"rank_{rank}{suffix}"
+            if src.exists():
+                shutil.copy(src, tmp_path / f"comm_lib_trace_rank_{rank}")
+                break
+    code, verdict = _analyze(str(tmp_path), "--world-size", str(doc["world_size"]))
+    _check(code, verdict, doc["expected"])
