@@ -572,6 +572,8 @@ class LiveDiagnosis:
             if len(t.seqs) > cap:
                 cut = len(t.seqs) - cap
                 del t.seqs[:cut], t.fps[:cut], t.created_ns[:cut]
+                if len(t.op_ids) > cap:
+                    del t.op_ids[: len(t.op_ids) - cap]
             if len(t.p2p) > cap:
                 del t.p2p[: len(t.p2p) - cap]
 

@@ -25,6 +25,8 @@ from flightdeck.analysis.findings import (
     Report,
     entry_json,
 )
+from flightdeck.analysis.p2p_gaps import link_stranded, refine_hang
+from flightdeck.analysis.sizes import all_to_all_balance
 from flightdeck.analysis.summary import GroupTrack, RankSummary, Signature
 from flightdeck.records import Entry, Stack
 
@@ -88,6 +90,8 @@ def diagnose(
     findings: list[Finding] = []
     for g in groups:
         f, report.agreed[g.name] = _mismatch(g, by_rank, (agreed or {}).get(g.name))
+        if f is None:
+            f = all_to_all_balance(g.name, g.desc, g.members, by_rank)
         if f is not None:
             f.elapsed_s = _pending_for(g, f.collective_seq_id, by_rank, now_ns)
             findings.append(f)
@@ -96,10 +100,11 @@ def diagnose(
     for g in groups:
         f = _hang(g, by_rank, without, now_ns, opts)
         if f is not None:
-            findings.append(f)
+            findings.append(refine_hang(f, g.name, g.members, by_rank))
     if without:
         findings.append(_missing(without))
     roots = _link_consequences(findings)
+    link_stranded(findings, roots, {g.name: g.members for g in groups}, by_rank)
     if stragglers:
         report.arrival_skew_s, slow = _stragglers(groups, by_rank, opts)
         if not findings:

@@ -29,6 +29,8 @@ from flightdeck.records import (
 
 #: Entries kept in full per group (the frontier: where each rank is and what it waits on).
 TAIL = 4
+#: all_to_all element totals kept per group (the most recent ones), for the balance check.
+TOTALS_KEPT = 64
 _INT64 = 1 << 63
 _BAD_VALUES = "entries with a sequence id or time outside 64 bits were skipped"
 
@@ -91,6 +93,12 @@ class GroupTrack:
     tail: list[Entry] = field(default_factory=list)
     #: Point-to-point entries (NCCL records them; gloo does not), oldest first.
     p2p: list[Entry] = field(default_factory=list)
+    #: Each collective's `op_id` (the group's work counter, which p2p ops advance too, recorded
+    #: or not), aligned with `seqs` while as long as it; readers check the lengths match.
+    op_ids: array[int] = field(default_factory=lambda: array("q"))
+    #: seq -> (input elements, output elements) of the recent all_to_all entries, whose splits
+    #: may differ per rank (so their sizes are left out of the fingerprint).
+    totals: dict[int, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def last_seq(self) -> int:
@@ -220,20 +228,40 @@ def add_entries(s: RankSummary, entries: Sequence[Entry], fps: Iterable[int] | N
             if _BAD_VALUES not in s.warnings:
                 s.warnings = (*s.warnings, _BAD_VALUES)
             continue
+        if e.op in _SIZES_FREE:
+            track.totals[seq] = (_elements(e.input_sizes), _elements(e.output_sizes))
+            if len(track.totals) > TOTALS_KEPT:
+                del track.totals[min(track.totals)]
+        aligned = len(track.op_ids) == len(track.seqs)
+        op_id = e.op_id if -_INT64 <= e.op_id < _INT64 else 0
         if track.seqs and seq <= track.seqs[-1]:
             # Out of order or repeated (merged snapshots): replace in place.
             i = track.index_of(seq)
             if i is not None:
                 track.fps[i] = fp
                 track.created_ns[i] = e.time_created_ns
+                if aligned:
+                    track.op_ids[i] = op_id
                 _replace_tail(track, e)
                 continue
         track.seqs.append(seq)
         track.fps.append(fp)
         track.created_ns.append(e.time_created_ns)
+        if aligned:
+            track.op_ids.append(op_id)
         track.tail.append(e)
         if len(track.tail) > TAIL:
             del track.tail[0]
+
+
+def _elements(sizes: tuple[tuple[int, ...], ...]) -> int:
+    total = 0
+    for shape in sizes:
+        n = 1
+        for d in shape:
+            n *= d
+        total += n
+    return total
 
 
 def _replace_tail(track: GroupTrack, e: Entry) -> None:
@@ -291,6 +319,8 @@ def summary_to_dict(s: RankSummary) -> dict[str, Any]:
                 "created_ns": t.created_ns.tolist(),
                 "tail": [_entry_dict(e) for e in t.tail],
                 "p2p": [_entry_dict(e) for e in t.p2p],
+                "op_ids": t.op_ids.tolist(),
+                "totals": [[k, a, b] for k, (a, b) in t.totals.items()],
             }
             for k, t in s.tracks.items()
         },
@@ -361,6 +391,10 @@ def summary_from_dict(d: dict[str, Any]) -> RankSummary:
                 created_ns=array("q", t["created_ns"]),
                 tail=[_entry_from(e) for e in t["tail"]],
                 p2p=[_entry_from(e) for e in t["p2p"]],
+                # Summaries stored before these fields existed have none: the rules that use
+                # them then see nothing to judge rather than misaligned values.
+                op_ids=array("q", t.get("op_ids") or []),
+                totals={int(k): (int(a), int(b)) for k, a, b in t.get("totals") or []},
             )
             for k, t in d["tracks"].items()
         },

@@ -1,9 +1,12 @@
 """Regenerate the committed sample dumps: `python -m tests.fr_jobs.generate [--out DIR] [SCENARIO...]`.
 
 For each scenario: run the real gloo job with the agent, copy the spool files unmodified into
-`<out>/<scenario>/`, write `scenario.json` (the definition, its expected verdict, and what was
-observed), check the definition's seq counting against a healthy rank's dump, and store PyTorch's
-own analyzer output (on raw copies and on copies whose pg_config was rebuilt from the sidecars).
+`<out>/<scenario>/` (and PyTorch's own JSON dumps, which each rank writes on its way out, into
+`pytorch_json/r<rank>.json`), write `scenario.json` (the definition, its expected verdict, and what
+was observed), check the definition's seq counting against a healthy rank's dump, and store PyTorch's
+own analyzer output (on raw copies and on copies whose pg_config was rebuilt from the sidecars) in
+`torchfrtrace.txt`, with one line of what it concluded per input in scenario.json
+(`torchfrtrace_verdict`).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import pickle
+import re
 import shutil
 import subprocess
 import sys
@@ -24,6 +28,8 @@ from tests.fr_jobs.runner import REPO_ROOT, JobResult, run_job
 from tests.fr_jobs.scenarios import SCENARIOS, Scenario
 
 DEFAULT_OUT = REPO_ROOT / "tests" / "data" / "fr"
+#: Where a scenario's PyTorch JSON dumps go inside its directory.
+JSON_SUBDIR = "pytorch_json"
 #: Fixed scratch path, so that the command recorded in torchfrtrace.txt does not change run to run.
 FRTRACE_SCRATCH = Path("/tmp/flightdeck-frtrace")
 
@@ -37,14 +43,72 @@ def generate(scenario: Scenario, out: Path) -> dict[str, Any]:
         target.mkdir(parents=True)
         for path in sorted(result.spool.glob("rank_*")):
             shutil.copy2(path, target / path.name)
+        json_dir = Path(tmp) / f"{scenario.name}.json"
+        json_files = sorted(json_dir.glob("r*.json")) if json_dir.is_dir() else []
+        if json_files:
+            # Named r<rank>.json so that analyzing the scenario directory does not merge them in.
+            (target / JSON_SUBDIR).mkdir()
+            for path in json_files:
+                shutil.copy2(path, target / JSON_SUBDIR / path.name)
     doc = scenario.to_json()
+    if json_files:
+        doc["json_dumps"] = (
+            f"{JSON_SUBDIR}/r<rank>.json: PyTorch's _dump_fr_trace_json, written by each rank as it "
+            "left (the moment of the agent's final snapshot)"
+        )
     doc["observed"] = observed(result, target)
     problems = check_definition(scenario, target)
     if problems:
         doc["observed"]["definition_check"] = problems
+    frtrace = run_torchfrtrace(scenario.name, target)
+    doc["torchfrtrace_verdict"] = frtrace_verdict(frtrace)
     (target / "scenario.json").write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
-    (target / "torchfrtrace.txt").write_text(run_torchfrtrace(scenario.name, target))
+    (target / "torchfrtrace.txt").write_text(frtrace)
     return doc
+
+
+def _errors(msg: str) -> str:
+    """'Culprit rank 0; Error type: X, why, Culprit rank 2; ...' -> 'X by ranks 0, 2 (why)'."""
+    found = re.findall(r"Culprit rank (\d+); Error type: (\w+), (.*?)(?=, Culprit rank |$)", msg)
+    if not found:
+        return msg
+    kinds: dict[tuple[str, str], list[str]] = {}
+    for rank, kind, why in found:
+        kinds.setdefault((kind, why), []).append(rank)
+    return "; ".join(f"{k} by ranks {', '.join(sorted(rs))} ({why})" for (k, why), rs in kinds.items())
+
+
+def frtrace_verdict(text: str) -> dict[str, str]:
+    """One line per input of `run_torchfrtrace`'s output: what PyTorch's analyzer concluded."""
+    out: dict[str, str] = {}
+    for block in text.split("python -m torch.distributed.flight_recorder.fr_trace")[1:]:
+        lines = block.splitlines()
+        label = "raw" if "input: raw" in block else "repaired"
+        if "Traceback (most recent call last)" in block:
+            out[label] = "crashed: " + next((x for x in reversed(lines) if x.strip()), "").strip()
+            continue
+        said: list[str] = []
+        group = ""
+        for i, line in enumerate(lines):
+            if line.startswith("group info:"):
+                group = line.removeprefix("group info:").strip()
+            if line.startswith("Not all ranks joining collective, sequence number:"):
+                seq = line.rsplit(":", 1)[1].strip()
+                missing = next((x for x in lines[i : i + 8] if x.startswith("missing ranks:")), "")
+                where = next((x for x in lines[i : i + 4] if x.startswith("group info:")), "")
+                said.append(f"seq {seq} {where.removeprefix('group info: ')} {missing}".strip())
+            elif line.startswith("Collective sequence number:") and "has errors" in line:
+                seq = line.split(":", 1)[1].split()[0]
+                err = next((x for x in lines[i : i + 12] if x.startswith("error msg:")), "")
+                where = next((x for x in lines[i : i + 4] if x.startswith("group info:")), group)
+                said.append(
+                    f"seq {seq} {where.removeprefix('group info: ')} {_errors(err.removeprefix('error msg: '))}"
+                )
+            elif "cannot decide" in line.lower() or "UNDECIDED" in line:
+                said.append(line.strip())
+        shown = "; ".join(said[:3]) + (f"; ... ({len(said)} in all)" if len(said) > 3 else "")
+        out[label] = shown or "no finding"
+    return out
 
 
 def observed(result: JobResult, directory: Path) -> dict[str, Any]:
@@ -70,10 +134,11 @@ def check_definition(scenario: Scenario, directory: Path) -> list[str]:
     exp = scenario.expected()
     if exp["collective_seq_id"] is None:
         return []
-    culprits = set(exp["culprit_ranks"])
+    # A rank that left its p2p send out does reach the next collective; the rank it stranded does not.
+    absent = set(exp["blocked_ranks"]) if exp.get("blocked_ranks") else set(exp["culprit_ranks"])
     seen: list[str] = []
     for rank, paths in rank_files(directory).items():
-        if rank in culprits:
+        if rank in absent:
             continue
         for path in paths:
             for e in load_dump(path).get("entries", []):

@@ -45,7 +45,15 @@ def run_job(
     agent: str = "launcher",
     extra_env: Mapping[str, str] | None = None,
 ) -> JobResult:
-    """Run every rank of `scenario` with the agent spooling into `spool_dir/<scenario>/0/`."""
+    """Run every rank of `scenario` with the agent spooling into `spool_dir/<scenario>/0/`.
+
+    Each rank also writes PyTorch's own JSON dump on its way out to `spool_dir/<scenario>.json/`.
+    A scenario's own `pg_timeout_s` / `deadline_s` replace the defaults (big jobs on small machines).
+    """
+    if scenario.pg_timeout_s is not None:
+        pg_timeout_s = scenario.pg_timeout_s
+    if scenario.deadline_s is not None:
+        deadline_s = max(deadline_s, scenario.deadline_s)
     port = free_port()
     base_env = {
         k: v for k, v in os.environ.items() if not k.startswith(("FLIGHTDECK_", "TORCHELASTIC_", "SLURM_"))
@@ -61,6 +69,7 @@ def run_job(
         FLIGHTDECK_STALL_AFTER_S=str(stall_after_s),
         PYTHONPATH=str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
         OMP_NUM_THREADS="1",
+        FDTEST_JSON_DIR=str(spool_dir / f"{scenario.name}.json"),
     )
     base_env.update(extra_env or {})
     worker = [

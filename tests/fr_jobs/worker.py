@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from tests.fr_jobs.scenarios import PAIRS, Fault, Op, Scenario, get
+from tests.fr_jobs.scenarios import P2P_KINDS, PAIRS, Fault, Op, Scenario, get
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64, "int32": torch.int32}
 
@@ -34,6 +34,8 @@ class Job:
         self.leave_s = leave_s
         self.weights = torch.randn(32, 32)
         self.pairs: dict[str, Any] = {}
+        #: The scenario layout's groups this rank is in, by desc prefix ("tp", "pp", "dp").
+        self.layout: dict[str, Any] = {}
 
     # -- the "model" --
 
@@ -48,6 +50,8 @@ class Job:
         """The process group an op runs in on this rank (None: the default group)."""
         if op.group == "world":
             return None
+        if op.group != "pair":
+            return self.layout[op.group]
         for desc, members in PAIRS:
             if self.rank in members:
                 return self.pairs[desc]
@@ -55,7 +59,7 @@ class Job:
 
     # -- nested call sites --
 
-    def train_step(self, index: int, op: Op) -> None:
+    def train_step(self, index: int, op: Op, fault: Fault | None = None) -> None:
         """One program op: compute, then the collective through a realistic call chain."""
         self.forward_backward()
         delay = self.scenario.straggler_delay_s.get(self.rank)
@@ -68,8 +72,72 @@ class Job:
             self.broadcast_params(op, group)
         elif op.kind == "all_gather":
             self.gather_metrics(op, group)
+        elif op.kind in P2P_KINDS:
+            self.hand_on_activations(op, group, fault)
+        elif op.kind == "all_to_all":
+            self.dispatch_tokens(op, group, fault)
+        elif op.kind == "reduce_scatter":
+            self.shard_grads(op, group)
+        elif op.kind in ("coalesced_all_reduce", "coalesced_all_gather", "all_reduce_coalesced"):
+            self.coalesced_step(op, group)
         else:
             self.checkpoint_barrier(group)
+
+    def hand_on_activations(self, op: Op, group: Any, fault: Fault | None) -> None:
+        """Send to the next member of the group and receive from the previous one (batched p2p)."""
+        members = (
+            dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
+        )
+        idx, n = members.index(self.rank), len(members)
+        ring = op.kind == "p2p_ring"
+        send = torch.full((op.numel,), float(self.rank))
+        recv = torch.empty(op.numel)
+        ops = []
+        if ring or idx > 0:
+            ops.append(dist.P2POp(dist.irecv, recv, members[(idx - 1) % n], group=group))
+        if ring or idx < n - 1:
+            dst = members[(idx + 1) % n]
+            if fault is not None and fault.action == "wrong_peer":
+                dst = members[(idx + 2) % n]
+            if fault is None or fault.action != "skip_send":
+                ops.append(dist.P2POp(dist.isend, send, dst, group=group))
+        for work in dist.batch_isend_irecv(ops) if ops else []:
+            work.wait()
+
+    def dispatch_tokens(self, op: Op, group: Any, fault: Fault | None) -> None:
+        """all_to_all_single with uneven splits that every pair of ranks agrees on."""
+        n = dist.get_world_size(group)
+        idx = dist.get_group_rank(group, self.rank) if group is not None else self.rank
+        in_splits = [op.numel * (1 + (2 * idx + j) % 3) for j in range(n)]
+        out_splits = [op.numel * (1 + (2 * j + idx) % 3) for j in range(n)]
+        if fault is not None and fault.action == "short_send":
+            in_splits[(idx + 1) % n] -= int(fault.value or 0)
+        out = torch.empty(sum(out_splits))
+        dist.all_to_all_single(out, torch.ones(sum(in_splits)), out_splits, in_splits, group=group)
+
+    def shard_grads(self, op: Op, group: Any) -> None:
+        """reduce_scatter the gradients into this rank's shard."""
+        n = dist.get_world_size(group)
+        shard = torch.empty(op.numel)
+        dist.reduce_scatter_tensor(shard, torch.ones(op.numel * n), group=group)
+
+    def coalesced_step(self, op: Op, group: Any) -> None:
+        """Several tensors in one collective: coalescing manager or the *_coalesced API."""
+        from torch.distributed.distributed_c10d import _coalescing_manager
+
+        a, b = torch.ones(op.numel), torch.ones(op.numel * 2)
+        if op.kind == "all_reduce_coalesced":
+            dist.all_reduce_coalesced([a, b], group=group)
+            return
+        n = dist.get_world_size(group)
+        with _coalescing_manager(group=group, async_ops=True) as cm:
+            if op.kind == "coalesced_all_reduce":
+                dist.all_reduce(a, group=group)
+                dist.all_reduce(b, group=group)
+            else:
+                dist.all_gather_into_tensor(torch.empty(n * a.numel()), a, group=group)
+                dist.all_gather_into_tensor(torch.empty(n * b.numel()), b, group=group)
+        cm.wait()
 
     def sync_grads(self, op: Op, group: Any) -> None:
         """Average a gradient bucket across the group."""
@@ -122,7 +190,7 @@ class Job:
             op = Op(op.kind, op.group, int(fault.value or 0), op.dtype)
         elif fault.action == "dtype":
             op = Op(op.kind, op.group, op.numel, str(fault.value))
-        self.train_step(index, op)
+        self.train_step(index, op, fault)
         return False
 
 
@@ -159,7 +227,21 @@ def main(argv: list[str] | None = None) -> int:
         # not inherit the init_process_group timeout, so pass it.
         for desc, members in PAIRS:
             job.pairs[desc] = dist.new_group(list(members), timeout=timeout, group_desc=desc)
-    finished = job.run()
+    for desc, members in scenario.layout:
+        made = dist.new_group(list(members), timeout=timeout, group_desc=desc)
+        if rank in members:
+            job.layout[desc[:2]] = made
+    json_dir = os.environ.get("FDTEST_JSON_DIR")
+    try:
+        finished = job.run()
+        time.sleep(scenario.settle_s)
+    finally:
+        if json_dir:
+            # PyTorch's JSON dump of the same ring, at the moment the agent takes its final snapshot.
+            data = getattr(torch._C._distributed_c10d, "_dump_fr_trace_json")(True, False)  # noqa: B009 (not in the stubs)
+            os.makedirs(json_dir, exist_ok=True)
+            with open(os.path.join(json_dir, f"r{rank}.json"), "wb") as f:
+                f.write(data)
     if args.agent == "inject-failing":
         print(f"rank {rank}: agent snapshots written: {agent.snapshots_written}", file=sys.stderr, flush=True)
     if finished:
