@@ -47,13 +47,18 @@ from watchdog.observers.api import BaseObserver
 from flightdeck import __version__
 from flightdeck.collector.delta import RankState
 from flightdeck.collector.frdump import (
+    FILE_KINDS,
     META_SUFFIX,
+    DumpBudgetError,
     DumpError,
     DumpTooLargeError,
+    InvalidDumpError,
     NotADumpError,
+    NotRegularFileError,
     TruncatedDumpError,
     UnsafePickleError,
     UnsupportedVersionError,
+    read_regular,
 )
 from flightdeck.collector.incremental import ChangedRead, IncrementalReader
 from flightdeck.collector.metrics import CollectorMetrics, MetricsServer
@@ -62,6 +67,7 @@ from flightdeck.collector.queue import DurableQueue, NewBatch, RankKey
 from flightdeck.collector.settings import CollectorSettings
 from flightdeck.collector.watcher import Watcher, WatchRoot
 from flightdeck.records import RankDump
+from flightdeck.snapshot_check import SnapshotError, check_snapshot
 from flightdeck.wire import Batch, Snapshot, encode_batch, snapshot_from_dump
 
 log = logging.getLogger(__name__)
@@ -83,6 +89,8 @@ _REASONS: tuple[tuple[type[DumpError], str], ...] = (
     (TruncatedDumpError, "truncated"),
     (UnsupportedVersionError, "unsupported_version"),
     (DumpTooLargeError, "too_large"),
+    (DumpBudgetError, "over_budget"),
+    (InvalidDumpError, "invalid"),
     (NotADumpError, "not_a_dump"),
 )
 
@@ -320,12 +328,20 @@ class Collector:
             got = self._read(path, root, pending.states, result)
             if got is not None:
                 sig, key, changed = got
-                pending.read[path] = (sig, root)
-                pending.states[key] = changed.state
                 snap = snapshot_from_dump(changed.dump)
-                self._thin_groups(key, snap, now_mono)
                 snap.oldest_record_id = changed.oldest_record_id
                 snap.host = snap.host or self.host
+                try:
+                    # Checked alone, before it joins a batch: the server would refuse the batch.
+                    check_snapshot(snap)
+                except SnapshotError as exc:
+                    self._reader.forget(path)
+                    self._failed(path, root, sig, InvalidDumpError(str(exc)), result)
+                    continue
+                self._bad.pop(path, None)
+                pending.read[path] = (sig, root)
+                pending.states[key] = changed.state
+                self._thin_groups(key, snap, now_mono)
                 pending.snapshots.append(snap)
                 pending.entries += len(changed.dump.entries)
             if pending.entries >= self.settings.max_batch_entries and not self._commit(pending, [], result):
@@ -415,7 +431,7 @@ class Collector:
         this flush (a rank's stall and periodic files can both change in one flush).
         """
         try:
-            st = path.stat()
+            st = os.lstat(path)  # never follows a symlink; stat of a FIFO does not block
         except OSError:
             self._forget(path)
             return None
@@ -440,6 +456,9 @@ class Collector:
 
         try:
             changed = self._reader.read(path, identify=identify, max_bytes=self.settings.max_dump_bytes)
+        except NotRegularFileError as exc:
+            self._skipped(path, sig, exc)
+            return None
         except DumpError as exc:
             self._failed(path, root, sig, exc, result)
             return None
@@ -451,7 +470,6 @@ class Collector:
             self.watcher.mark(path, root)
             return None
         self._settling.pop(path, None)
-        self._bad.pop(path, None)
         self.metrics.files_seen.inc()
         result.files_read += 1
         return sig, keys[-1], changed
@@ -463,6 +481,18 @@ class Collector:
             dump.job = rel[-3]
             if rel[-2].isdigit():
                 dump.attempt = int(rel[-2])
+
+    def _skipped(self, path: Path, sig: Sig, exc: NotRegularFileError) -> None:
+        """A FIFO, socket, device, directory or symlink where a dump belongs: never opened, never
+        moved; counted and logged once per version of the path (a regular file put there later is
+        read as usual)."""
+        self._done[path] = sig
+        self._reader.forget(path)
+        self._settling.pop(path, None)
+        self._bad.pop(path, None)
+        kind = exc.kind if exc.kind in FILE_KINDS else "other"
+        self.metrics.files_skipped.labels(reason=kind).inc()
+        log.warning("skipped %s: %s", path, exc)
 
     def _failed(self, path: Path, root: WatchRoot, sig: Sig, exc: DumpError, result: FlushResult) -> None:
         """A parse failure: quarantine when the file is stable and still bad, else look again later."""
@@ -503,9 +533,12 @@ class Collector:
         truncated = False
         if root.kind == "torch":
             # Never move PyTorch's file: the job may write it again. Copy (the head of a huge one).
-            with open(path, "rb") as src, open(dest, "wb") as out:
-                data = src.read(QUARANTINE_COPY_MAX + 1)
-                truncated = len(data) > QUARANTINE_COPY_MAX
+            try:
+                data, _st = read_regular(path, max_bytes=QUARANTINE_COPY_MAX, head=True)
+            except NotRegularFileError as nexc:
+                raise OSError(str(nexc)) from None
+            truncated = len(data) > QUARANTINE_COPY_MAX
+            with open(dest, "wb") as out:
                 out.write(data[:QUARANTINE_COPY_MAX])
             self._done[path] = sig
         else:
@@ -552,13 +585,18 @@ class Collector:
         out: list[dict[str, Any]] = []
         failures: list[Exception] = []
         if self._nixl_rings is not None:
+            rings = self._nixl_rings
+            full, unknown = rings.ring_full_reads, rings.unknown_events
             try:
-                samples, errs = self._nixl_rings.poll()
+                samples, errs = rings.poll()
                 out += [s.to_wire() for s in samples]
                 failures += errs
             except Exception:
                 log.exception("reading NIXL ring files failed")
                 self.metrics.loop_errors.labels(loop="nixl").inc()
+            # Silent loss made visible: a full ring means NIXL was discarding events.
+            self.metrics.nixl_ring_full_reads.inc(rings.ring_full_reads - full)
+            self.metrics.nixl_unknown_events.inc(rings.unknown_events - unknown)
         if self.settings.nixl_multiproc_dir is not None:
             from flightdeck.collector.nixl_mp import read_mp_dir
 

@@ -12,11 +12,17 @@ Exception tree:
     ├── TruncatedDumpError    empty, cut short or half-written
     ├── NotADumpError         readable data, but not a flight-recorder dump
     ├── UnsupportedVersionError  a schema version other than 2.x
-    └── DumpTooLargeError     over the configured size limit
+    ├── DumpTooLargeError     over the configured size limit
+    ├── InvalidDumpError      values the store cannot hold (`flightdeck.snapshot_check`)
+    ├── DumpBudgetError       decodes to more than one file may cost (entries, frames, shared
+    │                         references): refused before it is normalized
+    └── NotRegularFileError   a FIFO, socket, device, directory or symlink: never opened (a FIFO
+                              would block the reader until someone writes to it)
 """
 
 from __future__ import annotations
 
+import errno
 import gc
 import io
 import json
@@ -24,6 +30,7 @@ import logging
 import os
 import pickle
 import re
+import stat as stat_mod
 from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from itertools import repeat
@@ -52,6 +59,8 @@ KNOWN_BACKENDS = frozenset({"nccl", "nccl2", "nccl-legacy", "gloo", "xccl", "c10
 #: Default cap on a dump file's size: a 2,000-entry dump with frames is ~0.3-1 MB.
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 META_SUFFIX = ".meta.json"
+#: A sidecar is a few KB (its largest part: the world group's member list); larger is not ours.
+MAX_META_BYTES = 16 * 1024 * 1024
 
 _RANK_RE = re.compile(r"rank[_-]?(\d+)((?:\.[A-Za-z][A-Za-z0-9]*)*)$")
 _TEMP_RE = re.compile(r"(\.tmp|\.partial|~|\.swp)$|^\.")
@@ -80,6 +89,78 @@ class UnsupportedVersionError(DumpError):
 
 class DumpTooLargeError(DumpError):
     """The file exceeds the size limit."""
+
+
+class InvalidDumpError(DumpError):
+    """A dump whose values the store cannot hold (`flightdeck.snapshot_check`): set aside alone."""
+
+
+class DumpBudgetError(DumpError):
+    """The dump decodes to more than one file may cost to normalize (see `DumpBudget`)."""
+
+
+class NotRegularFileError(DumpError):
+    """The path is not a regular file; `kind` says what it is (a bounded label value)."""
+
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+#: What a path that is not a regular file is, by `stat.S_IFMT` (the `reason` of a skipped file).
+_FILE_KINDS: dict[int, str] = {
+    stat_mod.S_IFIFO: "fifo",
+    stat_mod.S_IFSOCK: "socket",
+    stat_mod.S_IFCHR: "device",
+    stat_mod.S_IFBLK: "device",
+    stat_mod.S_IFDIR: "directory",
+    stat_mod.S_IFLNK: "symlink",
+}
+#: Every `NotRegularFileError.kind`.
+FILE_KINDS = ("fifo", "socket", "device", "directory", "symlink", "other")
+
+
+def _not_regular(st: os.stat_result) -> NotRegularFileError | None:
+    if stat_mod.S_ISREG(st.st_mode):
+        return None
+    kind = _FILE_KINDS.get(stat_mod.S_IFMT(st.st_mode), "other")
+    return NotRegularFileError(f"not a regular file (a {kind}): not opened", kind)
+
+
+def read_regular(path: Path, *, max_bytes: int, head: bool = False) -> tuple[bytes, os.stat_result]:
+    """The bytes of a regular file of at most `max_bytes`, and its stat (after opening), never blocking.
+
+    The path is looked at with lstat first, so a FIFO, socket or device is never opened (opening a
+    FIFO blocks until a writer comes; opening some devices has side effects), nor a symlink
+    followed; then it is opened non-blocking without following a symlink, and fstat confirms a
+    regular file (it could have been swapped in between). Raises NotRegularFileError for anything
+    else, DumpTooLargeError over `max_bytes` (with `head`: the first max_bytes + 1 bytes instead),
+    OSError when it cannot be read.
+    """
+    bad = _not_regular(os.lstat(path))
+    if bad is not None:
+        raise bad
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # became a symlink after the lstat
+            raise NotRegularFileError("not a regular file (a symlink): not followed", "symlink") from None
+        raise
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fd)
+        bad = _not_regular(st)
+        if bad is not None:
+            raise bad
+        if head:
+            return fh.read(max_bytes + 1), st
+        if st.st_size > max_bytes:
+            raise DumpTooLargeError(f"{st.st_size} bytes is over the {max_bytes}-byte limit")
+        # The size is known: ask for a little more than it (a file growing while we read is cut at
+        # the limit), not for max_bytes, which makes the reader allocate that much up front.
+        data = fh.read(min(max_bytes, st.st_size + 65536) + 1)
+    if len(data) > max_bytes:
+        raise DumpTooLargeError(f"more than the {max_bytes}-byte limit (the file grew while read)")
+    return data, st
 
 
 class SafeUnpickler(pickle.Unpickler):
@@ -210,6 +291,13 @@ def _int(v: object, default: int) -> int:
     return default
 
 
+def _opt_int(v: object) -> int | None:
+    """An optional int (a number written as a string is taken); None when absent or not a number."""
+    if v is None or (isinstance(v, str) and not v.strip().lstrip("-").isdigit()):
+        return None
+    return _int(v, 0)
+
+
 def _opt_ns(v: object) -> int | None:
     """NCCL timestamps: None in pickles and 0 in JSON mean 'not recorded'."""
     n = _int(v, 0)
@@ -265,6 +353,14 @@ def _entry(raw: dict[str, Any], ctx: _Ctx, rank: int) -> Entry:
         fr = raw.get("frames")
         is_p2p = raw["is_p2p"]
         dur = raw.get("duration_ms")
+        to = raw.get("timeout_ms")
+        ts = raw.get("time_discovered_started_ns") or None
+        td = raw.get("time_discovered_completed_ns") or None
+        # Anything but an int (a string, a float) takes the forgiving path, which converts or drops it.
+        if (to is not None and type(to) is not int) or (ts is not None and type(ts) is not int):
+            raise TypeError("not an int")
+        if (td is not None and type(td) is not int) or (dur is not None and type(dur) is not float):
+            raise TypeError("not an int")
         return Entry(
             rid,
             str(raw["process_group"][0]),
@@ -282,10 +378,10 @@ def _entry(raw: dict[str, Any], ctx: _Ctx, rank: int) -> Entry:
             _STATES[raw["state"]],
             bool(raw["retired"]),
             created,
-            raw.get("time_discovered_started_ns") or None,
-            raw.get("time_discovered_completed_ns") or None,
+            ts,
+            td,
             float(dur) if dur is not None else None,
-            raw.get("timeout_ms"),
+            to,
             str(raw.get("thread_name") or ""),
             peer if is_p2p else None,
             _frames_fast(fr, ctx) if fr else (),
@@ -344,7 +440,7 @@ def _entry_slow(raw: dict[str, Any], ctx: _Ctx, rank: int) -> Entry:
         time_started_ns=_opt_ns(raw.get("time_discovered_started_ns")),
         time_completed_ns=_opt_ns(raw.get("time_discovered_completed_ns")),
         duration_ms=float(dur) if isinstance(dur, int | float) and not isinstance(dur, bool) else None,
-        timeout_ms=_int(timeout, 0) if timeout is not None else None,
+        timeout_ms=_opt_int(timeout),
         thread_name=str(raw.get("thread_name") or ""),
         peer=peer if is_p2p else None,
         frames=_stack(raw.get("frames"), ctx),
@@ -503,7 +599,10 @@ def read_meta(path: Path) -> dict[str, Any] | None:
     """The agent's sidecar for a dump file, or None when there is none or it is unreadable."""
     mp = path.with_name(path.name + META_SUFFIX)
     try:
-        data = mp.read_bytes()
+        data, _st = read_regular(mp, max_bytes=MAX_META_BYTES)
+    except (NotRegularFileError, DumpTooLargeError) as exc:
+        log.warning("%s: metadata sidecar ignored: %s", mp, exc)
+        return None
     except OSError:
         return None
     try:
@@ -666,21 +765,9 @@ class LoadedDump:
 def read_dump_bytes(path: Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[bytes, os.stat_result]:
     """A dump file's bytes and its stat, within `max_bytes`, or a DumpError saying why not."""
     try:
-        st = path.stat()
+        return read_regular(path, max_bytes=max_bytes)
     except OSError as exc:
         raise DumpError(f"cannot read: {exc.strerror}") from None
-    if st.st_size > max_bytes:
-        raise DumpTooLargeError(f"{st.st_size} bytes is over the {max_bytes}-byte limit")
-    try:
-        with open(path, "rb") as fh:
-            # The size is known: ask for a little more than it (a file growing while we read is cut
-            # at the limit), not for max_bytes, which makes the reader allocate that much up front.
-            data = fh.read(min(max_bytes, st.st_size + 65536) + 1)
-    except OSError as exc:
-        raise DumpError(f"cannot read: {exc.strerror}") from None
-    if len(data) > max_bytes:
-        raise DumpTooLargeError(f"more than the {max_bytes}-byte limit (the file grew while read)")
-    return data, st
 
 
 def load_dump_file(

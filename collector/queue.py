@@ -206,8 +206,14 @@ class DurableQueue:
             ).fetchone()
         return int(row[0]) if row else 0
 
-    def dead_letter(self, seq: int, *, status: int | None, message: str) -> None:
-        """Move a batch the server refused to the dead-letter table, with the server's message."""
+    def dead_letter(
+        self, seq: int, *, status: int | None, message: str, part: tuple[str, int, bytes] | None = None
+    ) -> None:
+        """Move a batch the server refused to the dead-letter table, with the server's message.
+
+        `part` (batch_id, entries, body): the server applied the rest of the batch; only this part of
+        it (the refused snapshots) is kept as the dead letter.
+        """
         now = self.clock()
         with self._lock:
             cur = self._db.cursor()
@@ -219,10 +225,11 @@ class DurableQueue:
                     (seq,),
                 ).fetchone()
                 if row is not None:
+                    batch_id, entries, body = (row[0], row[3], row[5]) if part is None else part
                     cur.execute(
                         "INSERT INTO dead_letter (batch_id, created_ns, failed_ns, kind, entries, status,"
                         " message, body) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                        (row[0], row[1], now, row[2], row[3], status, message[:4000], row[5]),
+                        (batch_id, row[1], now, row[2], entries, status, message[:4000], body),
                     )
                 cur.execute("COMMIT")
             except BaseException:
