@@ -315,7 +315,10 @@ class Pusher:
             reasons[:2000],
         )
         self.queue.dead_letter(
-            batch.seq, status=answer.status, message=reasons, part=(f"{batch.batch_id[:100]}-refused", entries, body)
+            batch.seq,
+            status=answer.status,
+            message=reasons,
+            part=(f"{batch.batch_id[:100]}-refused", entries, body),
         )
         self.metrics.dead_lettered.inc()
         self.metrics.batches_sent.inc()

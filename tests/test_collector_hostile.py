@@ -1,0 +1,176 @@
+"""Hostile and broken input on the collector's host, with the real collector process pushing to a real
+`flightdeck server` process (SQLite): a FIFO where a dump belongs, dumps whose values the store cannot
+hold next to a healthy job's. The healthy job's entries all arrive; the bad files are skipped or set
+aside alone; the collector honours SIGTERM.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import time
+import urllib.error
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from flightdeck.collector.frdump import load_raw, merge, read_dump_file
+
+if TYPE_CHECKING:
+    from tests.test_collector_fixtures import FR_DATA, spool_scenario, write_atomic
+    from tests.test_collector_server import Collector, Server, get_json, wait_until
+else:
+    from test_collector_fixtures import FR_DATA, spool_scenario, write_atomic
+    from test_collector_server import Collector, Server, get_json, wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Server]:
+    s = Server(tmp_path / "server-data", tmp_path / "server.log")
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def timeline(server: Server, job: str) -> dict[tuple[int, int], tuple[str, bool]]:
+    """(rank, record_id) -> (state, retired) of the job's stored entries ({} before the job exists)."""
+    try:
+        doc = get_json(f"{server.url}/api/v1/jobs/{job}/timeline?limit=10000")
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return {}
+        raise
+    return {(r["rank"], r["record_id"]): (r["state"], r["retired"]) for r in doc["entries"]}
+
+
+def expected(directory: Path) -> dict[tuple[int, int], tuple[str, bool]]:
+    """What the server should hold of the dumps in `directory`, every snapshot of a rank merged."""
+    by_rank: dict[int, list[Any]] = {}
+    for p in sorted(directory.glob("rank_*.pkl")):
+        d = read_dump_file(p)
+        by_rank.setdefault(d.rank, []).append(d)
+    return {(r, e.record_id): (e.state, e.retired) for r, ds in by_rank.items() for e in merge(ds).entries}
+
+
+def start(tmp_path: Path, server: Server, spool: Path) -> Collector:
+    token_file = tmp_path / "token"
+    token_file.write_text(server.token("create", "node-a") + "\n")
+    server.start()
+    collector = Collector(tmp_path, server.url, token_file, spool, None)
+    collector.start()
+    return collector
+
+
+def stop_promptly(collector: Collector) -> None:
+    """SIGTERM: the collector exits by itself with 0 (Collector.stop SIGKILLs after 30 s)."""
+    assert collector.proc is not None
+    proc = collector.proc
+    code = collector.stop()
+    assert code == 0, f"exit {code} (-9: SIGTERM was not honoured): {collector.log.read_text()[-2000:]}"
+    assert proc.returncode == 0
+
+
+def test_fifo_in_the_spool_never_blocks_the_collector(tmp_path: Path, server: Server) -> None:
+    spool = tmp_path / "spool"
+    healthy = spool_scenario(spool, "healthy_2")
+    want = expected(healthy)
+    # Named pipes where dumps belong: opening one for reading waits for a writer for ever.
+    os.mkfifo(healthy / "rank_30.pkl")
+    (spool / "other" / "0").mkdir(parents=True)
+    os.mkfifo(spool / "other" / "0" / "rank_0.pkl")
+    collector = start(tmp_path, server, spool)
+    try:
+        wait_until(lambda: timeline(server, "healthy_2") == want, 60, "the healthy job's entries")
+        wait_until(
+            lambda: collector.metric("flightdeck_collector_files_skipped_total", reason="fifo") == 2,
+            30,
+            "both FIFOs counted",
+        )
+        # A new snapshot of the healthy job is still read after the FIFOs were seen.
+        raw = load_raw((healthy / "rank_0.pkl").read_bytes())
+        meta = json.loads((healthy / "rank_0.pkl.meta.json").read_text())
+        meta["snapshot_time_ns"] += 10**9
+        raw["entries"] = [dict(e, retired=True) for e in raw["entries"]]
+        write_atomic(healthy / "rank_0.pkl.meta.json", json.dumps(meta).encode())
+        write_atomic(healthy / "rank_0.pkl", pickle.dumps(raw, protocol=4))
+        wait_until(
+            lambda: all(v[1] for k, v in timeline(server, "healthy_2").items() if k[0] == 0),
+            60,
+            "the rewritten rank 0 snapshot",
+        )
+        time.sleep(1.5)  # a rescan or two (rescan_interval_s = 1) look at the FIFOs again
+        assert collector.metric("flightdeck_collector_files_skipped_total", reason="fifo") == 2
+        log = collector.log.read_text()
+        assert log.count("rank_30.pkl: not a regular file (a fifo)") == 1, log[-3000:]
+        assert collector.metric("flightdeck_collector_dead_letter_batches") == 0
+    finally:
+        stop_promptly(collector)
+    assert (healthy / "rank_30.pkl").exists()  # left where it was, not moved
+
+
+def _bad_copy(dest: Path, rank: int, *, raw_change: Any = None, **meta_changes: Any) -> None:
+    """A copy of healthy_2's rank 0 snapshot as `dest/rank_<rank>.pkl`, job 'badjob', changed."""
+    src = FR_DATA / "healthy_2" / "rank_0.pkl"
+    raw = load_raw(src.read_bytes())
+    meta = json.loads(src.with_name(src.name + ".meta.json").read_text())
+    meta.update({"job": "badjob", "rank": rank, "world_size": 8, **meta_changes})
+    if raw_change is not None:
+        raw_change(raw)
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / f"rank_{rank}.pkl.meta.json").write_text(json.dumps(meta))
+    (dest / f"rank_{rank}.pkl").write_bytes(pickle.dumps(raw, protocol=4))
+
+
+def _set_entries(**fields: Any) -> Any:
+    def change(raw: dict[str, Any]) -> None:
+        for e in raw["entries"]:
+            e.update(fields)
+
+    return change
+
+
+def test_bad_dumps_are_set_aside_alone_and_the_healthy_job_arrives(tmp_path: Path, server: Server) -> None:
+    spool = tmp_path / "spool"
+    healthy = spool_scenario(spool, "healthy_4", periodic_only=True)
+    bad = spool / "badjob" / "0"
+    # Read in the same flushes as the healthy job's files, so they would share its batches.
+    _bad_copy(bad, 0, raw_change=_set_entries(timeout_ms="600000"))  # a number as a string: normalized
+    _bad_copy(bad, 1, pid=2**63)  # the store's integers are 64-bit signed
+    _bad_copy(bad, 21, world_size=2)  # a rank outside its world (a copied dump renamed)
+    _bad_copy(bad, 3, job="bad\x1b[31mjob")  # an ANSI escape sequence in a job name
+    _bad_copy(bad, 4, raw_change=lambda raw: raw["entries"][0].update(record_id=2**64))
+    _bad_copy(bad, 5, raw_change=lambda raw: raw["entries"].append(dict(raw["entries"][-1])))  # an id twice
+    want = expected(healthy)
+    collector = start(tmp_path, server, spool)
+    try:
+        wait_until(lambda: timeline(server, "healthy_4") == want, 60, "the healthy job's entries")
+        wait_until(
+            lambda: collector.metric("flightdeck_collector_parse_errors_total", reason="invalid") == 5,
+            30,
+            "the five invalid dumps quarantined",
+        )
+        # The one that could be normalized arrived, as its own rank.
+        n0 = len(read_dump_file(FR_DATA / "healthy_2" / "rank_0.pkl").entries)
+        wait_until(lambda: len(timeline(server, "badjob")) == n0, 30, "the normalized dump")
+        assert {k[0] for k in timeline(server, "badjob")} == {0}
+        assert collector.metric("flightdeck_collector_dead_letter_batches") == 0
+        assert collector.metric("flightdeck_collector_batches_failed_total", reason="rejected") == 0
+        reasons = {
+            json.loads(p.read_text())["path"].rsplit("/", 1)[1]: json.loads(p.read_text())["error"]
+            for p in (tmp_path / "collector-state" / "quarantine").glob("*.reason")
+        }
+        assert sorted(reasons) == ["rank_1.pkl", "rank_21.pkl", "rank_3.pkl", "rank_4.pkl", "rank_5.pkl"]
+        assert "pid: 9223372036854775808 is not an int in [0, 2^63)" in reasons["rank_1.pkl"]
+        assert "rank: 21 is not in [0, 2)" in reasons["rank_21.pkl"]
+        assert "job: holds a control character" in reasons["rank_3.pkl"]
+        assert "entries.record_id: 18446744073709551616 is not an int" in reasons["rank_4.pkl"]
+        assert "appears twice" in reasons["rank_5.pkl"]
+        assert sorted(p.name for p in bad.iterdir()) == ["rank_0.pkl", "rank_0.pkl.meta.json"]
+    finally:
+        stop_promptly(collector)
