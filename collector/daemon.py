@@ -49,6 +49,7 @@ from flightdeck.collector.delta import RankState
 from flightdeck.collector.frdump import (
     FILE_KINDS,
     META_SUFFIX,
+    DumpBudget,
     DumpBudgetError,
     DumpError,
     DumpTooLargeError,
@@ -221,6 +222,11 @@ class Collector:
         self._bad: dict[Path, _Bad] = {}
         #: Remembers each file's last content, so that an unchanged ring rewritten is not decoded.
         self._reader = IncrementalReader()
+        self._budget = DumpBudget(
+            max_entries=settings.max_dump_entries,
+            max_frames=settings.max_dump_frames,
+            max_dims=settings.max_dump_frames,
+        )
         #: Per rank: (hash of its groups, monotonic time) when they were last put in a batch.
         self._groups_shipped: dict[RankKey, tuple[int, float]] = {}
         #: Last shipped NIXL sample per identity: (wire without read time, when shipped).
@@ -455,7 +461,9 @@ class Collector:
             return pending.get(key) or self.shipped.get(key)
 
         try:
-            changed = self._reader.read(path, identify=identify, max_bytes=self.settings.max_dump_bytes)
+            changed = self._reader.read(
+                path, identify=identify, max_bytes=self.settings.max_dump_bytes, budget=self._budget
+            )
         except NotRegularFileError as exc:
             self._skipped(path, sig, exc)
             return None

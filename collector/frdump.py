@@ -27,13 +27,14 @@ import gc
 import io
 import json
 import logging
+import math
 import os
 import pickle
 import re
 import stat as stat_mod
 from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field, replace
-from itertools import repeat
+from itertools import chain, repeat
 from operator import contains, itemgetter, methodcaller
 from pathlib import Path
 from typing import Any
@@ -209,8 +210,64 @@ def safe_loads(data: bytes) -> Any:
             gc.enable()
 
 
-def load_raw(data: bytes) -> dict[str, Any]:
-    """Decode dump bytes (pickle or JSON, detected from the content) into the raw dump dict."""
+@dataclass(frozen=True, slots=True)
+class DumpBudget:
+    """What one file may cost: the reader refuses a dump over any of these before normalizing it.
+
+    The unpickler builds a shared object once however often it is referenced, so a small pickle can
+    decode to a structure whose traversal is huge (400,000 references to one entry with a 200-frame
+    stack: 0.8 MB that took 16.5 s and 311 MB to normalize). So what normalization will walk is
+    counted per reference, in C where it can be: entries (an entry referenced twice counts twice),
+    frames of every entry (a stack shared by entries counts at each use) and tensor sizes.
+    """
+
+    #: Entries in one file (PyTorch's ring holds TORCH_FR_BUFFER_SIZE, default 2,000).
+    max_entries: int = 100_000
+    #: Stack frames summed over the file's entries.
+    max_frames: int = 4_000_000
+    #: Tensors and dimensions in the entries' input and output sizes, summed over entries.
+    max_dims: int = 4_000_000
+
+
+DEFAULT_BUDGET = DumpBudget()
+_INPUT_SIZES = methodcaller("get", "input_sizes")
+_OUTPUT_SIZES = methodcaller("get", "output_sizes")
+
+
+def check_budget(raw: dict[str, Any], budget: DumpBudget = DEFAULT_BUDGET) -> None:
+    """Raise DumpBudgetError when normalizing `raw` would cost more than `budget` allows."""
+    entries = raw.get("entries") or []
+    n = len(entries)
+    if n > budget.max_entries:
+        raise DumpBudgetError(f"{n} entries, over the budget of {budget.max_entries} per file")
+    if not set(map(type, entries)) <= {dict}:
+        return  # not a dump's entries: normalizing refuses them at the first one, at no cost
+    try:
+        frames = sum(map(len, filter(None, map(_FRAMES_OF, entries))))
+    except TypeError:  # frames that are not sized: the forgiving path ignores them
+        frames = 0
+    if frames > budget.max_frames:
+        raise DumpBudgetError(
+            f"{frames} stack frames over {n} entries, over the budget of {budget.max_frames} per file"
+        )
+    dims = 0
+    for getter in (_INPUT_SIZES, _OUTPUT_SIZES):
+        try:
+            sizes = list(map(getter, entries))
+            # Tensors first (one C pass), so a huge shared list of tensors is caught before its dims.
+            dims += sum(map(len, sizes))
+            if dims > budget.max_dims:
+                break
+            dims += sum(map(len, chain.from_iterable(sizes)))
+        except TypeError:  # sizes that are not lists of lists: the forgiving path reads them as ()
+            continue
+    if dims > budget.max_dims:
+        raise DumpBudgetError(f"{dims}+ tensor sizes over {n} entries, over the budget of {budget.max_dims}")
+
+
+def load_raw(data: bytes, *, budget: DumpBudget = DEFAULT_BUDGET) -> dict[str, Any]:
+    """Decode dump bytes (pickle or JSON, detected from the content) into the raw dump dict, within
+    `budget` (DumpBudgetError when over)."""
     if not data:
         raise TruncatedDumpError("file is empty")
     head = data[:1]
@@ -237,6 +294,7 @@ def load_raw(data: bytes) -> dict[str, Any]:
         raise UnsupportedVersionError(f"schema version {version!r} is not supported (2.x is)")
     if "entries" in raw and not isinstance(raw["entries"], list):
         raise NotADumpError("'entries' is not a list")
+    check_budget(raw, budget)
     return raw
 
 
@@ -266,7 +324,7 @@ def _stack(raw: object, ctx: _Ctx) -> Stack:
     if not isinstance(raw, list) or not raw:
         return ()
     key = tuple(
-        (str(f.get("name", "")), str(f.get("filename", "")), _int(f.get("line"), 0))
+        (_s(f.get("name", "")), _s(f.get("filename", "")), _int(f.get("line"), 0))
         for f in raw
         if isinstance(f, dict)
     )
@@ -287,8 +345,33 @@ def _int(v: object, default: int) -> int:
         except ValueError:
             return default
     if isinstance(v, float):
-        return int(v)
+        return int(v) if math.isfinite(v) else default
     return default
+
+
+def _s(v: object) -> str:
+    """A raw value as text: a str as is, a number or None written out, anything else ''.
+
+    Never `str()` of a container: a pickle can nest shared lists so that writing one out is
+    exponential in the file's size; where a dump has a container instead of a name, it is not a name.
+    """
+    if type(v) is str:
+        return v
+    if v is None or isinstance(v, int | float):
+        try:
+            return str(v)
+        except ValueError:  # an int of more than 4,300 digits
+            return ""
+    return ""
+
+
+def _name_str(v: object) -> str:
+    """The fast path's text: a str, or an int written out; anything else takes the forgiving path."""
+    if type(v) is str:
+        return v
+    if type(v) is int:
+        return str(v)
+    raise TypeError("not a name")
 
 
 def _opt_int(v: object) -> int | None:
@@ -313,7 +396,7 @@ def _sizes(v: object) -> tuple[tuple[int, ...], ...]:
 def _strs(v: object) -> tuple[str, ...]:
     if not isinstance(v, list | tuple):
         return ()
-    return tuple(str(x) for x in v)
+    return tuple(_s(x) for x in v)
 
 
 _STATES: dict[object, State] = {"scheduled": "scheduled", "started": "started", "completed": "completed"}
@@ -363,7 +446,7 @@ def _entry(raw: dict[str, Any], ctx: _Ctx, rank: int) -> Entry:
             raise TypeError("not an int")
         return Entry(
             rid,
-            str(raw["process_group"][0]),
+            _name_str(raw["process_group"][0]),
             seq,
             int(raw["p2p_seq_id"]),
             int(raw["op_id"]),
@@ -373,8 +456,8 @@ def _entry(raw: dict[str, Any], ctx: _Ctx, rank: int) -> Entry:
             bool(is_p2p),
             isz,
             osz,
-            tuple(map(str, raw["input_dtypes"])),
-            tuple(map(str, raw["output_dtypes"])),
+            tuple(map(_name_str, raw["input_dtypes"])),
+            tuple(map(_name_str, raw["output_dtypes"])),
             _STATES[raw["state"]],
             bool(raw["retired"]),
             created,
@@ -382,11 +465,11 @@ def _entry(raw: dict[str, Any], ctx: _Ctx, rank: int) -> Entry:
             td,
             float(dur) if dur is not None else None,
             to,
-            str(raw.get("thread_name") or ""),
+            _s(raw.get("thread_name") or ""),
             peer if is_p2p else None,
             _frames_fast(fr, ctx) if fr else (),
         )
-    except (KeyError, TypeError, ValueError, IndexError, AttributeError):
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError):
         return _entry_slow(raw, ctx, rank)
 
 
@@ -407,11 +490,11 @@ def _frames_fast(raw: list[dict[str, Any]], ctx: _Ctx) -> Stack:
 def _entry_slow(raw: dict[str, Any], ctx: _Ctx, rank: int) -> Entry:
     pg = raw.get("process_group")
     if isinstance(pg, list | tuple) and pg:
-        group = str(pg[0])
+        group = _s(pg[0])
     else:
-        group = str(raw.get("pg_id", "?"))
+        group = _s(raw.get("pg_id", "?"))
         ctx.warn("entries without process_group: group identity falls back to the per-process pg_id")
-    prof = str(raw.get("profiling_name") or "")
+    prof = _s(raw.get("profiling_name") or "")
     backend, op, peer = _op_info(prof, ctx)
     state = _STATES.get(raw.get("state"))
     if state is None:
@@ -441,7 +524,7 @@ def _entry_slow(raw: dict[str, Any], ctx: _Ctx, rank: int) -> Entry:
         time_completed_ns=_opt_ns(raw.get("time_discovered_completed_ns")),
         duration_ms=float(dur) if isinstance(dur, int | float) and not isinstance(dur, bool) else None,
         timeout_ms=_opt_int(timeout),
-        thread_name=str(raw.get("thread_name") or ""),
+        thread_name=_s(raw.get("thread_name") or ""),
         peer=peer if is_p2p else None,
         frames=_stack(raw.get("frames"), ctx),
     )
@@ -456,7 +539,7 @@ def _pg_config_groups(raw: dict[str, Any]) -> dict[str, GroupInfo]:
     for key, val in cfg.items():
         if not isinstance(val, dict):
             continue
-        name = str(val.get("name") or key or "")
+        name = _s(val.get("name") or key or "")
         if not name:
             continue  # gloo registers the group before Python names it: nothing usable here
         ranks: tuple[int, ...] | None = None
@@ -467,7 +550,7 @@ def _pg_config_groups(raw: dict[str, Any]) -> dict[str, GroupInfo]:
                 ranks = tuple(sorted(parsed))
         except json.JSONDecodeError:
             ranks = None
-        out[name] = GroupInfo(name, str(val.get("desc") or ""), ranks)
+        out[name] = GroupInfo(name, _s(val.get("desc") or ""), ranks)
     return out
 
 
@@ -496,8 +579,8 @@ def parse_dump(
     descs: dict[str, str] = {}
     for e_raw in raw_entries:
         pg = e_raw.get("process_group")
-        if isinstance(pg, list | tuple) and len(pg) > 1 and str(pg[0]) not in descs:
-            descs[str(pg[0])] = str(pg[1])
+        if isinstance(pg, list | tuple) and len(pg) > 1 and _s(pg[0]) not in descs:
+            descs[_s(pg[0])] = _s(pg[1])
     for name, d in descs.items():
         g = groups[name]
         if not g.desc or g.desc == "undefined":
@@ -505,10 +588,10 @@ def parse_dump(
     dump = RankDump(
         rank=rank,
         source=source,
-        version=str(raw.get("version")),
+        version=_s(raw.get("version")),
         entries=entries,
         groups=groups,
-        comm_lib_version=str(raw.get("comm_lib_version") or "") or None,
+        comm_lib_version=_s(raw.get("comm_lib_version") or "") or None,
         wrapped=bool(entries) and entries[0].record_id > 0,
         snapshot_time_ns=mtime_ns,
     )
@@ -776,6 +859,7 @@ def load_dump_file(
     max_bytes: int = DEFAULT_MAX_BYTES,
     data: bytes | None = None,
     st: os.stat_result | None = None,
+    budget: DumpBudget = DEFAULT_BUDGET,
 ) -> LoadedDump:
     """Decode one dump file and its sidecar without normalizing, or raise a DumpError saying why.
 
@@ -784,7 +868,7 @@ def load_dump_file(
     """
     if data is None or st is None:
         data, st = read_dump_bytes(path, max_bytes=max_bytes)
-    raw = load_raw(data)
+    raw = load_raw(data, budget=budget)
     meta = read_meta(path)
     rank = _rank_of(path, meta)
     if rank is None:
@@ -798,9 +882,11 @@ def _rank_of(path: Path, meta: dict[str, Any] | None) -> int | None:
     return rank if isinstance(rank, int) else rank_from_name(path.name)
 
 
-def read_dump_file(path: Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> RankDump:
+def read_dump_file(
+    path: Path, *, max_bytes: int = DEFAULT_MAX_BYTES, budget: DumpBudget = DEFAULT_BUDGET
+) -> RankDump:
     """Read one dump file (and its sidecar) into a RankDump, or raise a DumpError saying why."""
-    return load_dump_file(path, max_bytes=max_bytes).parse()
+    return load_dump_file(path, max_bytes=max_bytes, budget=budget).parse()
 
 
 def discover(paths: Iterable[Path]) -> Iterator[Path]:

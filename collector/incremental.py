@@ -28,6 +28,8 @@ from pathlib import Path
 
 from flightdeck.collector.delta import RankState, apply, diff, plan, plan_ring_update, progress
 from flightdeck.collector.frdump import (
+    DEFAULT_BUDGET,
+    DumpBudget,
     EntryRow,
     EntryScan,
     LoadedDump,
@@ -81,7 +83,12 @@ class IncrementalReader:
         self._seen.pop(path, None)
 
     def read(
-        self, path: Path, *, identify: Callable[[RankDump], RankState | None], max_bytes: int
+        self,
+        path: Path,
+        *,
+        identify: Callable[[RankDump], RankState | None],
+        max_bytes: int,
+        budget: DumpBudget = DEFAULT_BUDGET,
     ) -> ChangedRead:
         """Like `read_changed`, doing less work for content this reader has seen (or nearly)."""
         data, st = read_dump_bytes(path, max_bytes=max_bytes)
@@ -90,7 +97,7 @@ class IncrementalReader:
             got = self._unchanged(path, seen, st.st_mtime_ns, st.st_size, identify)
             if got is not None:
                 return got
-        loaded = load_dump_file(path, max_bytes=max_bytes, data=data, st=st)
+        loaded = load_dump_file(path, max_bytes=max_bytes, data=data, st=st, budget=budget)
         head = loaded.parse(only=())  # metadata only: snapshot time, kind, job, groups of pg_config
         prev = identify(head)
         t = head.snapshot_time_ns or 0

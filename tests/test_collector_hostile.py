@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from flightdeck.collector.frdump import load_raw, merge, read_dump_file
+from flightdeck.wire import decode_batch
 
 if TYPE_CHECKING:
     from tests.test_collector_fixtures import FR_DATA, spool_scenario, write_atomic
@@ -174,3 +175,96 @@ def test_bad_dumps_are_set_aside_alone_and_the_healthy_job_arrives(tmp_path: Pat
         assert sorted(p.name for p in bad.iterdir()) == ["rank_0.pkl", "rank_0.pkl.meta.json"]
     finally:
         stop_promptly(collector)
+
+
+# --- a pickle that is small on disk and huge to walk ---------------------------------------------
+
+
+def _crafted(entries: int, *, distinct: bool) -> bytes:
+    """A real entry with a 200-frame stack, referenced `entries` times (0.8 MB for 400,000): the
+    unpickler builds it once; normalizing walks every reference. With `distinct`, each entry is its
+    own dict but all share the one stack."""
+    raw = load_raw((FR_DATA / "healthy_2" / "rank_0.pkl").read_bytes())
+    entry = dict(raw["entries"][0])
+    entry["frames"] = [{"name": f"fn{i}", "filename": f"/src/mod{i}.py", "line": i} for i in range(200)]
+    if distinct:
+        raw["entries"] = [dict(entry, record_id=i) for i in range(entries)]
+    else:
+        raw["entries"] = [entry] * entries
+    return pickle.dumps(raw, protocol=4)
+
+
+@pytest.mark.parametrize(
+    ("entries", "distinct", "message"),
+    [
+        (400_000, False, "400000 entries, over the budget of 100000 per file"),
+        (90_000, False, "18000000 stack frames over 90000 entries, over the budget of 4000000"),
+        (30_000, True, "6000000 stack frames over 30000 entries, over the budget of 4000000"),
+    ],
+)
+def test_crafted_shared_references_are_refused_within_bounded_memory(
+    tmp_path: Path, entries: int, distinct: bool, message: str
+) -> None:
+    import tracemalloc
+
+    from flightdeck.collector.frdump import DumpBudgetError
+
+    path = tmp_path / "rank_7.pkl"
+    path.write_bytes(_crafted(entries, distinct=distinct))
+    tracemalloc.start()
+    try:
+        with pytest.raises(DumpBudgetError, match=message):
+            read_dump_file(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    # Before the budget the 400,000-reference file reached 211 MB here (and 16.5 s of CPU).
+    assert peak < 8 * path.stat().st_size + (16 << 20), f"peak {peak / 1e6:.1f} MB"
+
+
+def test_crafted_pickle_is_quarantined_and_other_jobs_keep_flowing(tmp_path: Path) -> None:
+    import httpx
+    from prometheus_client import CollectorRegistry
+
+    from flightdeck.collector.daemon import Collector as Daemon
+    from flightdeck.collector.settings import CollectorSettings
+
+    if TYPE_CHECKING:
+        from tests.test_collector_recorder import Recorder
+    else:
+        from test_collector_recorder import Recorder
+
+    spool = tmp_path / "spool"
+    healthy = spool_scenario(spool, "healthy_4", periodic_only=True)
+    bad = spool / "crafted" / "0"
+    bad.mkdir(parents=True)
+    (bad / "rank_7.pkl").write_bytes(_crafted(400_000, distinct=False))
+    with Recorder() as rec, httpx.Client() as client:
+        registry = CollectorRegistry()
+        settings = CollectorSettings(
+            server_url=rec.url,
+            spool_dirs=[spool],
+            torch_dump_prefixes=[],
+            state_dir=tmp_path / "state",
+            metrics_listen="",
+            host="node-a",
+            push_interval_s=0.05,
+            rescan_interval_s=0.001,
+        )
+        daemon = Daemon(settings, client=client, registry=registry)
+        try:
+            daemon.flush()
+            daemon.flush()  # a bad file is quarantined once it is seen unchanged a second time
+            assert daemon.pusher.drain(timeout_s=10)
+        finally:
+            daemon.close(drain_s=0)
+        got = {(s.job, s.rank) for d in rec.docs() for s in decode_batch(d).snapshots}
+        assert got == {("healthy_4", r) for r in range(4)}
+        assert (
+            registry.get_sample_value("flightdeck_collector_parse_errors_total", {"reason": "over_budget"})
+            == 1
+        )
+        [reason] = (tmp_path / "state" / "quarantine").glob("*.reason")
+        assert "over the budget of 100000 per file" in json.loads(reason.read_text())["error"]
+    assert not (bad / "rank_7.pkl").exists()
+    assert len(expected(healthy)) == sum(1 for _ in rec.entry_rows())
