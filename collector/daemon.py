@@ -31,6 +31,7 @@ import json
 import logging
 import os
 import shutil
+import sqlite3
 import threading
 import time
 import uuid
@@ -145,6 +146,34 @@ class FlushResult:
     refused: bool = False
 
 
+class StateDirError(Exception):
+    """The state directory cannot hold the collector's state (read-only, not a directory, not ours,
+    or a queue database that is not one); the message says which and why, in one line."""
+
+    def __init__(self, state_dir: Path, exc: BaseException) -> None:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        where = f" ({exc.filename})" if isinstance(exc, OSError) and exc.filename else ""
+        super().__init__(
+            f"state_dir {state_dir} is not usable: {why}{where}; it must be a writable directory "
+            "on a local filesystem (set state_dir)"
+        )
+
+
+def open_queue(
+    state_dir: Path, settings: CollectorSettings, *, clock: Callable[[], int] = time.time_ns
+) -> DurableQueue:
+    """The durable queue in `state_dir`; raises StateDirError when it cannot be opened there."""
+    try:
+        return DurableQueue(
+            state_dir,
+            max_bytes=settings.max_queue_bytes,
+            clock=clock,
+            reserve_bytes=settings.disk_reserve_bytes,
+        )
+    except (OSError, sqlite3.Error) as exc:
+        raise StateDirError(state_dir, exc) from None
+
+
 class Collector:
     """The daemon; everything that varies is injected (settings hold the paths)."""
 
@@ -166,8 +195,12 @@ class Collector:
         self.metrics = CollectorMetrics(registry)
         self.state_dir = Path(os.path.abspath(os.path.expanduser(settings.state_dir)))
         self.quarantine_dir = self.state_dir / QUARANTINE_DIR
-        self.quarantine_dir.mkdir(parents=True, exist_ok=True)
-        self.queue = DurableQueue(self.state_dir, max_bytes=settings.max_queue_bytes, clock=clock)
+        self.queue = open_queue(self.state_dir, settings, clock=clock)
+        try:
+            self.quarantine_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            self.queue.close()
+            raise StateDirError(self.state_dir, exc) from None
         self.metrics.watch_queue(self.queue.stats, clock)
         self.stop_event = threading.Event()
         self.pusher = Pusher(
@@ -407,6 +440,8 @@ class Collector:
         if nixl:
             self.metrics.enqueue_refused.labels(kind="nixl").inc()
         result.refused = True
+        if self.queue.disk_full:
+            return  # the queue said so, once, in its own words (a full disk, not a full queue)
         if not self._queue_full:
             self._queue_full = True
             log.error(

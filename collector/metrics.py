@@ -40,6 +40,11 @@ class QueueCollector(Collector):
             f"{NAMESPACE}_push_lag_seconds", "Age of the oldest unsent batch (0 when none).", value=lag
         )
         yield GaugeMetricFamily(
+            f"{NAMESPACE}_disk_full",
+            "1 while the disk under state_dir is full (reserve released, new batches held back), else 0.",
+            value=1 if s.disk_full else 0,
+        )
+        yield GaugeMetricFamily(
             f"{NAMESPACE}_dead_letter_batches",
             "Batches the server refused, kept in the dead-letter table.",
             value=s.dead_letters,

@@ -159,6 +159,14 @@ class CollectorSettings(BaseSettings):
         "changed files stay pending and are read again when there is room (the newest file "
         "supersedes), queued batches are never dropped, NIXL samples of that flush are dropped.",
     )
+    disk_reserve_bytes: int = Field(
+        default=8 * 1024 * 1024,
+        ge=65536,
+        description="Size of the reserve file kept in state_dir (queue.reserve). When the disk fills up it "
+        "is released so that delivered batches can still be acknowledged (no batch is sent twice); new "
+        "batches are held back until the reserve can be put back (room for it twice over), then the "
+        "collector goes on by itself.",
+    )
     max_dump_bytes: int = Field(
         default=64 * 1024 * 1024,
         ge=1024,
