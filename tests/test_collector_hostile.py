@@ -268,3 +268,64 @@ def test_crafted_pickle_is_quarantined_and_other_jobs_keep_flowing(tmp_path: Pat
         assert "over the budget of 100000 per file" in json.loads(reason.read_text())["error"]
     assert not (bad / "rank_7.pkl").exists()
     assert len(expected(healthy)) == sum(1 for _ in rec.entry_rows())
+
+
+# --- NIXL rings: headers checked against the geometry, silent losses exported -----------------------
+
+
+def test_nixl_ring_losses_are_exported_and_a_bad_header_is_never_written_back(tmp_path: Path) -> None:
+    import struct
+
+    import httpx
+    from prometheus_client import CollectorRegistry
+
+    from flightdeck.collector.daemon import Collector as Daemon
+    from flightdeck.collector.settings import CollectorSettings
+
+    if TYPE_CHECKING:
+        from tests.test_collector_recorder import Recorder
+    else:
+        from test_collector_recorder import Recorder
+
+    def ring(capacity: int, events: list[tuple[int, int]], *, write_pos: int, read_pos: int = 0) -> bytes:
+        slots = [struct.pack("<I4xQ", t, v) for t, v in events]
+        body = b"".join(slots) + bytes(16 * (capacity - len(slots)))
+        return struct.pack("<QQiiQQ", write_pos, read_pos, 4, 4, capacity, capacity - 1) + body
+
+    nixl = tmp_path / "nixl"
+    nixl.mkdir()
+    # Full (capacity - 1 unread: NIXL is discarding new events), two of them of an unknown type.
+    (nixl / "full").write_bytes(ring(8, [(2, 1)] * 5 + [(77, 1), (99, 1)], write_pos=7))
+    # A header whose positions are outside the ring: its "unread" slots would be phantom events.
+    phantom = ring(32, [(2, 1)] * 4, write_pos=32 + 904, read_pos=3)
+    (nixl / "phantom").write_bytes(phantom)
+    with Recorder() as rec, httpx.Client() as client:
+        registry = CollectorRegistry()
+        settings = CollectorSettings(
+            server_url=rec.url,
+            spool_dirs=[tmp_path / "spool"],
+            torch_dump_prefixes=[],
+            state_dir=tmp_path / "state",
+            metrics_listen="",
+            host="node-a",
+            nixl_telemetry_dir=nixl,
+        )
+        daemon = Daemon(settings, client=client, registry=registry)
+        try:
+            daemon.flush()
+            (nixl / "full").write_bytes(ring(8, [(2, 1)] * 8, write_pos=6, read_pos=7))  # full again
+            daemon.flush()
+            assert daemon.pusher.drain(timeout_s=10)
+        finally:
+            daemon.close(drain_s=0)
+
+        def value(name: str, **labels: str) -> float:
+            return registry.get_sample_value(name, labels) or 0.0
+
+        assert value("flightdeck_collector_nixl_ring_full_reads_total") == 2
+        assert value("flightdeck_collector_nixl_unknown_events_total") == 2
+        assert value("flightdeck_collector_parse_errors_total", reason="nixl_format") == 1
+        agents = {n["agent"]: n for n in rec.nixl()}
+        assert set(agents) == {"full"}  # nothing of the phantom ring was shipped
+        assert agents["full"]["tx_requests"] == 5 + 7
+    assert (nixl / "phantom").read_bytes() == phantom  # never written to

@@ -364,6 +364,15 @@ def test_fifo_in_the_telemetry_dir_is_refused_without_blocking(tmp_path: Path) -
     assert failures == []
 
 
+def test_fifo_named_like_an_mp_store_is_refused_without_blocking(tmp_path: Path) -> None:
+    mp = copy_fixture("mp-1.5.1", tmp_path)
+    os.mkfifo(mp / "nixl.999.1.0.mmap")
+    samples, failures = read_mp_dir(mp, host="h")
+    assert samples and [str(f) for f in failures] == [
+        f"{mp / 'nixl.999.1.0.mmap'}: not a regular file; not opened"
+    ]
+
+
 def test_ring_directory_keeps_going_past_a_bad_file(tmp_path: Path) -> None:
     ring = copy_fixture("ring-1.5.1", tmp_path)
     (ring / "broken").write_bytes(RING[:10])
