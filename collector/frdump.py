@@ -496,7 +496,8 @@ def _entry_slow(raw: dict[str, Any], ctx: _Ctx, rank: int) -> Entry:
         ctx.warn("entries without process_group: group identity falls back to the per-process pg_id")
     prof = _s(raw.get("profiling_name") or "")
     backend, op, peer = _op_info(prof, ctx)
-    state = _STATES.get(raw.get("state"))
+    st = raw.get("state")
+    state = _STATES.get(st) if isinstance(st, str) else None
     if state is None:
         ctx.warn(f"unknown entry state {raw.get('state')!r}: treated as scheduled")
         state = "scheduled"
@@ -554,6 +555,10 @@ def _pg_config_groups(raw: dict[str, Any]) -> dict[str, GroupInfo]:
     return out
 
 
+#: What a value of an unexpected type can raise while a dump is normalized: the file is refused.
+VALUE_ERRORS = (TypeError, ValueError, OverflowError, AttributeError, KeyError, IndexError, RecursionError)
+
+
 def parse_dump(
     raw: dict[str, Any],
     *,
@@ -562,7 +567,25 @@ def parse_dump(
     meta: dict[str, Any] | None = None,
     mtime_ns: int | None = None,
 ) -> RankDump:
-    """Normalize a raw dump dict (from `load_raw`) and its optional agent metadata into a RankDump."""
+    """Normalize a raw dump dict (from `load_raw`) and its optional agent metadata into a RankDump.
+
+    Raises NotADumpError when a value is of a kind normalization cannot make sense of (never
+    anything else: one odd file must not stop the reading of the others).
+    """
+    try:
+        return _parse_dump(raw, rank=rank, source=source, meta=meta, mtime_ns=mtime_ns)
+    except VALUE_ERRORS as exc:
+        raise NotADumpError(f"unusable values ({type(exc).__name__}: {str(exc)[:200]})") from None
+
+
+def _parse_dump(
+    raw: dict[str, Any],
+    *,
+    rank: int,
+    source: str,
+    meta: dict[str, Any] | None,
+    mtime_ns: int | None,
+) -> RankDump:
     ctx = _Ctx()
     raw_entries = raw.get("entries") or []
     entries: list[Entry] = []
@@ -622,7 +645,7 @@ def _apply_meta(dump: RankDump, meta: dict[str, Any], ctx: _Ctx) -> None:
         dump.snapshot_time_ns = t
     kind = meta.get("kind")
     kinds: dict[object, SnapshotKind] = {"periodic": "periodic", "stall": "stall", "final": "final"}
-    dump.kind = kinds.get(kind, "dump")
+    dump.kind = kinds.get(kind, "dump") if isinstance(kind, str) else "dump"
     iv = meta.get("interval_s")
     dump.interval_s = float(iv) if isinstance(iv, int | float) and iv > 0 else None
     dump.exception = str(meta["exception"]) if meta.get("exception") else None
@@ -632,7 +655,11 @@ def _apply_meta(dump: RankDump, meta: dict[str, Any], ctx: _Ctx) -> None:
             if not isinstance(g, dict):
                 continue
             ranks = g.get("ranks")
-            rk = tuple(sorted(int(r) for r in ranks)) if isinstance(ranks, list) and ranks else None
+            rk = (
+                tuple(sorted(ranks))
+                if isinstance(ranks, list) and ranks and all(type(r) is int for r in ranks)
+                else None
+            )
             old = dump.groups.get(str(name))
             desc = str(g.get("desc") or (old.desc if old else ""))
             dump.groups[str(name)] = GroupInfo(str(name), desc, rk or (old.ranks if old else None))
