@@ -64,12 +64,13 @@ from flightdeck.collector.frdump import (
 )
 from flightdeck.collector.incremental import ChangedRead, IncrementalReader
 from flightdeck.collector.metrics import CollectorMetrics, MetricsServer
+from flightdeck.collector.nixl import NixlFormatError
 from flightdeck.collector.pusher import Pusher
 from flightdeck.collector.queue import DurableQueue, NewBatch, RankKey
 from flightdeck.collector.settings import CollectorSettings
 from flightdeck.collector.watcher import Watcher, WatchRoot
 from flightdeck.records import RankDump
-from flightdeck.snapshot_check import SnapshotError, check_snapshot
+from flightdeck.snapshot_check import SnapshotError, check_snapshot, nixl_wire_problem
 from flightdeck.wire import Batch, Snapshot, encode_batch, snapshot_from_dump
 
 log = logging.getLogger(__name__)
@@ -654,6 +655,16 @@ class Collector:
             except Exception:
                 log.exception("reading NIXL store files failed")
                 self.metrics.loop_errors.labels(loop="nixl").inc()
+        checked = []
+        for w in out:
+            problem = nixl_wire_problem(w)
+            if problem is None:
+                checked.append(w)
+            else:  # the server would refuse it (and, an older server, the whole batch with it)
+                failures.append(
+                    NixlFormatError(f"NIXL sample of {str(w.get('agent'))[:64]!r} refused: {problem}")
+                )
+        out = checked
         for err in failures:
             msg = str(err)
             if msg not in self._nixl_errors_logged:  # once per distinct problem, not every flush

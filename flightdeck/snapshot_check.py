@@ -221,3 +221,24 @@ def _text(field: str, v: object) -> str:
     if type(v) is not str:
         raise SnapshotError(f"{field}: expected a string, got {type(v).__name__}")
     return v
+
+
+def nixl_wire_problem(wire: dict[str, object]) -> str | None:
+    """Why a NIXL wire sample cannot be stored (an integer outside 64 bits, a non-finite number, a
+    name with a control character or over MAX_HOST_CHARS), or None when it can."""
+
+    def walk(v: object, where: str) -> str | None:
+        if type(v) is int:
+            return None if INT64_MIN <= v <= INT64_MAX else f"{where}: {v} is not a 64-bit int"
+        if type(v) is float:
+            return None if finite_ok(abs(v)) else f"{where}: {v} is not finite"
+        if type(v) is str:
+            problem = name_problem(v, MAX_HOST_CHARS, empty=True)
+            return None if problem is None else f"{where}: {problem}"
+        if isinstance(v, dict):
+            return next((p for k, x in v.items() if (p := walk(x, f"{where}.{k}"))), None)
+        if isinstance(v, list | tuple):
+            return next((p for i, x in enumerate(v) if (p := walk(x, f"{where}[{i}]"))), None)
+        return None
+
+    return walk(wire, "nixl")

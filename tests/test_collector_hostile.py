@@ -299,6 +299,9 @@ def test_nixl_ring_losses_are_exported_and_a_bad_header_is_never_written_back(tm
     # A header whose positions are outside the ring: its "unread" slots would be phantom events.
     phantom = ring(32, [(2, 1)] * 4, write_pos=32 + 904, read_pos=3)
     (nixl / "phantom").write_bytes(phantom)
+    # Samples the store cannot hold: an escape sequence in the agent (file) name, a sum past 2^63.
+    (nixl / "agent\x1b[2J").write_bytes(ring(4, [(2, 1)], write_pos=1))
+    (nixl / "huge").write_bytes(ring(4, [(0, 2**64 - 1), (0, 2**64 - 1)], write_pos=2))
     with Recorder() as rec, httpx.Client() as client:
         registry = CollectorRegistry()
         settings = CollectorSettings(
@@ -324,7 +327,7 @@ def test_nixl_ring_losses_are_exported_and_a_bad_header_is_never_written_back(tm
 
         assert value("flightdeck_collector_nixl_ring_full_reads_total") == 2
         assert value("flightdeck_collector_nixl_unknown_events_total") == 2
-        assert value("flightdeck_collector_parse_errors_total", reason="nixl_format") == 1
+        assert value("flightdeck_collector_parse_errors_total", reason="nixl_format") == 3  # once each
         agents = {n["agent"]: n for n in rec.nixl()}
         assert set(agents) == {"full"}  # nothing of the phantom ring was shipped
         assert agents["full"]["tx_requests"] == 5 + 7
