@@ -11,6 +11,7 @@ Best of `--repeat` runs each (the least disturbed on a shared machine).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import pickle
 import tempfile
 import time
@@ -28,6 +29,8 @@ from flightdeck.collector.frdump import (
     safe_loads,
 )
 from flightdeck.collector.incremental import IncrementalReader
+from flightdeck.snapshot_check import check_snapshot
+from flightdeck.wire import snapshot_from_dump
 
 
 def best_us(fn: Callable[[], Any], repeat: int) -> float:
@@ -69,10 +72,17 @@ def main() -> None:
         # The collector's own path: a periodic ring rewritten with 50 entries more, read incrementally
         # (decoded, scanned, only the changed entries normalized), with the budget and without one.
         ring = Path(tmp) / "rank_1.pkl"
-        versions = []
-        for step in range(2):
-            entries = [dict(e, record_id=e["record_id"] + 50 * step) for e in periodic["entries"]]
-            versions.append(pickle.dumps(dict(periodic, entries=entries), protocol=4))
+        old = periodic["entries"]
+        last = old[-1]
+        # The ring moved on: its 50 oldest entries left, 50 new ones (copies of the newest) came.
+        new = [
+            dict(e, record_id=last["record_id"] + 1 + i, collective_seq_id=last["collective_seq_id"] + 1 + i)
+            for i, e in enumerate(old[-50:])
+        ]
+        versions = [
+            pickle.dumps(periodic, protocol=4),
+            pickle.dumps(dict(periodic, entries=old[50:] + new), protocol=4),
+        ]
         off = DumpBudget(max_entries=2**62, max_frames=2**62, max_dims=2**62)  # times the walk only
 
         def second_read() -> float:
@@ -86,10 +96,23 @@ def main() -> None:
             return time.perf_counter() - t
 
         t_on = min(second_read() for _ in range(max(10, args.repeat // 4))) * 1e6
+        # What that read pays: the count at decoding, then frames and sizes of the entries it
+        # normalizes (the 50 changed ones), checked by `LoadedDump.parse`.
         second = safe_loads(versions[1])
-        t_check = best_us(lambda: check_budget(second, off), args.repeat)
+        changed = dict(second, entries=second["entries"][-50:])
+        t_check = best_us(lambda: check_budget(changed, off), args.repeat)
         print(
             f"incremental read of a changed periodic ring (50 new entries): {t_on / 1e3:.2f} ms, of which the budget {t_check:.0f}µs ({t_check / t_on:.1%})"
+        )
+        # The per-snapshot check against the store's limits, on a whole ring (a first read) and on
+        # the 50 changed entries of an incremental one.
+        whole = snapshot_from_dump(read_dump_file(src))
+        part = dataclasses.replace(whole, entries=whole.entries[-50:])
+        t_whole = best_us(lambda: check_snapshot(dataclasses.replace(whole)), args.repeat)
+        t_part = best_us(lambda: check_snapshot(dataclasses.replace(part)), args.repeat)
+        print(
+            f"check_snapshot: {t_whole / 1e3:.2f} ms for a whole 2,000-entry snapshot with frames, "
+            f"{t_part:.0f}µs for 50 changed entries ({t_part / t_on:.1%} of the incremental read)"
         )
         entry = dict(raw["entries"][0])
         entry["frames"] = [{"name": f"fn{i}", "filename": f"/src/mod{i}.py", "line": i} for i in range(200)]

@@ -235,7 +235,8 @@ _OUTPUT_SIZES = methodcaller("get", "output_sizes")
 
 
 def check_budget(raw: dict[str, Any], budget: DumpBudget = DEFAULT_BUDGET) -> None:
-    """Raise DumpBudgetError when normalizing `raw` would cost more than `budget` allows."""
+    """Raise DumpBudgetError when normalizing `raw` (all its entries) would cost more than `budget`
+    allows."""
     entries = raw.get("entries") or []
     n = len(entries)
     if n > budget.max_entries:
@@ -294,7 +295,11 @@ def load_raw(data: bytes, *, budget: DumpBudget = DEFAULT_BUDGET) -> dict[str, A
         raise UnsupportedVersionError(f"schema version {version!r} is not supported (2.x is)")
     if "entries" in raw and not isinstance(raw["entries"], list):
         raise NotADumpError("'entries' is not a list")
-    check_budget(raw, budget)
+    # Only the count here (one len): frames and sizes are counted on the entries a parse is about
+    # to normalize (`LoadedDump.parse`), which for an incremental read are the few that changed.
+    n = len(raw.get("entries") or [])
+    if n > budget.max_entries:
+        raise DumpBudgetError(f"{n} entries, over the budget of {budget.max_entries} per file")
     return raw
 
 
@@ -818,6 +823,8 @@ class LoadedDump:
     mtime_ns: int
     #: Size of the dump file in bytes.
     size: int
+    #: What normalizing it may cost (checked by `parse` on the entries it normalizes).
+    budget: DumpBudget = DEFAULT_BUDGET
 
     @property
     def entry_count(self) -> int:
@@ -869,6 +876,7 @@ class LoadedDump:
             else:
                 picked = [e for e in entries if isinstance(e, dict) and e.get("record_id") in only]
             raw = dict(raw, entries=picked)
+        check_budget(raw, self.budget)
         return parse_dump(raw, rank=self.rank, source=self.source, meta=self.meta, mtime_ns=self.mtime_ns)
 
 
@@ -900,7 +908,7 @@ def load_dump_file(
     rank = _rank_of(path, meta)
     if rank is None:
         raise NotADumpError("no rank: the name has no rank_<N> suffix and there is no metadata sidecar")
-    return LoadedDump(raw, rank, str(path), meta, st.st_mtime_ns, st.st_size)
+    return LoadedDump(raw, rank, str(path), meta, st.st_mtime_ns, st.st_size, budget)
 
 
 def _rank_of(path: Path, meta: dict[str, Any] | None) -> int | None:
