@@ -5,7 +5,8 @@
     flightdeck collector --config FILE --once        read and ship everything once, then exit
     flightdeck collector --requeue-dead-letters      put refused batches back in the queue, then exit
 
-Exit codes: 0 fine; 1 `--once` left batches queued; 2 unusable configuration.
+Exit codes: 0 fine; 1 `--once` left batches queued; 2 unusable configuration; 3 unusable state_dir
+(read-only, not a directory, or its queue database unreadable: one line on stderr says which).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from flightdeck.collector.settings import CollectorSettings, SettingsError
 
 log = logging.getLogger("flightdeck.collector")
 
-EXIT_OK, EXIT_QUEUED, EXIT_CONFIG = 0, 1, 2
+EXIT_OK, EXIT_QUEUED, EXIT_CONFIG, EXIT_STATE = 0, 1, 2, 3
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -111,9 +112,13 @@ def run(args: argparse.Namespace) -> int:
     if args.check:
         return EXIT_CONFIG if check(settings, sys.stdout) else EXIT_OK
     if args.requeue_dead_letters:
-        from flightdeck.collector.queue import DurableQueue
+        from flightdeck.collector.daemon import StateDirError, open_queue
 
-        q = DurableQueue(Path(os.path.expanduser(settings.state_dir)), max_bytes=settings.max_queue_bytes)
+        try:
+            q = open_queue(Path(os.path.abspath(os.path.expanduser(settings.state_dir))), settings)
+        except StateDirError as exc:
+            print(f"flightdeck collector: {exc}", file=sys.stderr)
+            return EXIT_STATE
         try:
             print(f"requeued {q.requeue_dead_letters()} batches")
         finally:
@@ -139,15 +144,24 @@ def _serve(settings: CollectorSettings, *, once: bool) -> int:
     import httpx
     from prometheus_client import CollectorRegistry
 
-    from flightdeck.collector.daemon import Collector
+    from flightdeck.collector.daemon import Collector, StateDirError
 
     try:
         settings.ingest_url  # noqa: B018 - raises SettingsError when server_url is unset
-        client = httpx.Client(timeout=settings.request_timeout_s)
-        collector = Collector(settings, client=client, registry=CollectorRegistry())
     except SettingsError as exc:
         print(f"flightdeck collector: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    client = httpx.Client(timeout=settings.request_timeout_s)
+    try:
+        collector = Collector(settings, client=client, registry=CollectorRegistry())
+    except SettingsError as exc:
+        client.close()
+        print(f"flightdeck collector: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except StateDirError as exc:
+        client.close()
+        print(f"flightdeck collector: {exc}", file=sys.stderr)
+        return EXIT_STATE
     _tune_gc()
     try:
         if once:

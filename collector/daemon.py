@@ -31,6 +31,7 @@ import json
 import logging
 import os
 import shutil
+import sqlite3
 import threading
 import time
 import uuid
@@ -47,21 +48,29 @@ from watchdog.observers.api import BaseObserver
 from flightdeck import __version__
 from flightdeck.collector.delta import RankState
 from flightdeck.collector.frdump import (
+    FILE_KINDS,
     META_SUFFIX,
+    DumpBudget,
+    DumpBudgetError,
     DumpError,
     DumpTooLargeError,
+    InvalidDumpError,
     NotADumpError,
+    NotRegularFileError,
     TruncatedDumpError,
     UnsafePickleError,
     UnsupportedVersionError,
+    read_regular,
 )
 from flightdeck.collector.incremental import ChangedRead, IncrementalReader
 from flightdeck.collector.metrics import CollectorMetrics, MetricsServer
+from flightdeck.collector.nixl import NixlFormatError
 from flightdeck.collector.pusher import Pusher
 from flightdeck.collector.queue import DurableQueue, NewBatch, RankKey
 from flightdeck.collector.settings import CollectorSettings
 from flightdeck.collector.watcher import Watcher, WatchRoot
 from flightdeck.records import RankDump
+from flightdeck.snapshot_check import SnapshotError, check_snapshot, nixl_wire_problem
 from flightdeck.wire import Batch, Snapshot, encode_batch, snapshot_from_dump
 
 log = logging.getLogger(__name__)
@@ -83,6 +92,8 @@ _REASONS: tuple[tuple[type[DumpError], str], ...] = (
     (TruncatedDumpError, "truncated"),
     (UnsupportedVersionError, "unsupported_version"),
     (DumpTooLargeError, "too_large"),
+    (DumpBudgetError, "over_budget"),
+    (InvalidDumpError, "invalid"),
     (NotADumpError, "not_a_dump"),
 )
 
@@ -136,6 +147,34 @@ class FlushResult:
     refused: bool = False
 
 
+class StateDirError(Exception):
+    """The state directory cannot hold the collector's state (read-only, not a directory, not ours,
+    or a queue database that is not one); the message says which and why, in one line."""
+
+    def __init__(self, state_dir: Path, exc: BaseException) -> None:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        where = f" ({exc.filename})" if isinstance(exc, OSError) and exc.filename else ""
+        super().__init__(
+            f"state_dir {state_dir} is not usable: {why}{where}; it must be a writable directory "
+            "on a local filesystem (set state_dir)"
+        )
+
+
+def open_queue(
+    state_dir: Path, settings: CollectorSettings, *, clock: Callable[[], int] = time.time_ns
+) -> DurableQueue:
+    """The durable queue in `state_dir`; raises StateDirError when it cannot be opened there."""
+    try:
+        return DurableQueue(
+            state_dir,
+            max_bytes=settings.max_queue_bytes,
+            clock=clock,
+            reserve_bytes=settings.disk_reserve_bytes,
+        )
+    except (OSError, sqlite3.Error) as exc:
+        raise StateDirError(state_dir, exc) from None
+
+
 class Collector:
     """The daemon; everything that varies is injected (settings hold the paths)."""
 
@@ -157,8 +196,12 @@ class Collector:
         self.metrics = CollectorMetrics(registry)
         self.state_dir = Path(os.path.abspath(os.path.expanduser(settings.state_dir)))
         self.quarantine_dir = self.state_dir / QUARANTINE_DIR
-        self.quarantine_dir.mkdir(parents=True, exist_ok=True)
-        self.queue = DurableQueue(self.state_dir, max_bytes=settings.max_queue_bytes, clock=clock)
+        self.queue = open_queue(self.state_dir, settings, clock=clock)
+        try:
+            self.quarantine_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            self.queue.close()
+            raise StateDirError(self.state_dir, exc) from None
         self.metrics.watch_queue(self.queue.stats, clock)
         self.stop_event = threading.Event()
         self.pusher = Pusher(
@@ -213,6 +256,11 @@ class Collector:
         self._bad: dict[Path, _Bad] = {}
         #: Remembers each file's last content, so that an unchanged ring rewritten is not decoded.
         self._reader = IncrementalReader()
+        self._budget = DumpBudget(
+            max_entries=settings.max_dump_entries,
+            max_frames=settings.max_dump_frames,
+            max_dims=settings.max_dump_frames,
+        )
         #: Per rank: (hash of its groups, monotonic time) when they were last put in a batch.
         self._groups_shipped: dict[RankKey, tuple[int, float]] = {}
         #: Last shipped NIXL sample per identity: (wire without read time, when shipped).
@@ -320,12 +368,20 @@ class Collector:
             got = self._read(path, root, pending.states, result)
             if got is not None:
                 sig, key, changed = got
-                pending.read[path] = (sig, root)
-                pending.states[key] = changed.state
                 snap = snapshot_from_dump(changed.dump)
-                self._thin_groups(key, snap, now_mono)
                 snap.oldest_record_id = changed.oldest_record_id
                 snap.host = snap.host or self.host
+                try:
+                    # Checked alone, before it joins a batch: the server would refuse the batch.
+                    check_snapshot(snap)
+                except SnapshotError as exc:
+                    self._reader.forget(path)
+                    self._failed(path, root, sig, InvalidDumpError(str(exc)), result)
+                    continue
+                self._bad.pop(path, None)
+                pending.read[path] = (sig, root)
+                pending.states[key] = changed.state
+                self._thin_groups(key, snap, now_mono)
                 pending.snapshots.append(snap)
                 pending.entries += len(changed.dump.entries)
             if pending.entries >= self.settings.max_batch_entries and not self._commit(pending, [], result):
@@ -385,6 +441,8 @@ class Collector:
         if nixl:
             self.metrics.enqueue_refused.labels(kind="nixl").inc()
         result.refused = True
+        if self.queue.disk_full:
+            return  # the queue said so, once, in its own words (a full disk, not a full queue)
         if not self._queue_full:
             self._queue_full = True
             log.error(
@@ -415,7 +473,7 @@ class Collector:
         this flush (a rank's stall and periodic files can both change in one flush).
         """
         try:
-            st = path.stat()
+            st = os.lstat(path)  # never follows a symlink; stat of a FIFO does not block
         except OSError:
             self._forget(path)
             return None
@@ -439,7 +497,12 @@ class Collector:
             return pending.get(key) or self.shipped.get(key)
 
         try:
-            changed = self._reader.read(path, identify=identify, max_bytes=self.settings.max_dump_bytes)
+            changed = self._reader.read(
+                path, identify=identify, max_bytes=self.settings.max_dump_bytes, budget=self._budget
+            )
+        except NotRegularFileError as exc:
+            self._skipped(path, sig, exc)
+            return None
         except DumpError as exc:
             self._failed(path, root, sig, exc, result)
             return None
@@ -451,7 +514,6 @@ class Collector:
             self.watcher.mark(path, root)
             return None
         self._settling.pop(path, None)
-        self._bad.pop(path, None)
         self.metrics.files_seen.inc()
         result.files_read += 1
         return sig, keys[-1], changed
@@ -463,6 +525,18 @@ class Collector:
             dump.job = rel[-3]
             if rel[-2].isdigit():
                 dump.attempt = int(rel[-2])
+
+    def _skipped(self, path: Path, sig: Sig, exc: NotRegularFileError) -> None:
+        """A FIFO, socket, device, directory or symlink where a dump belongs: never opened, never
+        moved; counted and logged once per version of the path (a regular file put there later is
+        read as usual)."""
+        self._done[path] = sig
+        self._reader.forget(path)
+        self._settling.pop(path, None)
+        self._bad.pop(path, None)
+        kind = exc.kind if exc.kind in FILE_KINDS else "other"
+        self.metrics.files_skipped.labels(reason=kind).inc()
+        log.warning("skipped %s: %s", path, exc)
 
     def _failed(self, path: Path, root: WatchRoot, sig: Sig, exc: DumpError, result: FlushResult) -> None:
         """A parse failure: quarantine when the file is stable and still bad, else look again later."""
@@ -503,9 +577,12 @@ class Collector:
         truncated = False
         if root.kind == "torch":
             # Never move PyTorch's file: the job may write it again. Copy (the head of a huge one).
-            with open(path, "rb") as src, open(dest, "wb") as out:
-                data = src.read(QUARANTINE_COPY_MAX + 1)
-                truncated = len(data) > QUARANTINE_COPY_MAX
+            try:
+                data, _st = read_regular(path, max_bytes=QUARANTINE_COPY_MAX, head=True)
+            except NotRegularFileError as nexc:
+                raise OSError(str(nexc)) from None
+            truncated = len(data) > QUARANTINE_COPY_MAX
+            with open(dest, "wb") as out:
                 out.write(data[:QUARANTINE_COPY_MAX])
             self._done[path] = sig
         else:
@@ -552,13 +629,18 @@ class Collector:
         out: list[dict[str, Any]] = []
         failures: list[Exception] = []
         if self._nixl_rings is not None:
+            rings = self._nixl_rings
+            full, unknown = rings.ring_full_reads, rings.unknown_events
             try:
-                samples, errs = self._nixl_rings.poll()
+                samples, errs = rings.poll()
                 out += [s.to_wire() for s in samples]
                 failures += errs
             except Exception:
                 log.exception("reading NIXL ring files failed")
                 self.metrics.loop_errors.labels(loop="nixl").inc()
+            # Silent loss made visible: a full ring means NIXL was discarding events.
+            self.metrics.nixl_ring_full_reads.inc(rings.ring_full_reads - full)
+            self.metrics.nixl_unknown_events.inc(rings.unknown_events - unknown)
         if self.settings.nixl_multiproc_dir is not None:
             from flightdeck.collector.nixl_mp import read_mp_dir
 
@@ -573,6 +655,16 @@ class Collector:
             except Exception:
                 log.exception("reading NIXL store files failed")
                 self.metrics.loop_errors.labels(loop="nixl").inc()
+        checked = []
+        for w in out:
+            problem = nixl_wire_problem(w)
+            if problem is None:
+                checked.append(w)
+            else:  # the server would refuse it (and, an older server, the whole batch with it)
+                failures.append(
+                    NixlFormatError(f"NIXL sample of {str(w.get('agent'))[:64]!r} refused: {problem}")
+                )
+        out = checked
         for err in failures:
             msg = str(err)
             if msg not in self._nixl_errors_logged:  # once per distinct problem, not every flush

@@ -12,21 +12,29 @@ Exception tree:
     ├── TruncatedDumpError    empty, cut short or half-written
     ├── NotADumpError         readable data, but not a flight-recorder dump
     ├── UnsupportedVersionError  a schema version other than 2.x
-    └── DumpTooLargeError     over the configured size limit
+    ├── DumpTooLargeError     over the configured size limit
+    ├── InvalidDumpError      values the store cannot hold (`flightdeck.snapshot_check`)
+    ├── DumpBudgetError       decodes to more than one file may cost (entries, frames, shared
+    │                         references): refused before it is normalized
+    └── NotRegularFileError   a FIFO, socket, device, directory or symlink: never opened (a FIFO
+                              would block the reader until someone writes to it)
 """
 
 from __future__ import annotations
 
+import errno
 import gc
 import io
 import json
 import logging
+import math
 import os
 import pickle
 import re
+import stat as stat_mod
 from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field, replace
-from itertools import repeat
+from itertools import chain, repeat
 from operator import contains, itemgetter, methodcaller
 from pathlib import Path
 from typing import Any
@@ -52,6 +60,8 @@ KNOWN_BACKENDS = frozenset({"nccl", "nccl2", "nccl-legacy", "gloo", "xccl", "c10
 #: Default cap on a dump file's size: a 2,000-entry dump with frames is ~0.3-1 MB.
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 META_SUFFIX = ".meta.json"
+#: A sidecar is a few KB (its largest part: the world group's member list); larger is not ours.
+MAX_META_BYTES = 16 * 1024 * 1024
 
 _RANK_RE = re.compile(r"rank[_-]?(\d+)((?:\.[A-Za-z][A-Za-z0-9]*)*)$")
 _TEMP_RE = re.compile(r"(\.tmp|\.partial|~|\.swp)$|^\.")
@@ -80,6 +90,78 @@ class UnsupportedVersionError(DumpError):
 
 class DumpTooLargeError(DumpError):
     """The file exceeds the size limit."""
+
+
+class InvalidDumpError(DumpError):
+    """A dump whose values the store cannot hold (`flightdeck.snapshot_check`): set aside alone."""
+
+
+class DumpBudgetError(DumpError):
+    """The dump decodes to more than one file may cost to normalize (see `DumpBudget`)."""
+
+
+class NotRegularFileError(DumpError):
+    """The path is not a regular file; `kind` says what it is (a bounded label value)."""
+
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+#: What a path that is not a regular file is, by `stat.S_IFMT` (the `reason` of a skipped file).
+_FILE_KINDS: dict[int, str] = {
+    stat_mod.S_IFIFO: "fifo",
+    stat_mod.S_IFSOCK: "socket",
+    stat_mod.S_IFCHR: "device",
+    stat_mod.S_IFBLK: "device",
+    stat_mod.S_IFDIR: "directory",
+    stat_mod.S_IFLNK: "symlink",
+}
+#: Every `NotRegularFileError.kind`.
+FILE_KINDS = ("fifo", "socket", "device", "directory", "symlink", "other")
+
+
+def _not_regular(st: os.stat_result) -> NotRegularFileError | None:
+    if stat_mod.S_ISREG(st.st_mode):
+        return None
+    kind = _FILE_KINDS.get(stat_mod.S_IFMT(st.st_mode), "other")
+    return NotRegularFileError(f"not a regular file (a {kind}): not opened", kind)
+
+
+def read_regular(path: Path, *, max_bytes: int, head: bool = False) -> tuple[bytes, os.stat_result]:
+    """The bytes of a regular file of at most `max_bytes`, and its stat (after opening), never blocking.
+
+    The path is looked at with lstat first, so a FIFO, socket or device is never opened (opening a
+    FIFO blocks until a writer comes; opening some devices has side effects), nor a symlink
+    followed; then it is opened non-blocking without following a symlink, and fstat confirms a
+    regular file (it could have been swapped in between). Raises NotRegularFileError for anything
+    else, DumpTooLargeError over `max_bytes` (with `head`: the first max_bytes + 1 bytes instead),
+    OSError when it cannot be read.
+    """
+    bad = _not_regular(os.lstat(path))
+    if bad is not None:
+        raise bad
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # became a symlink after the lstat
+            raise NotRegularFileError("not a regular file (a symlink): not followed", "symlink") from None
+        raise
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fd)
+        bad = _not_regular(st)
+        if bad is not None:
+            raise bad
+        if head:
+            return fh.read(max_bytes + 1), st
+        if st.st_size > max_bytes:
+            raise DumpTooLargeError(f"{st.st_size} bytes is over the {max_bytes}-byte limit")
+        # The size is known: ask for a little more than it (a file growing while we read is cut at
+        # the limit), not for max_bytes, which makes the reader allocate that much up front.
+        data = fh.read(min(max_bytes, st.st_size + 65536) + 1)
+    if len(data) > max_bytes:
+        raise DumpTooLargeError(f"more than the {max_bytes}-byte limit (the file grew while read)")
+    return data, st
 
 
 class SafeUnpickler(pickle.Unpickler):
@@ -128,8 +210,65 @@ def safe_loads(data: bytes) -> Any:
             gc.enable()
 
 
-def load_raw(data: bytes) -> dict[str, Any]:
-    """Decode dump bytes (pickle or JSON, detected from the content) into the raw dump dict."""
+@dataclass(frozen=True, slots=True)
+class DumpBudget:
+    """What one file may cost: the reader refuses a dump over any of these before normalizing it.
+
+    The unpickler builds a shared object once however often it is referenced, so a small pickle can
+    decode to a structure whose traversal is huge (400,000 references to one entry with a 200-frame
+    stack: 0.8 MB that took 16.5 s and 311 MB to normalize). So what normalization will walk is
+    counted per reference, in C where it can be: entries (an entry referenced twice counts twice),
+    frames of every entry (a stack shared by entries counts at each use) and tensor sizes.
+    """
+
+    #: Entries in one file (PyTorch's ring holds TORCH_FR_BUFFER_SIZE, default 2,000).
+    max_entries: int = 100_000
+    #: Stack frames summed over the file's entries.
+    max_frames: int = 4_000_000
+    #: Tensors and dimensions in the entries' input and output sizes, summed over entries.
+    max_dims: int = 4_000_000
+
+
+DEFAULT_BUDGET = DumpBudget()
+_INPUT_SIZES = methodcaller("get", "input_sizes")
+_OUTPUT_SIZES = methodcaller("get", "output_sizes")
+
+
+def check_budget(raw: dict[str, Any], budget: DumpBudget = DEFAULT_BUDGET) -> None:
+    """Raise DumpBudgetError when normalizing `raw` (all its entries) would cost more than `budget`
+    allows."""
+    entries = raw.get("entries") or []
+    n = len(entries)
+    if n > budget.max_entries:
+        raise DumpBudgetError(f"{n} entries, over the budget of {budget.max_entries} per file")
+    if not set(map(type, entries)) <= {dict}:
+        return  # not a dump's entries: normalizing refuses them at the first one, at no cost
+    try:
+        frames = sum(map(len, filter(None, map(_FRAMES_OF, entries))))
+    except TypeError:  # frames that are not sized: the forgiving path ignores them
+        frames = 0
+    if frames > budget.max_frames:
+        raise DumpBudgetError(
+            f"{frames} stack frames over {n} entries, over the budget of {budget.max_frames} per file"
+        )
+    dims = 0
+    for getter in (_INPUT_SIZES, _OUTPUT_SIZES):
+        try:
+            sizes = list(map(getter, entries))
+            # Tensors first (one C pass), so a huge shared list of tensors is caught before its dims.
+            dims += sum(map(len, sizes))
+            if dims > budget.max_dims:
+                break
+            dims += sum(map(len, chain.from_iterable(sizes)))
+        except TypeError:  # sizes that are not lists of lists: the forgiving path reads them as ()
+            continue
+    if dims > budget.max_dims:
+        raise DumpBudgetError(f"{dims}+ tensor sizes over {n} entries, over the budget of {budget.max_dims}")
+
+
+def load_raw(data: bytes, *, budget: DumpBudget = DEFAULT_BUDGET) -> dict[str, Any]:
+    """Decode dump bytes (pickle or JSON, detected from the content) into the raw dump dict, within
+    `budget` (DumpBudgetError when over)."""
     if not data:
         raise TruncatedDumpError("file is empty")
     head = data[:1]
@@ -156,6 +295,11 @@ def load_raw(data: bytes) -> dict[str, Any]:
         raise UnsupportedVersionError(f"schema version {version!r} is not supported (2.x is)")
     if "entries" in raw and not isinstance(raw["entries"], list):
         raise NotADumpError("'entries' is not a list")
+    # Only the count here (one len): frames and sizes are counted on the entries a parse is about
+    # to normalize (`LoadedDump.parse`), which for an incremental read are the few that changed.
+    n = len(raw.get("entries") or [])
+    if n > budget.max_entries:
+        raise DumpBudgetError(f"{n} entries, over the budget of {budget.max_entries} per file")
     return raw
 
 
@@ -185,7 +329,7 @@ def _stack(raw: object, ctx: _Ctx) -> Stack:
     if not isinstance(raw, list) or not raw:
         return ()
     key = tuple(
-        (str(f.get("name", "")), str(f.get("filename", "")), _int(f.get("line"), 0))
+        (_s(f.get("name", "")), _s(f.get("filename", "")), _int(f.get("line"), 0))
         for f in raw
         if isinstance(f, dict)
     )
@@ -206,8 +350,40 @@ def _int(v: object, default: int) -> int:
         except ValueError:
             return default
     if isinstance(v, float):
-        return int(v)
+        return int(v) if math.isfinite(v) else default
     return default
+
+
+def _s(v: object) -> str:
+    """A raw value as text: a str as is, a number or None written out, anything else ''.
+
+    Never `str()` of a container: a pickle can nest shared lists so that writing one out is
+    exponential in the file's size; where a dump has a container instead of a name, it is not a name.
+    """
+    if type(v) is str:
+        return v
+    if v is None or isinstance(v, int | float):
+        try:
+            return str(v)
+        except ValueError:  # an int of more than 4,300 digits
+            return ""
+    return ""
+
+
+def _name_str(v: object) -> str:
+    """The fast path's text: a str, or an int written out; anything else takes the forgiving path."""
+    if type(v) is str:
+        return v
+    if type(v) is int:
+        return str(v)
+    raise TypeError("not a name")
+
+
+def _opt_int(v: object) -> int | None:
+    """An optional int (a number written as a string is taken); None when absent or not a number."""
+    if v is None or (isinstance(v, str) and not v.strip().lstrip("-").isdigit()):
+        return None
+    return _int(v, 0)
 
 
 def _opt_ns(v: object) -> int | None:
@@ -225,7 +401,7 @@ def _sizes(v: object) -> tuple[tuple[int, ...], ...]:
 def _strs(v: object) -> tuple[str, ...]:
     if not isinstance(v, list | tuple):
         return ()
-    return tuple(str(x) for x in v)
+    return tuple(_s(x) for x in v)
 
 
 _STATES: dict[object, State] = {"scheduled": "scheduled", "started": "started", "completed": "completed"}
@@ -265,9 +441,17 @@ def _entry(raw: dict[str, Any], ctx: _Ctx, rank: int) -> Entry:
         fr = raw.get("frames")
         is_p2p = raw["is_p2p"]
         dur = raw.get("duration_ms")
+        to = raw.get("timeout_ms")
+        ts = raw.get("time_discovered_started_ns") or None
+        td = raw.get("time_discovered_completed_ns") or None
+        # Anything but an int (a string, a float) takes the forgiving path, which converts or drops it.
+        if (to is not None and type(to) is not int) or (ts is not None and type(ts) is not int):
+            raise TypeError("not an int")
+        if (td is not None and type(td) is not int) or (dur is not None and type(dur) is not float):
+            raise TypeError("not an int")
         return Entry(
             rid,
-            str(raw["process_group"][0]),
+            _name_str(raw["process_group"][0]),
             seq,
             int(raw["p2p_seq_id"]),
             int(raw["op_id"]),
@@ -277,20 +461,20 @@ def _entry(raw: dict[str, Any], ctx: _Ctx, rank: int) -> Entry:
             bool(is_p2p),
             isz,
             osz,
-            tuple(map(str, raw["input_dtypes"])),
-            tuple(map(str, raw["output_dtypes"])),
+            tuple(map(_name_str, raw["input_dtypes"])),
+            tuple(map(_name_str, raw["output_dtypes"])),
             _STATES[raw["state"]],
             bool(raw["retired"]),
             created,
-            raw.get("time_discovered_started_ns") or None,
-            raw.get("time_discovered_completed_ns") or None,
+            ts,
+            td,
             float(dur) if dur is not None else None,
-            raw.get("timeout_ms"),
-            str(raw.get("thread_name") or ""),
+            to,
+            _s(raw.get("thread_name") or ""),
             peer if is_p2p else None,
             _frames_fast(fr, ctx) if fr else (),
         )
-    except (KeyError, TypeError, ValueError, IndexError, AttributeError):
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError):
         return _entry_slow(raw, ctx, rank)
 
 
@@ -311,13 +495,14 @@ def _frames_fast(raw: list[dict[str, Any]], ctx: _Ctx) -> Stack:
 def _entry_slow(raw: dict[str, Any], ctx: _Ctx, rank: int) -> Entry:
     pg = raw.get("process_group")
     if isinstance(pg, list | tuple) and pg:
-        group = str(pg[0])
+        group = _s(pg[0])
     else:
-        group = str(raw.get("pg_id", "?"))
+        group = _s(raw.get("pg_id", "?"))
         ctx.warn("entries without process_group: group identity falls back to the per-process pg_id")
-    prof = str(raw.get("profiling_name") or "")
+    prof = _s(raw.get("profiling_name") or "")
     backend, op, peer = _op_info(prof, ctx)
-    state = _STATES.get(raw.get("state"))
+    st = raw.get("state")
+    state = _STATES.get(st) if isinstance(st, str) else None
     if state is None:
         ctx.warn(f"unknown entry state {raw.get('state')!r}: treated as scheduled")
         state = "scheduled"
@@ -344,8 +529,8 @@ def _entry_slow(raw: dict[str, Any], ctx: _Ctx, rank: int) -> Entry:
         time_started_ns=_opt_ns(raw.get("time_discovered_started_ns")),
         time_completed_ns=_opt_ns(raw.get("time_discovered_completed_ns")),
         duration_ms=float(dur) if isinstance(dur, int | float) and not isinstance(dur, bool) else None,
-        timeout_ms=_int(timeout, 0) if timeout is not None else None,
-        thread_name=str(raw.get("thread_name") or ""),
+        timeout_ms=_opt_int(timeout),
+        thread_name=_s(raw.get("thread_name") or ""),
         peer=peer if is_p2p else None,
         frames=_stack(raw.get("frames"), ctx),
     )
@@ -360,7 +545,7 @@ def _pg_config_groups(raw: dict[str, Any]) -> dict[str, GroupInfo]:
     for key, val in cfg.items():
         if not isinstance(val, dict):
             continue
-        name = str(val.get("name") or key or "")
+        name = _s(val.get("name") or key or "")
         if not name:
             continue  # gloo registers the group before Python names it: nothing usable here
         ranks: tuple[int, ...] | None = None
@@ -371,8 +556,12 @@ def _pg_config_groups(raw: dict[str, Any]) -> dict[str, GroupInfo]:
                 ranks = tuple(sorted(parsed))
         except json.JSONDecodeError:
             ranks = None
-        out[name] = GroupInfo(name, str(val.get("desc") or ""), ranks)
+        out[name] = GroupInfo(name, _s(val.get("desc") or ""), ranks)
     return out
+
+
+#: What a value of an unexpected type can raise while a dump is normalized: the file is refused.
+VALUE_ERRORS = (TypeError, ValueError, OverflowError, AttributeError, KeyError, IndexError, RecursionError)
 
 
 def parse_dump(
@@ -383,7 +572,25 @@ def parse_dump(
     meta: dict[str, Any] | None = None,
     mtime_ns: int | None = None,
 ) -> RankDump:
-    """Normalize a raw dump dict (from `load_raw`) and its optional agent metadata into a RankDump."""
+    """Normalize a raw dump dict (from `load_raw`) and its optional agent metadata into a RankDump.
+
+    Raises NotADumpError when a value is of a kind normalization cannot make sense of (never
+    anything else: one odd file must not stop the reading of the others).
+    """
+    try:
+        return _parse_dump(raw, rank=rank, source=source, meta=meta, mtime_ns=mtime_ns)
+    except VALUE_ERRORS as exc:
+        raise NotADumpError(f"unusable values ({type(exc).__name__}: {str(exc)[:200]})") from None
+
+
+def _parse_dump(
+    raw: dict[str, Any],
+    *,
+    rank: int,
+    source: str,
+    meta: dict[str, Any] | None,
+    mtime_ns: int | None,
+) -> RankDump:
     ctx = _Ctx()
     raw_entries = raw.get("entries") or []
     entries: list[Entry] = []
@@ -400,8 +607,8 @@ def parse_dump(
     descs: dict[str, str] = {}
     for e_raw in raw_entries:
         pg = e_raw.get("process_group")
-        if isinstance(pg, list | tuple) and len(pg) > 1 and str(pg[0]) not in descs:
-            descs[str(pg[0])] = str(pg[1])
+        if isinstance(pg, list | tuple) and len(pg) > 1 and _s(pg[0]) not in descs:
+            descs[_s(pg[0])] = _s(pg[1])
     for name, d in descs.items():
         g = groups[name]
         if not g.desc or g.desc == "undefined":
@@ -409,10 +616,10 @@ def parse_dump(
     dump = RankDump(
         rank=rank,
         source=source,
-        version=str(raw.get("version")),
+        version=_s(raw.get("version")),
         entries=entries,
         groups=groups,
-        comm_lib_version=str(raw.get("comm_lib_version") or "") or None,
+        comm_lib_version=_s(raw.get("comm_lib_version") or "") or None,
         wrapped=bool(entries) and entries[0].record_id > 0,
         snapshot_time_ns=mtime_ns,
     )
@@ -443,7 +650,7 @@ def _apply_meta(dump: RankDump, meta: dict[str, Any], ctx: _Ctx) -> None:
         dump.snapshot_time_ns = t
     kind = meta.get("kind")
     kinds: dict[object, SnapshotKind] = {"periodic": "periodic", "stall": "stall", "final": "final"}
-    dump.kind = kinds.get(kind, "dump")
+    dump.kind = kinds.get(kind, "dump") if isinstance(kind, str) else "dump"
     iv = meta.get("interval_s")
     dump.interval_s = float(iv) if isinstance(iv, int | float) and iv > 0 else None
     dump.exception = str(meta["exception"]) if meta.get("exception") else None
@@ -453,7 +660,11 @@ def _apply_meta(dump: RankDump, meta: dict[str, Any], ctx: _Ctx) -> None:
             if not isinstance(g, dict):
                 continue
             ranks = g.get("ranks")
-            rk = tuple(sorted(int(r) for r in ranks)) if isinstance(ranks, list) and ranks else None
+            rk = (
+                tuple(sorted(ranks))
+                if isinstance(ranks, list) and ranks and all(type(r) is int for r in ranks)
+                else None
+            )
             old = dump.groups.get(str(name))
             desc = str(g.get("desc") or (old.desc if old else ""))
             dump.groups[str(name)] = GroupInfo(str(name), desc, rk or (old.ranks if old else None))
@@ -503,7 +714,10 @@ def read_meta(path: Path) -> dict[str, Any] | None:
     """The agent's sidecar for a dump file, or None when there is none or it is unreadable."""
     mp = path.with_name(path.name + META_SUFFIX)
     try:
-        data = mp.read_bytes()
+        data, _st = read_regular(mp, max_bytes=MAX_META_BYTES)
+    except (NotRegularFileError, DumpTooLargeError) as exc:
+        log.warning("%s: metadata sidecar ignored: %s", mp, exc)
+        return None
     except OSError:
         return None
     try:
@@ -609,6 +823,8 @@ class LoadedDump:
     mtime_ns: int
     #: Size of the dump file in bytes.
     size: int
+    #: What normalizing it may cost (checked by `parse` on the entries it normalizes).
+    budget: DumpBudget = DEFAULT_BUDGET
 
     @property
     def entry_count(self) -> int:
@@ -660,27 +876,16 @@ class LoadedDump:
             else:
                 picked = [e for e in entries if isinstance(e, dict) and e.get("record_id") in only]
             raw = dict(raw, entries=picked)
+        check_budget(raw, self.budget)
         return parse_dump(raw, rank=self.rank, source=self.source, meta=self.meta, mtime_ns=self.mtime_ns)
 
 
 def read_dump_bytes(path: Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[bytes, os.stat_result]:
     """A dump file's bytes and its stat, within `max_bytes`, or a DumpError saying why not."""
     try:
-        st = path.stat()
+        return read_regular(path, max_bytes=max_bytes)
     except OSError as exc:
         raise DumpError(f"cannot read: {exc.strerror}") from None
-    if st.st_size > max_bytes:
-        raise DumpTooLargeError(f"{st.st_size} bytes is over the {max_bytes}-byte limit")
-    try:
-        with open(path, "rb") as fh:
-            # The size is known: ask for a little more than it (a file growing while we read is cut
-            # at the limit), not for max_bytes, which makes the reader allocate that much up front.
-            data = fh.read(min(max_bytes, st.st_size + 65536) + 1)
-    except OSError as exc:
-        raise DumpError(f"cannot read: {exc.strerror}") from None
-    if len(data) > max_bytes:
-        raise DumpTooLargeError(f"more than the {max_bytes}-byte limit (the file grew while read)")
-    return data, st
 
 
 def load_dump_file(
@@ -689,6 +894,7 @@ def load_dump_file(
     max_bytes: int = DEFAULT_MAX_BYTES,
     data: bytes | None = None,
     st: os.stat_result | None = None,
+    budget: DumpBudget = DEFAULT_BUDGET,
 ) -> LoadedDump:
     """Decode one dump file and its sidecar without normalizing, or raise a DumpError saying why.
 
@@ -697,12 +903,12 @@ def load_dump_file(
     """
     if data is None or st is None:
         data, st = read_dump_bytes(path, max_bytes=max_bytes)
-    raw = load_raw(data)
+    raw = load_raw(data, budget=budget)
     meta = read_meta(path)
     rank = _rank_of(path, meta)
     if rank is None:
         raise NotADumpError("no rank: the name has no rank_<N> suffix and there is no metadata sidecar")
-    return LoadedDump(raw, rank, str(path), meta, st.st_mtime_ns, st.st_size)
+    return LoadedDump(raw, rank, str(path), meta, st.st_mtime_ns, st.st_size, budget)
 
 
 def _rank_of(path: Path, meta: dict[str, Any] | None) -> int | None:
@@ -711,9 +917,11 @@ def _rank_of(path: Path, meta: dict[str, Any] | None) -> int | None:
     return rank if isinstance(rank, int) else rank_from_name(path.name)
 
 
-def read_dump_file(path: Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> RankDump:
+def read_dump_file(
+    path: Path, *, max_bytes: int = DEFAULT_MAX_BYTES, budget: DumpBudget = DEFAULT_BUDGET
+) -> RankDump:
     """Read one dump file (and its sidecar) into a RankDump, or raise a DumpError saying why."""
-    return load_dump_file(path, max_bytes=max_bytes).parse()
+    return load_dump_file(path, max_bytes=max_bytes, budget=budget).parse()
 
 
 def discover(paths: Iterable[Path]) -> Iterator[Path]:

@@ -28,9 +28,14 @@ from pathlib import Path
 
 from flightdeck.collector.delta import RankState, apply, diff, plan, plan_ring_update, progress
 from flightdeck.collector.frdump import (
+    DEFAULT_BUDGET,
+    VALUE_ERRORS,
+    DumpBudget,
+    DumpError,
     EntryRow,
     EntryScan,
     LoadedDump,
+    NotADumpError,
     load_dump_file,
     read_dump_bytes,
     ring_extent,
@@ -81,16 +86,42 @@ class IncrementalReader:
         self._seen.pop(path, None)
 
     def read(
-        self, path: Path, *, identify: Callable[[RankDump], RankState | None], max_bytes: int
+        self,
+        path: Path,
+        *,
+        identify: Callable[[RankDump], RankState | None],
+        max_bytes: int,
+        budget: DumpBudget = DEFAULT_BUDGET,
     ) -> ChangedRead:
-        """Like `read_changed`, doing less work for content this reader has seen (or nearly)."""
+        """Like `read_changed`, doing less work for content this reader has seen (or nearly).
+
+        Raises a DumpError (NotADumpError for values of a kind it cannot make sense of), never
+        anything else: one odd file must not stop the reading of the others.
+        """
+        try:
+            return self._read(path, identify=identify, max_bytes=max_bytes, budget=budget)
+        except DumpError:
+            self._seen.pop(path, None)
+            raise
+        except VALUE_ERRORS as exc:
+            self._seen.pop(path, None)
+            raise NotADumpError(f"unusable values ({type(exc).__name__}: {str(exc)[:200]})") from None
+
+    def _read(
+        self,
+        path: Path,
+        *,
+        identify: Callable[[RankDump], RankState | None],
+        max_bytes: int,
+        budget: DumpBudget,
+    ) -> ChangedRead:
         data, st = read_dump_bytes(path, max_bytes=max_bytes)
         seen = self._seen.get(path)
         if seen is not None and seen.data == data:  # compares lengths first, then one memcmp
             got = self._unchanged(path, seen, st.st_mtime_ns, st.st_size, identify)
             if got is not None:
                 return got
-        loaded = load_dump_file(path, max_bytes=max_bytes, data=data, st=st)
+        loaded = load_dump_file(path, max_bytes=max_bytes, data=data, st=st, budget=budget)
         head = loaded.parse(only=())  # metadata only: snapshot time, kind, job, groups of pg_config
         prev = identify(head)
         t = head.snapshot_time_ns or 0

@@ -40,6 +40,11 @@ class QueueCollector(Collector):
             f"{NAMESPACE}_push_lag_seconds", "Age of the oldest unsent batch (0 when none).", value=lag
         )
         yield GaugeMetricFamily(
+            f"{NAMESPACE}_disk_full",
+            "1 while the disk under state_dir is full (reserve released, new batches held back), else 0.",
+            value=1 if s.disk_full else 0,
+        )
+        yield GaugeMetricFamily(
             f"{NAMESPACE}_dead_letter_batches",
             "Batches the server refused, kept in the dead-letter table.",
             value=s.dead_letters,
@@ -64,6 +69,13 @@ class CollectorMetrics:
             namespace=NAMESPACE,
             registry=registry,
         )
+        self.files_skipped = Counter(
+            "files_skipped",
+            "Paths where a dump belongs that are no regular file (never opened), by what they are.",
+            ["reason"],
+            namespace=NAMESPACE,
+            registry=registry,
+        )
         self.quarantined = Counter(
             "quarantined",
             "Files moved or copied into the quarantine directory.",
@@ -78,6 +90,18 @@ class CollectorMetrics:
         )
         self.nixl_samples = Counter(
             "nixl_samples", "NIXL samples put into batches.", namespace=NAMESPACE, registry=registry
+        )
+        self.nixl_ring_full_reads = Counter(
+            "nixl_ring_full_reads",
+            "Reads of a NIXL ring file that found it full (NIXL silently discards new events then).",
+            namespace=NAMESPACE,
+            registry=registry,
+        )
+        self.nixl_unknown_events = Counter(
+            "nixl_unknown_events",
+            "NIXL ring events of a type this collector does not know (not accounted).",
+            namespace=NAMESPACE,
+            registry=registry,
         )
         self.batches_enqueued = Counter(
             "batches_enqueued",

@@ -15,6 +15,7 @@ import fcntl
 import itertools
 import os
 import re
+import stat
 import struct
 import time
 from collections.abc import Callable
@@ -179,11 +180,19 @@ def read_mp_store(path: Path, *, check_writer: bool = True) -> MpStore:
     written its magic and takes its lock around then: a valid file already belongs to a locked
     writer, or to a dead one.
     """
+    if not stat.S_ISREG(os.lstat(path).st_mode):  # a FIFO would block the open; a device, worse
+        raise NixlFormatError(f"{path}: not a regular file; not opened")
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     except PermissionError as e:  # stores are 0600: only the writer's user (or root) may read
         raise NixlAccessError(f"{path}: cannot open for reading: {e.strerror}") from e
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise NixlFormatError(f"{path}: is a symlink; not followed") from None
+        raise
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NixlFormatError(f"{path}: not a regular file")
         # One byte more than expected, so that a longer file is caught as well as a shorter one.
         data = os.pread(fd, MP_FILE_SIZE + 1, 0)
         store = parse_mp_store(data, path=path)

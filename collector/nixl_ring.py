@@ -18,7 +18,9 @@ we stored (NIXL resets both to 0) or as a new inode.
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import struct
 import time
 from collections.abc import Callable
@@ -107,7 +109,9 @@ def parse_ring_header(data: bytes, *, path: Path) -> RingHeader:
     """Validate a ring file's header against its size (`data` is the whole file).
 
     Raises NixlFormatError for a truncated header, an unknown version, a capacity that is not a
-    power of two, an inconsistent mask, or a size that does not match capacity × slot size.
+    power of two, an inconsistent mask, a size that does not match capacity × slot size, or a
+    position outside the ring (NIXL stores both masked: 0 ≤ pos < capacity; anything else is a
+    corrupt or foreign file, whose "unread" slots would be phantom events).
     """
     size = len(data)
     if size < RING_HEADER_SIZE:
@@ -124,6 +128,12 @@ def parse_ring_header(data: bytes, *, path: Path) -> RingHeader:
         raise NixlFormatError(f"{path}: ring capacity {capacity} is not a power of two")
     if mask != capacity - 1:
         raise NixlFormatError(f"{path}: ring mask {mask} is not capacity − 1 = {capacity - 1}")
+    for name, pos in (("write_pos", write_pos), ("read_pos", read_pos)):
+        if pos >= capacity:
+            raise NixlFormatError(
+                f"{path}: ring {name} {pos} is outside the ring (capacity {capacity}); refused, "
+                "nothing read or written"
+            )
     body = size - RING_HEADER_SIZE
     # Version 2 has two layouts: 1.1.x kept the 48-byte named events, 1.2.x has 16-byte ids.
     fitting = [c for c in _CANDIDATES[version] if body == capacity * c[1]]
@@ -202,13 +212,22 @@ def read_ring(
     events and the ring fills up). With it, read_pos becomes the write_pos we saw, which equals
     read_pos + unread whether NIXL stores positions masked (as verified) or not.
     """
+    if not stat.S_ISREG(os.lstat(path).st_mode):  # a FIFO would block the open; a device, worse
+        raise NixlFormatError(f"{path}: not a regular file; not opened")
+    flags = os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        fd = os.open(path, (os.O_RDWR if consume else os.O_RDONLY) | os.O_CLOEXEC)
+        fd = os.open(path, (os.O_RDWR if consume else os.O_RDONLY) | flags)
     except PermissionError as e:
         how = "read-write (a consumer stores read_pos)" if consume else "for reading"
         raise NixlAccessError(f"{path}: cannot open {how}: {e.strerror}") from e
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise NixlFormatError(f"{path}: is a symlink; not followed") from None
+        raise
     try:
         st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NixlFormatError(f"{path}: not a regular file")
         if st.st_size > MAX_RING_BYTES:  # a stray big file in the directory: do not slurp it
             raise NixlFormatError(f"{path}: {st.st_size} bytes is too large for a NIXL ring file")
         data = os.pread(fd, st.st_size, 0)
@@ -446,6 +465,10 @@ class RingDirectory:
         self.owner_finder = owner_finder or OwnerFinder()
         self.bounds_us = bounds_us
         self.consumers: dict[str, RingConsumer] = {}
+        #: Totals over every consumer this directory had (dropped ones included), for counters:
+        #: reads that found a ring full (NIXL was discarding events) and events of unknown type.
+        self.ring_full_reads = 0
+        self.unknown_events = 0
 
     def poll(self) -> tuple[list[NixlSample], list[NixlError]]:
         """Poll every ring file; a bad or unreadable file yields an error, not hiding the others.
@@ -472,6 +495,7 @@ class RingDirectory:
                     bounds_us=self.bounds_us,
                 )
                 self.consumers[name] = consumer
+            full, unknown = consumer.ring_full_reads, consumer.acc.unknown
             try:
                 samples.append(consumer.poll())
             except NixlError as e:
@@ -480,4 +504,7 @@ class RingDirectory:
                 continue
             except OSError as e:  # an I/O error on one file must not stop the others
                 failures.append(NixlAccessError(f"{consumer.path}: {e}"))
+            finally:
+                self.ring_full_reads += consumer.ring_full_reads - full
+                self.unknown_events += consumer.acc.unknown - unknown
         return samples, failures

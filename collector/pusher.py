@@ -14,6 +14,11 @@ Answers:
   (`auth_retry_max_s`); a changed token (token_file) is tried at once, without a restart.
 - any other 4xx: the server refuses the batch itself; it goes to the dead-letter table with the
   server's message and is never retried by itself (`flightdeck collector --requeue-dead-letters`).
+- 422 that says the rest was applied (`"applied": true` and the `refused` snapshots and NIXL samples
+  by index, one reason each): only the refused ones go to the dead-letter table, as a batch of their
+  own; the batch is acknowledged. When the answer lists fewer refusals than it counts, the whole
+  batch is dead-lettered (requeueing it re-applies the rest, which changes nothing). A server that
+  answers 422 for the whole batch (older servers, or every snapshot refused) dead-letters it whole.
 - anything else (500, 501, ...): counted per batch; after `max_attempts` it is dead-lettered too, so
   one batch that crashes the server cannot block the queue for ever.
 """
@@ -22,6 +27,8 @@ from __future__ import annotations
 
 import email.utils
 import enum
+import gzip
+import json
 import logging
 import random
 import threading
@@ -68,6 +75,57 @@ class _Answer:
     status: int | None
     message: str
     retry_after_s: float | None = None
+    #: A 422 that applied the rest: the refused (snapshot indexes, NIXL indexes, reasons).
+    refused: tuple[tuple[int, ...], tuple[int, ...], str] | None = None
+
+
+def refused_part(body: bytes, snapshots: tuple[int, ...], nixl: tuple[int, ...]) -> tuple[bytes, int] | None:
+    """The gzipped batch of only the refused snapshots and NIXL samples of `body` (same tables, a
+    batch_id of its own), and its entry count; None when `body` or an index is not what was sent."""
+    try:
+        doc = json.loads(gzip.decompress(body))
+        snaps, samples = doc["snapshots"], doc.get("nixl") or []
+        part = dict(
+            doc,
+            batch_id=f"{str(doc['batch_id'])[:100]}-refused",
+            snapshots=[snaps[i] for i in snapshots],
+            nixl=[samples[i] for i in nixl],
+        )
+    except (OSError, ValueError, KeyError, IndexError, TypeError, EOFError):
+        return None
+    entries = 0
+    for snap in part["snapshots"]:
+        e = snap.get("entries") if isinstance(snap, dict) else None
+        entries += e.get("n", 0) if isinstance(e, dict) else len(e) if isinstance(e, list) else 0
+    return gzip.compress(json.dumps(part).encode(), compresslevel=3), int(entries)
+
+
+def _refusals(resp: httpx.Response) -> tuple[tuple[int, ...], tuple[int, ...], str] | None:
+    """From a 422 that applied the rest of the batch: the refused snapshot and NIXL indexes and their
+    reasons; None when it did not say so, or listed fewer refusals than it counted."""
+    try:
+        doc = resp.json()
+    except ValueError:
+        return None
+    if not isinstance(doc, dict) or doc.get("applied") is not True:
+        return None
+    listed = doc.get("refused")
+    if not isinstance(listed, list) or not listed or not all(isinstance(r, dict) for r in listed):
+        return None
+    count = doc.get("refused_count", len(listed))
+    if count != len(listed):
+        return None
+    snaps: list[int] = []
+    samples: list[int] = []
+    reasons: list[str] = []
+    for r in listed:
+        i = r.get("snapshot", r.get("nixl"))
+        if type(i) is not int or i < 0:
+            return None
+        (snaps if "snapshot" in r else samples).append(i)
+        who = "/".join(str(r[k]) for k in ("job", "attempt", "rank", "host") if r.get(k) is not None)
+        reasons.append(f"{'snapshot' if 'snapshot' in r else 'nixl'} {i} ({who}): {r.get('reason')}")
+    return tuple(snaps), tuple(samples), "; ".join(reasons)
 
 
 def parse_retry_after(value: str | None, *, now_s: float) -> float | None:
@@ -193,6 +251,8 @@ class Pusher:
                 self.queue.ack(batch.seq)
                 self.metrics.batches_sent.inc()
                 return Outcome.DELIVERED
+            if answer.refused is not None and self._dead_letter_refused(batch, answer):
+                return Outcome.DELIVERED
             self.metrics.batches_failed.labels(reason=answer.reason).inc()
             if answer.reason == "auth":
                 self._token_rejected(answer)
@@ -236,6 +296,34 @@ class Pusher:
                 return Outcome.PENDING
             if stop.wait(delay):
                 return Outcome.PENDING
+
+    def _dead_letter_refused(self, batch: QueuedBatch, answer: _Answer) -> bool:
+        """The server applied the batch but for the snapshots it refused: those go to the dead-letter
+        table alone and the batch is acknowledged. False when the refused part cannot be cut out."""
+        assert answer.refused is not None
+        snaps, samples, reasons = answer.refused
+        part = refused_part(batch.body, snaps, samples)
+        if part is None:
+            return False
+        body, entries = part
+        log.error(
+            "batch %s: the server applied it but refused %d snapshots and %d NIXL samples (HTTP 422): "
+            "%s; those alone moved to the dead-letter table",
+            batch.batch_id,
+            len(snaps),
+            len(samples),
+            reasons[:2000],
+        )
+        self.queue.dead_letter(
+            batch.seq,
+            status=answer.status,
+            message=reasons,
+            part=(f"{batch.batch_id[:100]}-refused", entries, body),
+        )
+        self.metrics.dead_lettered.inc()
+        self.metrics.batches_sent.inc()
+        self._failures = 0
+        return True
 
     def _token_rejected(self, answer: _Answer) -> None:
         """The server refused the token: keep everything queued, say so once, back off long."""
@@ -321,6 +409,8 @@ class Pusher:
             return _Answer(True, reason, status, message, ra)
         if status in AUTH_STATUSES:
             return _Answer(True, "auth", status, message)
+        if status == 422:
+            return _Answer(False, "rejected", status, message, refused=_refusals(resp))
         if 400 <= status < 500:
             return _Answer(False, "rejected", status, message)
         return _Answer(False, "server_error", status, message)

@@ -19,10 +19,22 @@ transactions, and then it drops both halves together.
 
 Bounded disk: `enqueue` refuses (returns False) when the new batches would take the queue over
 `max_bytes`; see `collector.daemon` for what is kept and why.
+
+A full disk: every write to SQLite needs room in its WAL, acknowledging a batch (a DELETE) and
+dead-lettering one included, and an acknowledgement that fails makes the pusher send the batch again.
+So the queue keeps a reserve file (`queue.reserve`, `reserve_bytes`) beside the database. When a
+write fails with SQLITE_FULL the reserve is released (deleted) and the write tried again, which makes
+acknowledging work on a full disk; from then on `enqueue` refuses until the reserve is back in place
+with as much free beside it (`has_room` looks each time it is asked), so
+the space released serves the acknowledgements only. Should an acknowledgement fail even so, the
+batch is remembered as delivered in memory, never sent again by this process, and deleted as soon
+as a write succeeds (after a crash it is sent once more: the server answers "duplicate").
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import sqlite3
 import threading
 import time
@@ -31,6 +43,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DB_NAME = "queue.sqlite3"
+RESERVE_NAME = "queue.reserve"
+#: Default size of the reserve file: the WAL frames of many acknowledgements and a dead letter.
+DEFAULT_RESERVE_BYTES = 8 * 1024 * 1024
+
+log = logging.getLogger(__name__)
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether a SQLite error says the disk (or its quota) is full."""
+    return isinstance(exc, sqlite3.OperationalError) and (
+        getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or "disk is full" in str(exc)
+    )
+
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS batches (
@@ -98,6 +123,8 @@ class QueueStats:
     nbytes: int
     oldest_created_ns: int | None
     dead_letters: int
+    #: The reserve file is released (the disk under state_dir was full) and not yet put back.
+    disk_full: bool = False
 
 
 class DurableQueue:
@@ -109,12 +136,19 @@ class DurableQueue:
         *,
         max_bytes: int,
         clock: Callable[[], int] = time.time_ns,
+        reserve_bytes: int = DEFAULT_RESERVE_BYTES,
     ) -> None:
         state_dir.mkdir(parents=True, exist_ok=True)
         self.path = state_dir / DB_NAME
+        self.reserve_path = state_dir / RESERVE_NAME
+        self.reserve_bytes = reserve_bytes
         self.max_bytes = max_bytes
         self.clock = clock
         self._lock = threading.Lock()
+        #: Batches delivered (seq -> the dead letter to write, or None) whose removal could not be
+        #: written yet (disk full): never handed out by `peek` again, removed at the next write.
+        self._held: dict[int, tuple[int | None, str, tuple[str, int, bytes] | None] | None] = {}
+        self.disk_full = False
         # One connection shared under a lock: the daemon thread enqueues, the pusher thread acks,
         # the metrics thread reads stats; all statements are short.
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
@@ -128,17 +162,125 @@ class DurableQueue:
         self.ready = threading.Event()
         if self._depth:
             self.ready.set()
+        if not self._put_reserve():
+            self.disk_full = True
+            log.error(
+                "no room for the %d-byte reserve file in %s: new batches are held back until there is "
+                "(queued batches are still sent)",
+                reserve_bytes,
+                state_dir,
+            )
+
+    def _rollback(self) -> None:
+        # A COMMIT that failed for a full disk has rolled the transaction back already.
+        if self._db.in_transaction:
+            self._db.execute("ROLLBACK")
 
     def close(self) -> None:
         """Close the database (a checkpoint folds the WAL back into the main file)."""
         with self._lock:
-            self._db.close()
+            try:
+                self._db.close()
+            except sqlite3.Error as exc:  # a full disk: the WAL stays, and is folded in at the next open
+                log.warning("closing the queue: %s", exc)
+
+    # --- the reserve file (see the module docstring) --------------------------------------------
+
+    def _put_reserve(self) -> bool:
+        """Make sure the reserve file holds reserve_bytes; False when there is no room for it."""
+        try:
+            if os.stat(self.reserve_path).st_size >= self.reserve_bytes:
+                return True
+        except FileNotFoundError:
+            pass
+        try:
+            fs = os.statvfs(self.reserve_path.parent)
+            if fs.f_bavail * fs.f_frsize < 2 * self.reserve_bytes:  # room for it and as much again
+                return False
+            fd = os.open(self.reserve_path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                os.posix_fallocate(fd, 0, self.reserve_bytes)  # really allocated, not a sparse file
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError:
+            self.reserve_path.unlink(missing_ok=True)
+            return False
+        return True
+
+    def _room_again(self) -> bool:
+        """After a full disk: whether the reserve is back in place with as much free beside it."""
+        if not self._put_reserve():
+            return False
+        try:
+            fs = os.statvfs(self.reserve_path.parent)
+        except OSError:
+            return False
+        return fs.f_bavail * fs.f_frsize >= self.reserve_bytes
+
+    def _release_reserve(self) -> bool:
+        """The disk is full: free the reserve for the write that needs it; False when already gone."""
+        if not self.reserve_path.exists():
+            return False
+        self.reserve_path.unlink(missing_ok=True)
+        if not self.disk_full:
+            log.error(
+                "disk under %s is full: released the %d-byte reserve so that delivered batches can be "
+                "acknowledged; new batches are held back (the dump files stay and are read later) "
+                "until there is room again",
+                self.reserve_path.parent,
+                self.reserve_bytes,
+            )
+        self.disk_full = True
+        return True
+
+    def _write(self, do: Callable[[], object]) -> bool:
+        """Run one write under the lock, releasing the reserve once when the disk is full; False when
+        the disk is full even so (nothing written)."""
+        try:
+            do()
+            return True
+        except sqlite3.OperationalError as exc:
+            if not is_disk_full(exc):
+                raise
+        if self._release_reserve():
+            try:
+                do()
+                return True
+            except sqlite3.OperationalError as exc:
+                if not is_disk_full(exc):
+                    raise
+        return False
+
+    def _flush_held(self) -> None:
+        """Write the removals of delivered batches that a full disk held back (under the lock)."""
+        for seq, action in list(self._held.items()):
+            if action is None:
+                done = self._write(lambda seq=seq: self._delete(seq))  # type: ignore[misc]
+            else:
+                status, message, part = action
+                done = self._write(
+                    lambda seq=seq, status=status, message=message, part=part: self._move_to_dead_letter(  # type: ignore[misc]
+                        seq, status, message, part
+                    )
+                )
+            if not done:
+                return
+            del self._held[seq]
 
     # --- enqueue ----------------------------------------------------------------------------------
 
     def has_room(self, nbytes: int = 0) -> bool:
-        """Whether `nbytes` more would fit under max_bytes."""
+        """Whether `nbytes` more would fit under max_bytes (and on the disk: see the reserve)."""
         with self._lock:
+            if self.disk_full:
+                if not self._room_again():
+                    return False
+                self.disk_full = False
+                log.info(
+                    "disk under %s has room again: reserve restored, batches are made again", self.path.parent
+                )
+                self._flush_held()
             return self._bytes + nbytes <= self.max_bytes
 
     def enqueue(self, batches: Iterable[NewBatch], shipped: dict[RankKey, bytes] | None = None) -> bool:
@@ -151,6 +293,8 @@ class DurableQueue:
         now = self.clock()
         with self._lock:
             if items and self._bytes + total > self.max_bytes:
+                return False
+            if self.disk_full:  # what is left of the disk is for acknowledgements
                 return False
             cur = self._db.cursor()
             cur.execute("BEGIN IMMEDIATE")
@@ -167,8 +311,18 @@ class DurableQueue:
                     [(k[0], k[1], k[2], now, v) for k, v in (shipped or {}).items()],
                 )
                 cur.execute("COMMIT")
-            except BaseException:
-                cur.execute("ROLLBACK")
+            except BaseException as exc:
+                self._rollback()
+                if is_disk_full(exc):
+                    # Refused like a full queue; the reserve stays for the acknowledgements.
+                    if not self.disk_full:
+                        log.error(
+                            "disk under %s is full: new batches are held back (the dump files stay and "
+                            "are read later) until there is room again",
+                            self.path.parent,
+                        )
+                    self.disk_full = True
+                    return False
                 raise
             self._bytes += total
             self._depth += len(items)
@@ -181,9 +335,14 @@ class DurableQueue:
     def peek(self) -> QueuedBatch | None:
         """The oldest queued batch, or None (and `ready` cleared) when the queue is empty."""
         with self._lock:
+            if self._held:
+                self._flush_held()
+            # Delivered batches whose removal a full disk holds back are never handed out again.
+            after = max(self._held, default=0)
             row = self._db.execute(
                 "SELECT seq, batch_id, created_ns, kind, entries, attempts, body"
-                " FROM batches ORDER BY seq LIMIT 1"
+                " FROM batches WHERE seq > ? ORDER BY seq LIMIT 1",
+                (after,),
             ).fetchone()
             if row is None:
                 self.ready.clear()
@@ -191,46 +350,79 @@ class DurableQueue:
         return QueuedBatch(*row)
 
     def ack(self, seq: int) -> None:
-        """The server accepted the batch: forget it."""
+        """The server accepted the batch: forget it (on a full disk: see the module docstring)."""
         with self._lock:
-            row = self._db.execute("DELETE FROM batches WHERE seq = ? RETURNING nbytes", (seq,)).fetchone()
-            if row is not None:
-                self._bytes -= int(row[0])
-                self._depth -= 1
+            if not self._write(lambda: self._delete(seq)):
+                self._hold(seq, None)
+
+    def _delete(self, seq: int) -> None:
+        row = self._db.execute("DELETE FROM batches WHERE seq = ? RETURNING nbytes", (seq,)).fetchone()
+        if row is not None:
+            self._bytes -= int(row[0])
+            self._depth -= 1
+
+    def _hold(self, seq: int, action: tuple[int | None, str, tuple[str, int, bytes] | None] | None) -> None:
+        """A delivered batch whose removal cannot be written now: remembered, never sent again."""
+        self._held[seq] = action
+        log.error(
+            "disk under %s is full even without the reserve: batch #%d is delivered but its removal "
+            "cannot be written; it is not sent again and is removed once there is room",
+            self.path.parent,
+            seq,
+        )
 
     def count_attempt(self, seq: int) -> int:
         """Count one failed attempt that counts towards max_attempts; returns the new count."""
-        with self._lock:
+        out: list[int] = []
+
+        def count() -> None:
             row = self._db.execute(
                 "UPDATE batches SET attempts = attempts + 1 WHERE seq = ? RETURNING attempts", (seq,)
             ).fetchone()
-        return int(row[0]) if row else 0
+            out.append(int(row[0]) if row else 0)
 
-    def dead_letter(self, seq: int, *, status: int | None, message: str) -> None:
-        """Move a batch the server refused to the dead-letter table, with the server's message."""
-        now = self.clock()
         with self._lock:
-            cur = self._db.cursor()
-            cur.execute("BEGIN IMMEDIATE")
-            try:
-                row = cur.execute(
-                    "DELETE FROM batches WHERE seq = ?"
-                    " RETURNING batch_id, created_ns, kind, entries, nbytes, body",
-                    (seq,),
-                ).fetchone()
-                if row is not None:
-                    cur.execute(
-                        "INSERT INTO dead_letter (batch_id, created_ns, failed_ns, kind, entries, status,"
-                        " message, body) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                        (row[0], row[1], now, row[2], row[3], status, message[:4000], row[5]),
-                    )
-                cur.execute("COMMIT")
-            except BaseException:
-                cur.execute("ROLLBACK")
-                raise
+            if not self._write(count):
+                return 0  # not counted on a full disk: the batch is tried again, as after a restart
+        return out[0]
+
+    def dead_letter(
+        self, seq: int, *, status: int | None, message: str, part: tuple[str, int, bytes] | None = None
+    ) -> None:
+        """Move a batch the server refused to the dead-letter table, with the server's message.
+
+        `part` (batch_id, entries, body): the server applied the rest of the batch; only this part of
+        it (the refused snapshots) is kept as the dead letter.
+        """
+        with self._lock:
+            if not self._write(lambda: self._move_to_dead_letter(seq, status, message, part)):
+                self._hold(seq, (status, message, part))
+
+    def _move_to_dead_letter(
+        self, seq: int, status: int | None, message: str, part: tuple[str, int, bytes] | None
+    ) -> None:
+        now = self.clock()
+        cur = self._db.cursor()
+        cur.execute("BEGIN IMMEDIATE")
+        try:
+            row = cur.execute(
+                "DELETE FROM batches WHERE seq = ? RETURNING batch_id, created_ns, kind, entries, nbytes, body",
+                (seq,),
+            ).fetchone()
             if row is not None:
-                self._bytes -= int(row[4])
-                self._depth -= 1
+                batch_id, entries, body = (row[0], row[3], row[5]) if part is None else part
+                cur.execute(
+                    "INSERT INTO dead_letter (batch_id, created_ns, failed_ns, kind, entries, status,"
+                    " message, body) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (batch_id, row[1], now, row[2], entries, status, message[:4000], body),
+                )
+            cur.execute("COMMIT")
+        except BaseException:
+            self._rollback()
+            raise
+        if row is not None:
+            self._bytes -= int(row[4])
+            self._depth -= 1
 
     def requeue_dead_letters(self) -> int:
         """Put every dead letter back at the end of the queue (after fixing what the server refused)."""
@@ -248,7 +440,7 @@ class DurableQueue:
                 )
                 cur.execute("COMMIT")
             except BaseException:
-                cur.execute("ROLLBACK")
+                self._rollback()
                 raise
             row = self._db.execute("SELECT COALESCE(SUM(nbytes), 0), COUNT(*) FROM batches").fetchone()
             self._bytes, self._depth = int(row[0]), int(row[1])
@@ -270,7 +462,11 @@ class DurableQueue:
             oldest = self._db.execute("SELECT created_ns FROM batches ORDER BY seq LIMIT 1").fetchone()
             dead = self._db.execute("SELECT COUNT(*) FROM dead_letter").fetchone()
             return QueueStats(
-                self._depth, self._bytes, None if oldest is None else int(oldest[0]), int(dead[0])
+                self._depth - len(self._held),
+                self._bytes,
+                None if oldest is None else int(oldest[0]),
+                int(dead[0]),
+                self.disk_full,
             )
 
     # --- shipped state ----------------------------------------------------------------------------
@@ -284,7 +480,12 @@ class DurableQueue:
     def forget_shipped(self, older_than_ns: int) -> list[RankKey]:
         """Drop the shipped state of ranks not updated since `older_than_ns`; returns their keys."""
         with self._lock:
-            rows = self._db.execute(
-                "DELETE FROM shipped WHERE updated_ns < ? RETURNING job, attempt, rank", (older_than_ns,)
-            ).fetchall()
+            try:
+                rows = self._db.execute(
+                    "DELETE FROM shipped WHERE updated_ns < ? RETURNING job, attempt, rank", (older_than_ns,)
+                ).fetchall()
+            except sqlite3.OperationalError as exc:
+                if not is_disk_full(exc):
+                    raise
+                return []  # pruned at the next interval
         return [(str(r[0]), int(r[1]), int(r[2])) for r in rows]

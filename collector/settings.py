@@ -159,11 +159,32 @@ class CollectorSettings(BaseSettings):
         "changed files stay pending and are read again when there is room (the newest file "
         "supersedes), queued batches are never dropped, NIXL samples of that flush are dropped.",
     )
+    disk_reserve_bytes: int = Field(
+        default=8 * 1024 * 1024,
+        ge=65536,
+        description="Size of the reserve file kept in state_dir (queue.reserve). When the disk fills up it "
+        "is released so that delivered batches can still be acknowledged (no batch is sent twice); new "
+        "batches are held back until the reserve can be put back (room for it twice over), then the "
+        "collector goes on by itself.",
+    )
     max_dump_bytes: int = Field(
         default=64 * 1024 * 1024,
         ge=1024,
         description="Dump files larger than this are quarantined unread "
         "(2,000 entries with frames are ~0.3-1 MB).",
+    )
+    max_dump_entries: int = Field(
+        default=100_000,
+        ge=1,
+        description="Most entries one dump file may hold (PyTorch's ring holds TORCH_FR_BUFFER_SIZE, "
+        "default 2,000); a file over it is quarantined (reason over_budget) before it is normalized.",
+    )
+    max_dump_frames: int = Field(
+        default=4_000_000,
+        ge=1,
+        description="Most stack frames (and, separately, tensor sizes) one dump file may hold, summed over "
+        "its entries, a stack shared by several entries counted at each: bounds the CPU and memory one "
+        "file may cost (a small pickle can reference one large entry many times). Over it: quarantined.",
     )
     push_deadline_s: float = Field(
         default=60.0,

@@ -15,15 +15,17 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
+from flightdeck.collector.frdump import read_dump_file
 from flightdeck.collector.metrics import CollectorMetrics
 from flightdeck.collector.pusher import Outcome, Pusher, parse_retry_after
 from flightdeck.collector.queue import DurableQueue, NewBatch
+from flightdeck.wire import Batch, decode_batch, encode_batch, snapshot_from_dump
 
 if TYPE_CHECKING:
-    from tests.test_collector_fixtures import thread_guard
+    from tests.test_collector_fixtures import FR_DATA, thread_guard
     from tests.test_collector_recorder import Recorder, Scripted
 else:
-    from test_collector_fixtures import thread_guard
+    from test_collector_fixtures import FR_DATA, thread_guard
     from test_collector_recorder import Recorder, Scripted
 
 
@@ -229,3 +231,62 @@ def test_retry_after_forms() -> None:
     assert parse_retry_after(when, now_s=990.0) == pytest.approx(10.0)
     assert parse_retry_after("soon", now_s=0) is None
     assert parse_retry_after(None, now_s=0) is None
+
+
+def _real_batch(batch_id: str) -> tuple[NewBatch, list[int]]:
+    """A batch of three real rank snapshots (a committed gloo job's dumps), and their entry counts."""
+    snaps = [snapshot_from_dump(read_dump_file(FR_DATA / "healthy_4" / f"rank_{r}.pkl")) for r in range(3)]
+    doc = encode_batch(Batch(batch_id, "node-a", "test", time.time_ns(), snapshots=snaps))
+    body = gzip.compress(json.dumps(doc).encode())
+    return NewBatch(batch_id, "fr", sum(len(s.entries) for s in snaps), body), [len(s.entries) for s in snaps]
+
+
+def test_422_for_some_snapshots_dead_letters_those_alone(rig: Rig, recorder: Recorder) -> None:
+    # The server applied the batch but for snapshot 1 (the answer lists each refusal by index).
+    refused = {
+        "snapshot": 1,
+        "job": "healthy_4",
+        "attempt": 0,
+        "rank": 1,
+        "reason": "rank: 5 is not in [0, 4)",
+    }
+    recorder.script = [
+        Scripted(
+            422,
+            body={
+                "detail": "1 of 3 snapshots and NIXL samples refused (the rest was applied): rank ...",
+                "applied": True,
+                "snapshots": 2,
+                "refused_count": 1,
+                "refused": [refused],
+            },
+        )
+    ]
+    big, counts = _real_batch("b-partial")
+    rig.queue.enqueue([big, batch("next")])
+    assert rig.pusher.drain(timeout_s=10)
+    assert [bid for bid, _, _ in recorder.requests] == ["b-partial", "next"]  # never resent
+    assert rig.queue.stats().depth == 0
+    [(bid, status, message)] = rig.queue.dead_letters()
+    assert (bid, status) == ("b-partial-refused", 422)
+    assert "snapshot 1 (healthy_4/0/1): rank: 5 is not in [0, 4)" in message
+    assert rig.metric("flightdeck_collector_dead_lettered_total") == 1
+    assert rig.metric("flightdeck_collector_batches_failed_total", reason="rejected") == 0
+    # The dead letter holds only the refused snapshot, decodable as a batch of its own.
+    assert rig.queue.requeue_dead_letters() == 1
+    assert rig.pusher.drain(timeout_s=10)
+    part = decode_batch(recorder.batches["b-partial-refused"])
+    assert [(s.rank, len(s.entries)) for s in part.snapshots] == [(1, counts[1])]
+
+
+def test_422_that_lists_fewer_refusals_than_it_counts_dead_letters_the_whole_batch(
+    rig: Rig, recorder: Recorder
+) -> None:
+    listed = [{"snapshot": 0, "reason": "x"}]
+    recorder.script = [
+        Scripted(422, body={"detail": "2 refused", "applied": True, "refused_count": 2, "refused": listed})
+    ]
+    big, _ = _real_batch("b-many")
+    rig.queue.enqueue([big])
+    assert rig.pusher.drain(timeout_s=10)
+    assert [bid for bid, _, _ in rig.queue.dead_letters()] == ["b-many"]

@@ -328,6 +328,16 @@ BAD_RINGS: dict[str, tuple[bytes, str]] = {
         _patch(RING, "<i", 20, 3),
         r"ring version 4 but expected_version 3",
     ),
+    # Positions are stored masked: past the capacity they are no ring's (904 phantom events were
+    # read from this before), and such a read_pos must never be written back.
+    "write_pos past the capacity": (
+        _patch(RING, "<Q", 0, 32 + 904),
+        r"ring write_pos 936 is outside the ring \(capacity 32\); refused",
+    ),
+    "read_pos past the capacity": (
+        _patch(RING, "<Q", 8, 2**63 + 5),
+        r"ring read_pos 9223372036854775813 is outside the ring \(capacity 32\)",
+    ),
 }
 
 
@@ -342,6 +352,25 @@ def test_bad_ring_is_refused_and_left_alone(case: str, tmp_path: Path) -> None:
     with pytest.raises(NixlFormatError, match=message):
         read_ring(path, consume=True)
     assert snapshot(path) == before
+
+
+def test_fifo_in_the_telemetry_dir_is_refused_without_blocking(tmp_path: Path) -> None:
+    ring = copy_fixture("ring-1.5.1", tmp_path)
+    os.mkfifo(ring / "pipe")  # opening it for reading would wait for a writer for ever
+    with pytest.raises(NixlFormatError, match="not a regular file"):
+        read_ring(ring / "pipe", consume=True)
+    samples, failures = RingDirectory(ring, host="h", owner_finder=OwnerFinder(tmp_path)).poll()
+    assert sorted(s.agent for s in samples) == ["initiator", "target"]
+    assert failures == []
+
+
+def test_fifo_named_like_an_mp_store_is_refused_without_blocking(tmp_path: Path) -> None:
+    mp = copy_fixture("mp-1.5.1", tmp_path)
+    os.mkfifo(mp / "nixl.999.1.0.mmap")
+    samples, failures = read_mp_dir(mp, host="h")
+    assert samples and [str(f) for f in failures] == [
+        f"{mp / 'nixl.999.1.0.mmap'}: not a regular file; not opened"
+    ]
 
 
 def test_ring_directory_keeps_going_past_a_bad_file(tmp_path: Path) -> None:
