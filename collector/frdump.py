@@ -31,6 +31,7 @@ from operator import contains, itemgetter, methodcaller
 from pathlib import Path
 from typing import Any
 
+from flightdeck.collector.coalesced import fold_coalesced
 from flightdeck.records import (
     Entry,
     Frame,
@@ -392,6 +393,7 @@ def parse_dump(
             raise NotADumpError(f"entry {i} is a {type(e).__name__}, not a dict")
         entries.append(_entry(e, ctx, rank))
     entries.sort(key=lambda e: e.record_id)
+    entries = fold_coalesced(entries)
     groups = _pg_config_groups(raw)
     for e in entries:
         if e.group not in groups:

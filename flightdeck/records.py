@@ -14,6 +14,10 @@ from typing import Any, Literal
 State = Literal["scheduled", "started", "completed"]
 SnapshotKind = Literal["periodic", "stall", "final", "dump"]
 
+#: The entry NCCL writes after the per-op entries of a coalesced group (`_coalescing_manager` on
+#: the slow path, `batch_isend_irecv`): no sizes of its own, but the group's state and times.
+COALESCED_END_OPS = frozenset({"coalesced", "ALLGATHER_coalesced", "REDUCE_SCATTER_coalesced"})
+
 #: Ops that PyTorch records under several names; one canonical name makes ranks comparable.
 OP_ALIASES: dict[str, str] = {
     "_all_gather_base": "all_gather",

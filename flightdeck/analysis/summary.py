@@ -12,10 +12,11 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from flightdeck.records import (
+    COALESCED_END_OPS,
     Entry,
     Frame,
     GroupInfo,
@@ -201,6 +202,8 @@ def add_entries(s: RankSummary, entries: Sequence[Entry], fps: Iterable[int] | N
         track = tracks.get(e.group)
         if track is None:
             track = tracks[e.group] = GroupTrack()
+        if e.op in COALESCED_END_OPS and _apply_end(track, e):
+            continue
         if e.is_p2p:
             # Re-sent entries (state changes) replace the earlier copy rather than adding one.
             for k in range(len(track.p2p) - 1, -1, -1):
@@ -236,6 +239,38 @@ def add_entries(s: RankSummary, entries: Sequence[Entry], fps: Iterable[int] | N
             del track.tail[0]
 
 
+def _apply_end(track: GroupTrack, end: Entry) -> bool:
+    """Apply a coalesced group's end entry that arrived without its ops (the reader folds the two
+    when it reads them together, `flightdeck.collector.coalesced`) to what the track holds of the
+    group: its state and times, keeping the ops' signature. False when the track holds none of it."""
+    if end.is_p2p:
+        hit = False
+        for k, old in enumerate(track.p2p):
+            if old.p2p_seq_id == end.p2p_seq_id and old.record_id < end.record_id:
+                track.p2p[k] = _progress_of(old, end)
+                hit = True
+        return hit
+    for k, old in enumerate(track.tail):
+        if old.collective_seq_id == end.collective_seq_id:
+            if old.op in COALESCED_END_OPS:
+                return False  # held unfolded too: replaced as any re-sent entry
+            track.tail[k] = replace(_progress_of(old, end), record_id=max(old.record_id, end.record_id))
+            return True
+    # Older than the tail: the fingerprint already held stays (the state of an old group matters not).
+    return track.index_of(end.collective_seq_id) is not None
+
+
+def _progress_of(e: Entry, end: Entry) -> Entry:
+    return replace(
+        e,
+        state=end.state,
+        retired=end.retired,
+        time_started_ns=end.time_started_ns,
+        time_completed_ns=end.time_completed_ns,
+        duration_ms=end.duration_ms,
+    )
+
+
 def _replace_tail(track: GroupTrack, e: Entry) -> None:
     for i, old in enumerate(track.tail):
         if old.collective_seq_id == e.collective_seq_id:
@@ -255,8 +290,6 @@ def _entry_dict(e: Entry) -> dict[str, Any]:
 
 
 def _entry_from(d: dict[str, Any]) -> Entry:
-    from dataclasses import replace
-
     from flightdeck.records import entry_from_wire, frames_from_wire
 
     e = entry_from_wire(d, [])
