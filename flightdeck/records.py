@@ -142,6 +142,9 @@ class RankDump:
     #: The rank's configuration report (versions, FR settings, group timeouts, env), when an agent
     #: wrote one.
     config: RankConfig | None = None
+    #: The dump's `pg_status` by group name: (last enqueued, last started, last completed) as the
+    #: backend counts them (-1: none yet; NCCL's "started" stays -1 without timing).
+    pg_status: dict[str, tuple[int, int, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,8 @@
 """`flightdeck analyze` on NCCL-shaped dumps (tests/data/nccl), against each case's definition.
 
 No GPU here: the dumps come from `tests.nccl_fixtures`, a model of what ProcessGroupNCCL and the
-nccl2 flight-recorder hook write (see docs/diagnosis.md, "NCCL dumps"). Each case's scenario.json
-holds the verdict that follows from its definition. Dumps are copied before they are analyzed, so
+nccl2 flight-recorder hook write (see docs/comparison.md, "NCCL dumps: what differs from gloo").
+Each case's scenario.json holds the verdict that follows from its definition. Dumps are copied before they are analyzed, so
 their file times are fresh, as in a user's copy.
 """
 
@@ -179,3 +179,23 @@ def test_pytorch_analyzer_name_check_rejects_nccl2() -> None:
     event = _raw("nccl2_hang", "pickle", 0)["entries"][0]
     with pytest.raises(AssertionError, match="nccl2"):
         types.Op(event, {"0": {0, 1, 2, 3}}, "0")
+
+
+@pytest.mark.parametrize("fmt", ["pickle", "json"])
+def test_pg_status_is_read_by_group_name(fmt: str) -> None:
+    # pg_status is keyed by the per-process pg_id (rank 2 builds group "2" second, as rank 0 builds
+    # group "1"), with string values in JSON dumps; the reader gives it by group name, as ints.
+    dump = parse_dump(_raw("nccl_healthy", fmt, 2), rank=2, source="x")
+    assert set(dump.pg_status) == {"0", "2"}
+    enq, started, done = dump.pg_status["0"]
+    assert enq == done == max(e.collective_seq_id for e in dump.entries if e.group == "0")
+    assert started == enq  # with timing
+    no_timing = parse_dump(_raw("nccl_hang_no_timing", fmt, 0), rank=0, source="x")
+    assert no_timing.pg_status == {"0": (12, -1, 11)}
+    summary = summarize(no_timing)
+    assert summary.pg_status == {"0": (12, -1, 11)}
+
+
+def test_hang_detail_quotes_the_culprits_pg_status(tmp_path: Path) -> None:
+    _code, verdict, _err = _analyze(_copy(DATA / "nccl_hang" / "json", tmp_path / "j"))
+    assert "pg_status for this group: last enqueued 11, last completed 11" in verdict["findings"][0]["detail"]

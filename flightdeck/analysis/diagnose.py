@@ -948,6 +948,11 @@ def _hang(
         cs = by_rank[culprits[0]]
         last_e = _last_entry(cs)
         finding.culprit_frames = _main_stack(cs) or (last_e.frames if last_e else ())
+        st = cs.pg_status.get(g.name)
+        if st is not None:
+            finding.detail += (
+                f" Its dump's pg_status for this group: last enqueued {st[0]}, last completed {st[2]}."
+            )
         if last_e is not None:
             finding.culprit_last_entry = entry_json(last_e)
             if last_e.group != g.name or last_e.collective_seq_id < seq:

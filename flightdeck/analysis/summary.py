@@ -144,6 +144,8 @@ class RankSummary:
     warnings: tuple[str, ...] = ()
     #: The rank's configuration report, when its agent wrote one.
     config: RankConfig | None = None
+    #: The dump's `pg_status` by group name (see `RankDump.pg_status`).
+    pg_status: dict[str, tuple[int, int, int]] = field(default_factory=dict)
 
     def group_desc(self, group: str) -> str:
         """The group's description as this rank knows it ("" when unknown)."""
@@ -182,6 +184,7 @@ def summarize(dump: RankDump) -> RankSummary:
         thread_stacks=dump.thread_stacks,
         warnings=dump.warnings,
         config=dump.config,
+        pg_status=dict(dump.pg_status),
     )
     add_entries(s, dump.entries)
     return s
@@ -350,6 +353,7 @@ def summary_to_dict(s: RankSummary) -> dict[str, Any]:
         ],
         "warnings": list(s.warnings),
         "config": None if s.config is None else config_to_dict(s.config),
+        "pg_status": {k: list(v) for k, v in s.pg_status.items()},
     }
 
 
@@ -405,4 +409,5 @@ def summary_from_dict(d: dict[str, Any]) -> RankSummary:
         ),
         warnings=tuple(d.get("warnings") or ()),
         config=None if d.get("config") is None else config_from_dict(d["config"]),
+        pg_status={str(k): (int(v[0]), int(v[1]), int(v[2])) for k, v in (d.get("pg_status") or {}).items()},
     )

@@ -133,7 +133,7 @@ def _healthy() -> dict[int, RankPlan]:
             # pipeline hand-off inside each pair: 0 -> 1 and 2 -> 3
             peer = r ^ 1
             ops.append(P2P("send" if r % 2 == 0 else "recv", peer, site="pipeline_step"))
-        ops.append(Coll("_allgather_base", sizes=((256,),), out=((1024,),), site="gather_metrics"))
+        ops.append(Coll("_all_gather_base", sizes=((256,),), out=((1024,),), site="gather_metrics"))
         ring = Batch((P2P("send", (r + 1) % 4, sizes=((32,),)), P2P("recv", (r - 1) % 4, sizes=((32,),))))
         ops.append(ring)
         ops += _ar(1)
@@ -226,7 +226,7 @@ CASES: dict[str, Case] = {
             "nccl_type_mismatch",
             "at the 12th collective rank 1 calls all_gather_into_tensor where the others all_reduce; "
             "NCCL does not notice: everybody waits",
-            4, _diverge(4, 1, Coll("_allgather_base", sizes=((1024,),), out=((4096,),), site="sync_grads")),
+            4, _diverge(4, 1, Coll("_all_gather_base", sizes=((1024,),), out=((4096,),), site="sync_grads")),
             kind="collective_type_mismatch", culprit_ranks=(1,), mark="fault", op="all_reduce",
         ),
         Case(
@@ -295,7 +295,7 @@ CASES: dict[str, Case] = {
             "nccl2_healthy",
             "torch 2.15 default backend nccl2, recorded by its flight-recorder hook (no CUDA events: "
             "states stay scheduled, retired marks completion) and written by _dump_fr_trace_file",
-            4, _same(4, [*_ar(6), Coll("_allgather_base", sizes=((256,),), out=((1024,),)), *_ar(5)]),
+            4, _same(4, [*_ar(6), Coll("_all_gather_base", sizes=((256,),), out=((1024,),)), *_ar(5)]),
             backend="nccl2",
         ),
         Case(

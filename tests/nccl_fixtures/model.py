@@ -2,7 +2,7 @@
 machine without a GPU.
 
 The rules follow PyTorch's sources (FlightRecorder, ProcessGroupNCCL, the tests of the NCCL trace
-and of the analyzer) as described in docs/diagnosis.md ("NCCL dumps"):
+and of the analyzer), as summarized in docs/comparison.md ("NCCL dumps: what differs from gloo"):
 
 - a collective bumps its group's `collective_seq_id` and `op_id`; its entry carries the group's
   current `p2p_seq_id`;
@@ -166,7 +166,7 @@ class _Recorder:
             "collective_seq_id": c.coll,
             "p2p_seq_id": c.p2p,
             "op_id": c.op_id,
-            "profiling_name": f"{self.backend}:{name}",
+            "profiling_name": f"{self.backend}:{_HOOK_NAMES.get(name, name) if self.backend == 'nccl2' else name}",
             "time_created_ns": created,
             "input_sizes": [list(s) for s in ins],
             "input_dtypes": [dtype] * len(ins),
@@ -263,11 +263,20 @@ class _Recorder:
         return f"send {me}->{peer}" if p.kind == "send" else f"recv {me}<-{peer}"
 
 
+#: How the nccl2 flight-recorder hook spells ops (its HookOpName strings), where ProcessGroupNCCL
+#: spells them otherwise.
+_HOOK_NAMES = {
+    "all_reduce": "allreduce",
+    "_all_gather_base": "allgather",
+    "_reduce_scatter_base": "reduce_scatter",
+}
+
+
 def _api(op: str) -> str:
     """The torch.distributed function a user calls for a ProcessGroupNCCL op name."""
     return {
         "all_reduce": "all_reduce",
-        "_allgather_base": "all_gather_into_tensor",
+        "_all_gather_base": "all_gather_into_tensor",
         "_reduce_scatter_base": "reduce_scatter_tensor",
         "allreduce_coalesced": "all_reduce_coalesced",
         "all_to_all": "all_to_all_single",
