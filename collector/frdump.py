@@ -33,6 +33,7 @@ from typing import Any
 
 from flightdeck.collector.coalesced import fold_coalesced
 from flightdeck.records import (
+    COALESCED_END_OPS,
     Entry,
     Frame,
     GroupInfo,
@@ -420,7 +421,9 @@ def parse_dump(
             raise NotADumpError(f"entry {i} is a {type(e).__name__}, not a dict")
         entries.append(_entry(e, ctx, rank))
     entries.sort(key=lambda e: e.record_id)
-    entries = fold_coalesced(entries)
+    # The file's few distinct op names tell whether it has coalesced groups (NCCL) at all.
+    if any(op in COALESCED_END_OPS for _backend, op, _peer in ctx.ops.values()):
+        entries = fold_coalesced(entries)
     groups = _pg_config_groups(raw)
     for e in entries:
         if e.group not in groups:

@@ -199,3 +199,31 @@ def test_pg_status_is_read_by_group_name(fmt: str) -> None:
 def test_hang_detail_quotes_the_culprits_pg_status(tmp_path: Path) -> None:
     _code, verdict, _err = _analyze(_copy(DATA / "nccl_hang" / "json", tmp_path / "j"))
     assert "pg_status for this group: last enqueued 11, last completed 11" in verdict["findings"][0]["detail"]
+
+
+def test_a_stuck_receiver_is_not_taken_for_a_sender_with_the_wrong_peer(tmp_path: Path) -> None:
+    """Rank 1 sends to ranks 2 and 3 every step. At step 4 rank 2 never posts its recv (it is in
+    collective 12): rank 1 blocks in its send to 2 and never reaches its send to 3, for which rank 3
+    already waits. Rank 1 talked to both before, so it did not pick a wrong peer: rank 2 is the root."""
+    from tests.nccl_fixtures.model import P2P, Coll, Group, RankPlan, record
+
+    def step(r: int) -> list[Any]:
+        return {1: [P2P("send", 2), P2P("send", 3)], 2: [P2P("recv", 1)], 3: [P2P("recv", 1)]}.get(r, [])
+
+    groups = {"0": Group("0", "default_pg", (0, 1, 2, 3))}
+    ar = [Coll("all_reduce") for _ in range(3)]
+    for r in range(4):
+        ops = [op for _ in range(3) for op in (*step(r), *ar)] + [Coll("all_reduce")] * 2
+        tail = {1: P2P("send", 2), 3: P2P("recv", 1)}.get(r, Coll("all_reduce"))
+        dump, _ = record(r, RankPlan((*ops, tail), stuck_at=len(ops)), groups)
+        (tmp_path / f"comm_lib_trace_rank_{r}").write_bytes(pickle.dumps(dump, protocol=2))
+    _code, verdict, _err = _analyze(tmp_path)
+    root = verdict["findings"][0]
+    assert (root["kind"], root["op"], root["culprit_ranks"], root["waiting_ranks"]) == (
+        "hang",
+        "send",
+        [2],
+        [1],
+    )
+    assert all(f["kind"] != "p2p_mismatch" for f in verdict["findings"])
+    assert all(f["consequence_of"] is not None for f in verdict["findings"][1:])

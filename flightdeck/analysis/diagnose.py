@@ -486,19 +486,28 @@ def _p2p(g: _Group, by_rank: dict[int, RankSummary], now_ns: int, opts: Options)
             if not lone.finished and (now_ns - lone.time_created_ns) / NS >= opts.stall_after_s:
                 (lone_sends if se is not None else lone_recvs)[pair] = (lone, k)
             break
+    # Wrong peer: src's unpaired send is the first transfer ever seen between src and X, while Y,
+    # which src did send to before, waits for the next one. (When src had sent to X before, X not
+    # posting its recv is the likelier fault: X is stuck elsewhere, src blocks on it and so has
+    # not reached its send to Y yet; that is left to the hang findings below.)
     blamed: set[tuple[int, int]] = set()
-    for (src, x), (se, _k) in sorted(lone_sends.items()):
-        # A recv from src by another rank that src sent nothing to: src picked the wrong peer.
-        other = next(((y, rv) for (s2, y), rv in sorted(lone_recvs.items()) if s2 == src and y != x), None)
-        if other is None:
+    for (src, x), (se, k_s) in sorted(lone_sends.items()):
+        other = next(
+            ((y, rv) for (s2, y), rv in sorted(lone_recvs.items()) if s2 == src and y != x and rv[1] > 0),
+            None,
+        )
+        if other is None or k_s > 0:
             continue
         y, (re_, k) = other
         blamed.update({(src, x), (src, y)})
         out.append(_wrong_peer(g, src, se, re_, k, by_rank, now_ns, sender=True, named=x, expected_by=y))
-    for (x, dst), (re_, _k) in sorted(lone_recvs.items()):
-        if (x, dst) in blamed:
+    for (x, dst), (re_, k_r) in sorted(lone_recvs.items()):
+        if (x, dst) in blamed or k_r > 0:
             continue
-        other = next(((y, sv) for (y, d2), sv in sorted(lone_sends.items()) if d2 == dst and y != x), None)
+        other = next(
+            ((y, sv) for (y, d2), sv in sorted(lone_sends.items()) if d2 == dst and y != x and sv[1] > 0),
+            None,
+        )
         if other is None or (other[0], dst) in blamed:
             continue
         y, (se, k) = other
