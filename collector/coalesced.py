@@ -13,7 +13,8 @@ times, `duration_ms`). So:
   be matched with, with the end entry's state and times; the end entry itself goes.
 
 An end entry read without its ops (an incremental read that only picked up the entries that
-changed) is kept as it is; `flightdeck.analysis.summary` then updates what it already holds.
+changed) is kept as it is (no sizes); `flightdeck.analysis.summary` then updates what it already
+holds of the group.
 """
 
 from __future__ import annotations
@@ -47,8 +48,10 @@ def fold_coalesced(entries: list[Entry]) -> list[Entry]:
         merged = replace(
             _with_progress(first, e),
             record_id=e.record_id,
-            op=names.pop() if len(names) == 1 else "coalesced",
-            raw_op=e.raw_op,
+            # One op name: the group is that op, several times over (and stays so over the wire,
+            # which derives the op from `raw_op`); mixed ops keep the end entry's name.
+            op=next(iter(names)) if len(names) == 1 else e.op,
+            raw_op=first.raw_op if len(names) == 1 else e.raw_op,
             input_sizes=tuple(s for o in ops for s in o.input_sizes),
             output_sizes=tuple(s for o in ops for s in o.output_sizes),
             input_dtypes=tuple(d for o in ops for d in o.input_dtypes),

@@ -138,8 +138,8 @@ def test_coalesced_groups_fold_into_what_the_ranks_agreed_to(fmt: str) -> None:
     dump = parse_dump(raw, rank=0, source="x")
     # 3 broadcasts + end -> one entry; the batch's 2 p2p ops stay, its end goes.
     assert len(dump.entries) == len(raw["entries"]) - 3 - 1
-    coll = next(e for e in dump.entries if e.raw_op == "nccl:coalesced")
-    assert (coll.op, coll.collective_seq_id, coll.state) == ("broadcast", 11, "completed")
+    coll = next(e for e in dump.entries if e.collective_seq_id == 11)
+    assert (coll.op, coll.raw_op, coll.state) == ("broadcast", "nccl:broadcast", "completed")
     assert coll.input_sizes == ((128,), (128,), (128,))
     assert coll.input_dtypes == ("Float",) * 3
     fast = next(e for e in dump.entries if e.op == "all_reduce_coalesced")
@@ -227,3 +227,26 @@ def test_a_stuck_receiver_is_not_taken_for_a_sender_with_the_wrong_peer(tmp_path
     )
     assert all(f["kind"] != "p2p_mismatch" for f in verdict["findings"])
     assert all(f["consequence_of"] is not None for f in verdict["findings"][1:])
+
+
+def test_folded_groups_survive_the_wire_as_the_live_server_reads_them() -> None:
+    """The collector ships normalized entries; the server rebuilds them (deriving the op from the
+    raw name) and folds them into the same summary the offline analysis builds."""
+    from flightdeck.analysis.summary import RankSummary
+    from flightdeck.records import entry_from_wire, entry_to_wire
+
+    for name in ("nccl_coalesced_healthy", "nccl_coalesced_hang", "nccl_p2p_wrong_peer"):
+        for rank in range(4):
+            dump = read_dump_file(DATA / name / "pickle" / f"comm_lib_trace_rank_{rank}")
+            offline = summarize(dump)
+            live = RankSummary(rank=rank, source="wire")
+            add_entries(live, [entry_from_wire(entry_to_wire(e, None), []) for e in dump.entries])
+            for g, t in offline.tracks.items():
+                lt = live.tracks[g]
+                assert (lt.seqs, lt.fps) == (t.seqs, t.fps), (name, rank, g)
+                assert [(e.op, e.state, e.peer, e.p2p_seq_id) for e in lt.p2p] == [
+                    (e.op, e.state, e.peer, e.p2p_seq_id) for e in t.p2p
+                ]
+                assert [(e.op, e.state, e.input_sizes) for e in lt.tail] == [
+                    (e.op, e.state, e.input_sizes) for e in t.tail
+                ]

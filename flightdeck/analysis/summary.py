@@ -205,7 +205,7 @@ def add_entries(s: RankSummary, entries: Sequence[Entry], fps: Iterable[int] | N
         track = tracks.get(e.group)
         if track is None:
             track = tracks[e.group] = GroupTrack()
-        if e.op in COALESCED_END_OPS and _apply_end(track, e):
+        if e.op in COALESCED_END_OPS and not e.input_sizes and _apply_end(track, e):
             continue
         if e.is_p2p:
             # Re-sent entries (state changes) replace the earlier copy rather than adding one.
@@ -255,7 +255,7 @@ def _apply_end(track: GroupTrack, end: Entry) -> bool:
         return hit
     for k, old in enumerate(track.tail):
         if old.collective_seq_id == end.collective_seq_id:
-            if old.op in COALESCED_END_OPS:
+            if old.op in COALESCED_END_OPS and not old.input_sizes:
                 return False  # held unfolded too: replaced as any re-sent entry
             track.tail[k] = replace(_progress_of(old, end), record_id=max(old.record_id, end.record_id))
             return True
