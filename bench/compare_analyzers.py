@@ -307,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=None, help="write every verdict as JSON here")
     ap.add_argument("--only", nargs="*", default=None, help="job names to compare (default: all)")
     args = ap.parse_args(argv)
+    if args.only and args.write:
+        ap.error("--write replaces the whole table: run it without --only")
     jobs = [(p.parent, "gloo") for p in sorted(args.fr.glob("*/scenario.json"))]
     jobs += [(p.parent, "nccl") for p in sorted(args.nccl.glob("*/scenario.json"))]
     if args.only:
