@@ -957,7 +957,8 @@ def _hang(
         cs = by_rank[culprits[0]]
         last_e = _last_entry(cs)
         finding.culprit_frames = _main_stack(cs) or (last_e.frames if last_e else ())
-        st = cs.pg_status.get(g.name)
+        # NCCL's counters confirm where the culprit stopped (gloo's say the same as its entries).
+        st = cs.pg_status.get(g.name) if cs.backend and "nccl" in cs.backend else None
         if st is not None:
             finding.detail += (
                 f" Its dump's pg_status for this group: last enqueued {st[0]}, last completed {st[2]}."
