@@ -39,7 +39,9 @@ from operator import contains, itemgetter, methodcaller
 from pathlib import Path
 from typing import Any
 
+from flightdeck.collector.coalesced import fold_coalesced
 from flightdeck.records import (
+    COALESCED_END_OPS,
     Entry,
     Frame,
     GroupInfo,
@@ -564,6 +566,33 @@ def _pg_config_groups(raw: dict[str, Any]) -> dict[str, GroupInfo]:
 VALUE_ERRORS = (TypeError, ValueError, OverflowError, AttributeError, KeyError, IndexError, RecursionError)
 
 
+_STATUS_FIELDS = ("last_enqueued_collective", "last_started_collective", "last_completed_collective")
+
+
+def _pg_status(raw: dict[str, Any], raw_entries: list[Any]) -> dict[str, tuple[int, int, int]]:
+    """`pg_status` by group name. It is keyed by the per-process `pg_id` (ints in pickles, strings in
+    JSON, as are its values); the entries say which group each pg_id is. A pg_id no entry names
+    keeps its key (prefixed `pg_id:`), and an unreadable value reads as -1."""
+    status = raw.get("pg_status")
+    if not isinstance(status, dict) or not status:
+        return {}
+    wanted = {str(k) for k in status}
+    names: dict[str, str] = {}
+    for e in raw_entries:
+        if len(names) == len(wanted):
+            break
+        pg, pid = e.get("process_group"), e.get("pg_id")
+        if pid is not None and isinstance(pg, list | tuple) and pg and str(pid) not in names:
+            names[str(pid)] = str(pg[0])
+    out: dict[str, tuple[int, int, int]] = {}
+    for key, val in status.items():
+        if not isinstance(val, dict):
+            continue
+        a, b, c = (_int(val.get(f), -1) for f in _STATUS_FIELDS)
+        out[names.get(str(key), f"pg_id:{key}")] = (a, b, c)
+    return out
+
+
 def parse_dump(
     raw: dict[str, Any],
     *,
@@ -599,6 +628,9 @@ def _parse_dump(
             raise NotADumpError(f"entry {i} is a {type(e).__name__}, not a dict")
         entries.append(_entry(e, ctx, rank))
     entries.sort(key=lambda e: e.record_id)
+    # The file's few distinct op names tell whether it has coalesced groups (NCCL) at all.
+    if any(op in COALESCED_END_OPS for _backend, op, _peer in ctx.ops.values()):
+        entries = fold_coalesced(entries)
     groups = _pg_config_groups(raw)
     for e in entries:
         if e.group not in groups:
@@ -622,6 +654,7 @@ def _parse_dump(
         comm_lib_version=_s(raw.get("comm_lib_version") or "") or None,
         wrapped=bool(entries) and entries[0].record_id > 0,
         snapshot_time_ns=mtime_ns,
+        pg_status=_pg_status(raw, raw_entries),
     )
     backends = {e.backend for e in entries if e.backend}
     dump.backend = ",".join(sorted(backends)) or None

@@ -14,6 +14,10 @@ from typing import Any, Literal
 State = Literal["scheduled", "started", "completed"]
 SnapshotKind = Literal["periodic", "stall", "final", "dump"]
 
+#: The entry NCCL writes after the per-op entries of a coalesced group (`_coalescing_manager` on
+#: the slow path, `batch_isend_irecv`): no sizes of its own, but the group's state and times.
+COALESCED_END_OPS = frozenset({"coalesced", "ALLGATHER_coalesced", "REDUCE_SCATTER_coalesced"})
+
 #: Ops that PyTorch records under several names; one canonical name makes ranks comparable.
 OP_ALIASES: dict[str, str] = {
     "_all_gather_base": "all_gather",
@@ -138,6 +142,9 @@ class RankDump:
     #: The rank's configuration report (versions, FR settings, group timeouts, env), when an agent
     #: wrote one.
     config: RankConfig | None = None
+    #: The dump's `pg_status` by group name: (last enqueued, last started, last completed) as the
+    #: backend counts them (-1: none yet; NCCL's "started" stays -1 without timing).
+    pg_status: dict[str, tuple[int, int, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

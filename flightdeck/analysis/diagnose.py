@@ -441,7 +441,17 @@ def _describe(sig: Signature) -> str:
 
 
 def _p2p(g: _Group, by_rank: dict[int, RankSummary], now_ns: int, opts: Options) -> list[Finding]:
-    """Match the k-th send src->dst with the k-th recv dst<-src (NCCL records both; gloo neither)."""
+    """Point-to-point faults from the send/recv entries NCCL records (gloo records none).
+
+    Between two ranks NCCL delivers in order, so the k-th send src->dst pairs with the k-th recv
+    dst<-src (ops of one `batch_isend_irecv` share a `p2p_seq_id`; the reader gives them the
+    batch's state). A pair that disagrees on sizes or dtypes is a mismatch; its culprit is the side
+    that changed from the transfers between the two that matched before. An unpaired op that is
+    stuck waits for a peer: when the rank it names posted nothing for it while another rank waits
+    for a message from the same rank (a send src->X unpaired, a recv Y<-src unpaired), src sent to
+    the wrong peer (or, mirrored, a receiver named the wrong source); otherwise the peer that
+    never posted the matching op is the culprit.
+    """
     sends: dict[tuple[int, int], list[Entry]] = {}
     recvs: dict[tuple[int, int], list[Entry]] = {}
     for r in g.members:
@@ -460,6 +470,9 @@ def _p2p(g: _Group, by_rank: dict[int, RankSummary], now_ns: int, opts: Options)
             elif e.op == "recv":
                 recvs.setdefault((peer, r), []).append(e)
     out: list[Finding] = []
+    #: Unpaired ops still in flight, by pair: (the op, its position in the pair's stream).
+    lone_sends: dict[tuple[int, int], tuple[Entry, int]] = {}
+    lone_recvs: dict[tuple[int, int], tuple[Entry, int]] = {}
     for pair in sorted(set(sends) | set(recvs)):
         src, dst = pair
         if src not in by_rank or dst not in by_rank:
@@ -470,54 +483,176 @@ def _p2p(g: _Group, by_rank: dict[int, RankSummary], now_ns: int, opts: Options)
             re_ = rr[k] if k < len(rr) else None
             if se is not None and re_ is not None:
                 if se.input_sizes != re_.output_sizes or se.input_dtypes != re_.output_dtypes:
-                    out.append(
-                        Finding(
-                            kind="p2p_mismatch",
-                            detail=(
-                                f"Point-to-point mismatch in {_group_label(g)}: send #{k + 1} from rank {src} "
-                                f"to rank {dst} carries {_sizes(se.input_sizes)} {','.join(se.input_dtypes)} "
-                                f"but the matching recv expects {_sizes(re_.output_sizes)} "
-                                f"{','.join(re_.output_dtypes)}."
-                            ),
-                            process_group=g.name,
-                            process_group_desc=g.desc,
-                            collective_seq_id=None,
-                            op="send/recv",
-                            culprit_ranks=[src, dst],
-                            culprits=_refs([src, dst], by_rank),
-                            culprit_frames=se.frames,
-                            waiting_frames=re_.frames,
-                        )
-                    )
+                    out.append(_p2p_mismatch(g, src, dst, k, ss[:k], rr[:k], se, re_, by_rank))
                     break
                 continue
             lone = se or re_
             assert lone is not None
-            elapsed = (now_ns - lone.time_created_ns) / NS
-            if lone.finished or elapsed < opts.stall_after_s:
-                continue
-            waiting, missing = (src, dst) if se is not None else (dst, src)
-            verb = "recv from" if se is not None else "send to"
-            out.append(
-                Finding(
-                    kind="hang",
-                    detail=(
-                        f"Point-to-point hang in {_group_label(g)}: rank {waiting} has waited {elapsed:.1f} s "
-                        f"in {lone.op} #{k + 1} with rank {missing}, which never posted the matching "
-                        f"{verb} rank {waiting}."
-                    ),
-                    process_group=g.name,
-                    process_group_desc=g.desc,
-                    op=lone.op,
-                    culprit_ranks=[missing],
-                    waiting_ranks=[waiting],
-                    elapsed_s=elapsed,
-                    culprits=_refs([missing], by_rank),
-                    waiting_frames=lone.frames,
-                )
-            )
+            if not lone.finished and (now_ns - lone.time_created_ns) / NS >= opts.stall_after_s:
+                (lone_sends if se is not None else lone_recvs)[pair] = (lone, k)
             break
+    # Wrong peer: src's unpaired send is the first transfer ever seen between src and X, while Y,
+    # which src did send to before, waits for the next one. (When src had sent to X before, X not
+    # posting its recv is the likelier fault: X is stuck elsewhere, src blocks on it and so has
+    # not reached its send to Y yet; that is left to the hang findings below.)
+    blamed: set[tuple[int, int]] = set()
+    for (src, x), (se, k_s) in sorted(lone_sends.items()):
+        other = next(
+            ((y, rv) for (s2, y), rv in sorted(lone_recvs.items()) if s2 == src and y != x and rv[1] > 0),
+            None,
+        )
+        if other is None or k_s > 0:
+            continue
+        y, (re_, k) = other
+        blamed.update({(src, x), (src, y)})
+        out.append(_wrong_peer(g, src, se, re_, k, by_rank, now_ns, sender=True, named=x, expected_by=y))
+    for (x, dst), (re_, k_r) in sorted(lone_recvs.items()):
+        if (x, dst) in blamed or k_r > 0:
+            continue
+        other = next(
+            ((y, sv) for (y, d2), sv in sorted(lone_sends.items()) if d2 == dst and y != x and sv[1] > 0),
+            None,
+        )
+        if other is None or (other[0], dst) in blamed:
+            continue
+        y, (se, k) = other
+        blamed.update({(x, dst), (y, dst)})
+        out.append(_wrong_peer(g, dst, re_, se, k, by_rank, now_ns, sender=False, named=x, expected_by=y))
+    lone_ops = [(pair, v, True) for pair, v in lone_sends.items()] + [
+        (pair, v, False) for pair, v in lone_recvs.items()
+    ]
+    for pair, (lone, k), is_send in sorted(lone_ops, key=lambda x: x[0]):
+        if pair in blamed:
+            continue
+        src, dst = pair
+        waiting, missing = (src, dst) if is_send else (dst, src)
+        elapsed = (now_ns - lone.time_created_ns) / NS
+        verb = "recv from" if is_send else "send to"
+        out.append(
+            Finding(
+                kind="hang",
+                detail=(
+                    f"Point-to-point hang in {_group_label(g)}: rank {waiting} has waited {elapsed:.1f} s "
+                    f"in {lone.op} #{k + 1} with rank {missing} (p2p_seq_id {lone.p2p_seq_id}), which never "
+                    f"posted the matching {verb} rank {waiting}."
+                ),
+                process_group=g.name,
+                process_group_desc=g.desc,
+                op=lone.op,
+                culprit_ranks=[missing],
+                waiting_ranks=[waiting],
+                elapsed_s=elapsed,
+                culprits=_refs([missing], by_rank),
+                waiting_frames=lone.frames,
+            )
+        )
     return out
+
+
+def _p2p_mismatch(
+    g: _Group,
+    src: int,
+    dst: int,
+    k: int,
+    before_s: list[Entry],
+    before_r: list[Entry],
+    se: Entry,
+    re_: Entry,
+    by_rank: dict[int, RankSummary],
+) -> Finding:
+    """A send and its recv that disagree; the culprit is the side that changed since the pair last
+    matched (both sides when there is no earlier transfer to tell, or both changed)."""
+
+    def shape(sizes: tuple[tuple[int, ...], ...], dtypes: tuple[str, ...]) -> tuple[object, ...]:
+        return (sizes, dtypes)
+
+    sent, wanted = shape(se.input_sizes, se.input_dtypes), shape(re_.output_sizes, re_.output_dtypes)
+    before = [shape(b.input_sizes, b.input_dtypes) for b in before_s[-3:]]
+    before += [shape(b.output_sizes, b.output_dtypes) for b in before_r[-3:]]
+    culprits = [src, dst]
+    if before and all(b == wanted for b in before):
+        culprits = [src]
+    elif before and all(b == sent for b in before):
+        culprits = [dst]
+    what = "size" if se.input_sizes != re_.output_sizes else "dtype"
+    blame = ""
+    if len(culprits) == 1:
+        side = "sender" if culprits[0] == src else "receiver"
+        blame = (
+            f" The {min(k, 3)} transfer(s) before between the two carried "
+            f"{_sizes(re_.output_sizes if side == 'sender' else se.input_sizes)}: the {side}, rank "
+            f"{culprits[0]}, changed."
+        )
+    return Finding(
+        kind="p2p_mismatch",
+        detail=(
+            f"Point-to-point {what} mismatch in {_group_label(g)}: send #{k + 1} from rank {src} to rank "
+            f"{dst} (p2p_seq_id {se.p2p_seq_id} on rank {src}) carries {_sizes(se.input_sizes)} "
+            f"{','.join(se.input_dtypes)} but the matching recv (p2p_seq_id {re_.p2p_seq_id} on rank {dst}) "
+            f"expects {_sizes(re_.output_sizes)} {','.join(re_.output_dtypes)}.{blame}"
+        ),
+        process_group=g.name,
+        process_group_desc=g.desc,
+        op="send" if culprits == [src] else "recv" if culprits == [dst] else "send/recv",
+        culprit_ranks=culprits,
+        waiting_ranks=[r for r in (src, dst) if r not in culprits],
+        culprits=_refs(culprits, by_rank),
+        culprit_frames=se.frames if culprits[0] == src else re_.frames,
+        waiting_frames=re_.frames if culprits[0] == src else se.frames,
+        expected=_p2p_view(re_ if culprits[0] == src else se, recv=culprits[0] == src),
+        actual=_p2p_view(se if culprits[0] == src else re_, recv=culprits[0] != src),
+    )
+
+
+def _p2p_view(e: Entry, *, recv: bool) -> dict[str, object]:
+    sizes, dtypes = (e.output_sizes, e.output_dtypes) if recv else (e.input_sizes, e.input_dtypes)
+    return {"op": e.op, "sizes": [list(x) for x in sizes], "dtypes": list(dtypes), "p2p_seq_id": e.p2p_seq_id}
+
+
+def _wrong_peer(
+    g: _Group,
+    culprit: int,
+    mine: Entry,
+    theirs: Entry,
+    k: int,
+    by_rank: dict[int, RankSummary],
+    now_ns: int,
+    *,
+    sender: bool,
+    named: int,
+    expected_by: int,
+) -> Finding:
+    """`culprit`'s unpaired op names rank `named`, which posted nothing for it, while rank
+    `expected_by` waits in an unpaired op with `culprit`: the culprit picked the wrong peer."""
+    elapsed = (now_ns - min(mine.time_created_ns, theirs.time_created_ns)) / NS
+    if sender:
+        detail = (
+            f"Point-to-point mismatch in {_group_label(g)}: rank {culprit} sent to rank {named} (p2p_seq_id "
+            f"{mine.p2p_seq_id}), which posted no recv from it, while rank {expected_by} waits in recv #{k + 1} "
+            f"from rank {culprit}: rank {culprit} sent to the wrong peer. Both have waited {elapsed:.1f} s."
+        )
+    else:
+        detail = (
+            f"Point-to-point mismatch in {_group_label(g)}: rank {culprit} waits to receive from rank {named} "
+            f"(p2p_seq_id {mine.p2p_seq_id}), which sent it nothing, while rank {expected_by} waits in send "
+            f"#{k + 1} to rank {culprit}: rank {culprit} receives from the wrong peer. Both have waited "
+            f"{elapsed:.1f} s."
+        )
+    return Finding(
+        kind="p2p_mismatch",
+        detail=detail,
+        process_group=g.name,
+        process_group_desc=g.desc,
+        op=mine.op,
+        culprit_ranks=[culprit],
+        waiting_ranks=[expected_by],
+        elapsed_s=elapsed,
+        culprits=_refs([culprit], by_rank),
+        culprit_frames=mine.frames,
+        waiting_frames=theirs.frames,
+        expected=_p2p_view(theirs, recv=sender),
+        actual=_p2p_view(mine, recv=not sender),
+    )
 
 
 def _sizes(sizes: tuple[tuple[int, ...], ...]) -> str:
@@ -827,6 +962,12 @@ def _hang(
         cs = by_rank[culprits[0]]
         last_e = _last_entry(cs)
         finding.culprit_frames = _main_stack(cs) or (last_e.frames if last_e else ())
+        # NCCL's counters confirm where the culprit stopped (gloo's say the same as its entries).
+        st = cs.pg_status.get(g.name) if cs.backend and "nccl" in cs.backend else None
+        if st is not None:
+            finding.detail += (
+                f" Its dump's pg_status for this group: last enqueued {st[0]}, last completed {st[2]}."
+            )
         if last_e is not None:
             finding.culprit_last_entry = entry_json(last_e)
             if last_e.group != g.name or last_e.collective_seq_id < seq:

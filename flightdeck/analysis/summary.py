@@ -12,10 +12,11 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from flightdeck.records import (
+    COALESCED_END_OPS,
     Entry,
     Frame,
     GroupInfo,
@@ -151,6 +152,8 @@ class RankSummary:
     warnings: tuple[str, ...] = ()
     #: The rank's configuration report, when its agent wrote one.
     config: RankConfig | None = None
+    #: The dump's `pg_status` by group name (see `RankDump.pg_status`).
+    pg_status: dict[str, tuple[int, int, int]] = field(default_factory=dict)
 
     def group_desc(self, group: str) -> str:
         """The group's description as this rank knows it ("" when unknown)."""
@@ -189,6 +192,7 @@ def summarize(dump: RankDump) -> RankSummary:
         thread_stacks=dump.thread_stacks,
         warnings=dump.warnings,
         config=dump.config,
+        pg_status=dict(dump.pg_status),
     )
     add_entries(s, dump.entries)
     return s
@@ -209,6 +213,8 @@ def add_entries(s: RankSummary, entries: Sequence[Entry], fps: Iterable[int] | N
         track = tracks.get(e.group)
         if track is None:
             track = tracks[e.group] = GroupTrack()
+        if e.op in COALESCED_END_OPS and not e.input_sizes and _apply_end(track, e):
+            continue
         if e.is_p2p:
             # Re-sent entries (state changes) replace the earlier copy rather than adding one.
             for k in range(len(track.p2p) - 1, -1, -1):
@@ -264,6 +270,38 @@ def _elements(sizes: tuple[tuple[int, ...], ...]) -> int:
     return total
 
 
+def _apply_end(track: GroupTrack, end: Entry) -> bool:
+    """Apply a coalesced group's end entry that arrived without its ops (the reader folds the two
+    when it reads them together, `flightdeck.collector.coalesced`) to what the track holds of the
+    group: its state and times, keeping the ops' signature. False when the track holds none of it."""
+    if end.is_p2p:
+        hit = False
+        for k, old in enumerate(track.p2p):
+            if old.p2p_seq_id == end.p2p_seq_id and old.record_id < end.record_id:
+                track.p2p[k] = _progress_of(old, end)
+                hit = True
+        return hit
+    for k, old in enumerate(track.tail):
+        if old.collective_seq_id == end.collective_seq_id:
+            if old.op in COALESCED_END_OPS and not old.input_sizes:
+                return False  # held unfolded too: replaced as any re-sent entry
+            track.tail[k] = replace(_progress_of(old, end), record_id=max(old.record_id, end.record_id))
+            return True
+    # Older than the tail: the fingerprint already held stays (the state of an old group matters not).
+    return track.index_of(end.collective_seq_id) is not None
+
+
+def _progress_of(e: Entry, end: Entry) -> Entry:
+    return replace(
+        e,
+        state=end.state,
+        retired=end.retired,
+        time_started_ns=end.time_started_ns,
+        time_completed_ns=end.time_completed_ns,
+        duration_ms=end.duration_ms,
+    )
+
+
 def _replace_tail(track: GroupTrack, e: Entry) -> None:
     for i, old in enumerate(track.tail):
         if old.collective_seq_id == e.collective_seq_id:
@@ -283,8 +321,6 @@ def _entry_dict(e: Entry) -> dict[str, Any]:
 
 
 def _entry_from(d: dict[str, Any]) -> Entry:
-    from dataclasses import replace
-
     from flightdeck.records import entry_from_wire, frames_from_wire
 
     e = entry_from_wire(d, [])
@@ -347,6 +383,7 @@ def summary_to_dict(s: RankSummary) -> dict[str, Any]:
         ],
         "warnings": list(s.warnings),
         "config": None if s.config is None else config_to_dict(s.config),
+        "pg_status": {k: list(v) for k, v in s.pg_status.items()},
     }
 
 
@@ -406,4 +443,5 @@ def summary_from_dict(d: dict[str, Any]) -> RankSummary:
         ),
         warnings=tuple(d.get("warnings") or ()),
         config=None if d.get("config") is None else config_from_dict(d["config"]),
+        pg_status={str(k): (int(v[0]), int(v[1]), int(v[2])) for k, v in (d.get("pg_status") or {}).items()},
     )
