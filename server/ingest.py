@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError
 
 from flightdeck.server import store
 from flightdeck.server.admission import Admission, Refused
@@ -37,6 +37,7 @@ from flightdeck.server.errors import (
 from flightdeck.server.group_commit import GroupCommit, Pending
 from flightdeck.server.live import LiveDiagnosis
 from flightdeck.server.metrics import IngestMetrics, SharedState
+from flightdeck.server.schema import SchemaGuard
 from flightdeck.server.settings import ServerSettings
 from flightdeck.wire import Batch, WireError, decode_batch
 
@@ -196,8 +197,12 @@ class IngestService:
         metrics: IngestMetrics,
         shared: SharedState,
         live: LiveDiagnosis,
+        schema: SchemaGuard | None = None,
     ) -> None:
+        """`schema`: asked why, when a statement fails (a missing schema is answered 503 with
+        the reason, not as an error of the batch)."""
         self._db = db
+        self._schema = schema
         self._settings = settings
         self._clock = clock
         self._metrics = metrics
@@ -262,10 +267,16 @@ class IngestService:
                     else []
                 )
         except OperationalError:
+            reason = self._schema_reason()
             for p in group:
-                p.error = self._unavailable()
+                p.error = self._unavailable(reason)
             return
-        except Exception:
+        except Exception as exc:
+            reason = self._schema_reason() if isinstance(exc, DBAPIError) else None
+            if reason is not None:  # e.g. "relation does not exist": the schema went away
+                for p in group:
+                    p.error = self._unavailable(reason)
+                return
             if len(group) == 1:
                 raise
             # One bad batch must not fail the others of its group: apply each on its own.
@@ -339,11 +350,14 @@ class IngestService:
                 self._tokens.pop(token_hash, None)
             else:
                 self._tokens[token_hash] = (found, now_ns)
-        except OperationalError:
+        except DBAPIError as exc:
+            reason = self._schema_reason()
+            if reason is None and not isinstance(exc, OperationalError):
+                raise
             self._metrics.db_errors.inc()
             self._metrics.batches.labels("error").inc()
             raise UnavailableError(
-                "database unavailable", retry_after_s=self._settings.retry_after_s
+                reason or "database unavailable", retry_after_s=self._settings.retry_after_s
             ) from None
         finally:
             self._refreshing.discard(token_hash)
@@ -352,11 +366,28 @@ class IngestService:
             raise AuthError("unknown or revoked token")
         return found
 
-    def _unavailable(self) -> UnavailableError:
+    def _unavailable(self, reason: str | None = None) -> UnavailableError:
         """Count a batch the database could not take and build its 503."""
         self._metrics.db_errors.inc()
         self._metrics.batches.labels("error").inc()
-        return UnavailableError("database busy or unavailable", retry_after_s=self._settings.retry_after_s)
+        return UnavailableError(
+            reason or "database busy or unavailable", retry_after_s=self._settings.retry_after_s
+        )
+
+    def _schema_reason(self) -> str | None:
+        """Why the schema cannot be used (after a failed statement), or None: it is fine, or the
+        database is unreachable, which is not the schema's fault."""
+        if self._schema is None:
+            return None
+        try:
+            return self._schema.check()
+        except DBAPIError:
+            return None
+
+    def forget(self) -> None:
+        """Drop the cached row ids and verified tokens (the database they came from is gone)."""
+        self._cache = store.IngestCache()
+        self._tokens.clear()
 
     def _reject(self, reason: str) -> None:
         self._metrics.rejects.labels(reason).inc()
@@ -407,6 +438,10 @@ class IngestService:
 
         `batch_age_ms`: the collector's `BATCH_AGE_HEADER`, how long the batch waited in its queue.
         """
+        if self._schema is not None and self._schema.problem is not None:
+            reason = self._schema_reason()  # at most one query a second while it lasts
+            if reason is not None:
+                raise self._unavailable(reason)
         limit = self._settings.max_request_bytes
         # The diagnosis worker goes first: see `LiveDiagnosis.run_step`.
         self._live.decode_gate.wait(DECODE_GATE_MAX_WAIT_S)

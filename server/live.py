@@ -764,6 +764,13 @@ class LiveDiagnosis:
                 js.skew_hi[g] = max(prev, hi)
         js.oldest_unfinished_ns = oldest
 
+    def forget_all(self) -> None:
+        """Drop every job held (the database they came from is gone: a recreated one has none of
+        their rows, and would give their ids to other jobs)."""
+        with self._lock:
+            self.jobs = {}
+            self._claim_tried = {}
+
     def jobs_snapshot(self) -> list[JobState]:
         """The job states (shared objects: readers must tolerate concurrent updates)."""
         with self._lock:
