@@ -29,6 +29,7 @@ from flightdeck.server.db import Database
 from flightdeck.server.errors import (
     AuthError,
     BusyError,
+    ForbiddenError,
     InvalidBatchError,
     PayloadTooLargeError,
     UnavailableError,
@@ -39,6 +40,7 @@ from flightdeck.server.live import LiveDiagnosis
 from flightdeck.server.metrics import IngestMetrics, SharedState
 from flightdeck.server.schema import SchemaGuard
 from flightdeck.server.settings import ServerSettings
+from flightdeck.server.token_scope import TokenScope
 from flightdeck.wire import Batch, WireError, decode_batch
 
 try:
@@ -163,12 +165,18 @@ DECODE_GATE_MAX_WAIT_S = 1.0
 GROUP_MAX_ENTRIES = 10_000
 
 
+#: The scope of an unscoped token (and of unauthenticated ingest).
+UNSCOPED = TokenScope()
+
+
 @dataclass(frozen=True, slots=True)
 class Collector:
     """The authenticated sender of a batch (None id: unauthenticated ingest allowed by settings)."""
 
     id: int | None
     name: str
+    #: What the token may write (unscoped: anything).
+    scope: TokenScope = UNSCOPED
 
 
 @dataclass(frozen=True, slots=True)
@@ -345,7 +353,11 @@ class IngestService:
         try:
             with self._db.read() as session:
                 row = store.active_token(session=session, token_hash=token_hash)
-            found = None if row is None else Collector(row.id, row.name)
+            found = (
+                None
+                if row is None
+                else Collector(row.id, row.name, TokenScope.of(row.host, row.job_patterns))
+            )
             if found is None:
                 self._tokens.pop(token_hash, None)
             else:
@@ -474,6 +486,10 @@ class IngestService:
         except (InvalidBatchError, UnsupportedEncodingError):
             self._reject("schema")
             raise
+        refusal = collector.scope.refusal(batch, collector=collector.name)
+        if refusal is not None:
+            self._reject("scope")
+            raise ForbiddenError(refusal)
         request = _Request(
             batch=batch,
             collector=collector,

@@ -1465,9 +1465,24 @@ def finding_rows(*, session: Session, ids: Sequence[int]) -> list[FindingRow]:
 # --- collector tokens ----------------------------------------------------------------------------
 
 
-def create_token(*, session: Session, name: str, token_hash: str, now_ns: int) -> CollectorToken:
-    """Store a new collector token (its hash only); raises IntegrityError when the name exists."""
-    tok = CollectorToken(name=name, token_hash=token_hash, created_at_ns=now_ns)
+def create_token(
+    *,
+    session: Session,
+    name: str,
+    token_hash: str,
+    now_ns: int,
+    host: str | None = None,
+    job_patterns: Sequence[str] | None = None,
+) -> CollectorToken:
+    """Store a new collector token (its hash only), bound to `host` and `job_patterns` when
+    given (None: any); raises IntegrityError when the name exists."""
+    tok = CollectorToken(
+        name=name,
+        token_hash=token_hash,
+        created_at_ns=now_ns,
+        host=host,
+        job_patterns=None if job_patterns is None else list(job_patterns),
+    )
     session.add(tok)
     session.flush()
     return tok

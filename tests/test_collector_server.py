@@ -79,9 +79,11 @@ class Server:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def token(self, action: str, name: str) -> str:
-        """`flightdeck token <action> <name>` on the server's database; its output."""
+        """`flightdeck token <action> <name>` on the server's database; its output. Created tokens
+        are unscoped: the committed dumps name the host they were recorded on."""
+        scope = ["--any-host"] if action == "create" else []
         out = subprocess.run(
-            [*FLIGHTDECK, "token", action, name],
+            [*FLIGHTDECK, "token", action, name, *scope],
             env=self.env,
             capture_output=True,
             text=True,
