@@ -155,13 +155,14 @@ class Services:
                         log.info("retention: deleted %d entries", n)
             except OperationalError:
                 self.metrics.db_errors.inc()
-            except Exception:
-                log.exception("retention failed")
+            except Exception as exc:
+                if self.schema.explains(exc) is None:
+                    log.exception("retention failed")
 
     def schema_reason(self) -> str | None:
         """Why the schema cannot be served now (None: fine, or the database is unreachable)."""
         try:
-            return self.schema.check()
+            return self.schema.check(failed=True)
         except DBAPIError:
             return None
 
@@ -215,11 +216,19 @@ def build_services(
     metrics = IngestMetrics()
     shared = SharedState()
     client = http_client if http_client is not None else httpx.Client(timeout=settings.webhook_timeout_s)
+    holder: list[Services] = []
+    schema = SchemaGuard(
+        db, on_lost=lambda: holder[0].forget_database(), migrate_if_needed=settings.effective_migrate
+    )
     webhook_metrics = WebhookMetrics()
     webhooks = WebhookSender(
-        settings=settings, db=db, client=client, metrics=webhook_metrics, on_db_error=metrics.db_errors.inc
+        settings=settings,
+        db=db,
+        client=client,
+        metrics=webhook_metrics,
+        on_db_error=metrics.db_errors.inc,
+        schema_problem=schema.explains,
     )
-    holder: list[Services] = []
 
     def on_events(js: JobState, events: list[store.FindingEvent]) -> None:
         holder[0].on_finding_events(js, events)
@@ -235,6 +244,7 @@ def build_services(
         on_db_error=metrics.db_errors.inc,
         record_events=record_events,
         observe_duration=metrics.diagnosis.observe,
+        schema_problem=schema.explains,
     )
     live.load()
     with db.read() as session:
@@ -245,9 +255,6 @@ def build_services(
             shared.set_nixl(a.host, a.agent, a.source, store.nixl_totals(a), a.sample)
     reg.register(StateCollector(live=live, shared=shared, ingest=metrics, clock=clock))
     reg.register(webhook_metrics)
-    schema = SchemaGuard(
-        db, on_lost=lambda: holder[0].forget_database(), migrate_if_needed=settings.effective_migrate
-    )
     ingest = IngestService(
         db=db, settings=settings, clock=clock, metrics=metrics, shared=shared, live=live, schema=schema
     )

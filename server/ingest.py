@@ -392,7 +392,7 @@ class IngestService:
         if self._schema is None:
             return None
         try:
-            return self._schema.check()
+            return self._schema.check(failed=True)
         except DBAPIError:
             return None
 

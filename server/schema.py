@@ -179,11 +179,25 @@ class SchemaGuard:
         #: Why the schema cannot be used now; None while it is fine.
         self.problem: str | None = None
 
-    def check(self, *, force: bool = False) -> str | None:
+    def explains(self, exc: BaseException) -> str | None:
+        """The schema problem behind a failed statement (already logged once, when found), or
+        None when `exc` is something else: a worker then stays quiet instead of logging a
+        traceback per step for as long as the schema is gone."""
+        if not isinstance(exc, DBAPIError):
+            return None
+        try:
+            return self.check(failed=True)
+        except DBAPIError:
+            return None
+
+    def check(self, *, force: bool = False, failed: bool = False) -> str | None:
         """The current problem (None: fine), asking the database unless asked very recently.
+        `failed`: asked because a statement failed, when "fine" a moment ago is not good enough
+        (a known problem is still not asked again more than every `min_interval_s`).
         Raises `DBAPIError` when the database cannot be reached (that is not a schema problem)."""
         with self._lock:
-            if not force and self._mono() - self._checked < self._min_interval_s:
+            recent = self._mono() - self._checked < self._min_interval_s
+            if not force and recent and (self.problem is not None or not failed):
                 return self.problem
             self._checked = self._mono()
             found = schema_problem(current_revision(self._db))

@@ -115,6 +115,67 @@ def test_told_to_migrate_a_running_server_restores_a_vanished_schema(
         srv.svc.close()
 
 
+def test_a_server_process_on_a_dropped_and_recreated_database_answers_503_without_tracebacks(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """The reported incident: a real server whose PostgreSQL schema is dropped and recreated empty
+    under it. /healthz and ingest answer 503 with the reason, the log says so once (no traceback
+    per request or per worker step), and after `flightdeck migrate` it serves again."""
+    import psycopg
+
+    from tests.test_server_api import start_server_process
+    from tests.test_server_support import body, make_batch
+
+    assert main(["migrate", "--database-url", pg_url]) == 0
+    token = "fdk_process-test-token"
+    db = connect(pg_url)
+    try:
+        with db.write() as session, session.begin():
+            store.create_token(session=session, name="p", token_hash=hash_token(token), now_ns=1)
+    finally:
+        db.dispose()
+    auth = {"Authorization": f"Bearer {token}"}
+    snaps = snapshots([d for ds in scenario_dumps("healthy_4").values() for d in ds])
+    log_path = tmp_path / "server.log"
+    with open(log_path, "wb") as log:
+        proc, base = start_server_process(
+            {"FLIGHTDECK_DATABASE_URL": pg_url, "FLIGHTDECK_DIAGNOSIS_INTERVAL_S": "0.1"}, log
+        )
+    try:
+
+        def push() -> httpx.Response:
+            data, headers = body(make_batch(snaps, sent_at_ns=time.time_ns()))
+            return httpx.post(f"{base}/api/v1/ingest", content=data, headers={**headers, **auth}, timeout=30)
+
+        assert push().status_code == 200
+        schema = pg_url.rsplit("%3D", 1)[1]
+        with psycopg.connect(pg_url.split("?")[0].replace("+psycopg", ""), autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+            conn.execute(f'CREATE SCHEMA "{schema}"')
+        answers = []
+        for _ in range(20):
+            r = push()
+            answers.append((r.status_code, r.json()["detail"]))
+            time.sleep(0.1)
+        # The token was verified a moment ago (auth_cache_s): then the cache is dropped with the
+        # rest of the old database, and the token lookup itself meets the missing schema.
+        assert {code for code, _ in answers} == {503}, answers
+        assert all("no Flightdeck schema" in d for _, d in answers), answers
+        r = httpx.get(f"{base}/healthz", timeout=10)
+        assert r.status_code == 503 and "flightdeck migrate" in r.json()["reason"]
+        time.sleep(1.0)  # the diagnosis and webhook workers keep stepping meanwhile
+
+        assert main(["migrate", "--database-url", pg_url]) == 0
+        time.sleep(1.1)
+        assert httpx.get(f"{base}/healthz", timeout=10).status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    text_ = log_path.read_text(errors="replace")
+    assert "Traceback" not in text_, text_[-3000:]
+    assert text_.count("database schema lost") == 1, text_[-3000:]
+
+
 # --- start-up, in real server processes ---------------------------------------------------------
 
 
