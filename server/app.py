@@ -320,7 +320,9 @@ def create_app(
         return JSONResponse(body, status_code=status, headers=headers)
 
     async def handle_db(request: Request, exc: Exception) -> JSONResponse:
-        reason = await run_in_threadpool(services.schema_reason)
+        lost_connection = isinstance(exc, OperationalError) and services.db.dialect != "sqlite"
+        # (On PostgreSQL a missing table is never an OperationalError: see IngestService.)
+        reason = None if lost_connection else await run_in_threadpool(services.schema_reason)
         if reason is not None:  # "no such table": the schema went away
             services.metrics.db_errors.inc()
             return await handle(request, UnavailableError(reason, retry_after_s=settings.retry_after_s))

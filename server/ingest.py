@@ -274,13 +274,13 @@ class IngestService:
                     if nixl
                     else []
                 )
-        except OperationalError:
-            reason = self._schema_reason()
+        except OperationalError as exc:
+            reason = self._schema_reason(exc)
             for p in group:
                 p.error = self._unavailable(reason)
             return
         except Exception as exc:
-            reason = self._schema_reason() if isinstance(exc, DBAPIError) else None
+            reason = self._schema_reason(exc) if isinstance(exc, DBAPIError) else None
             if reason is not None:  # e.g. "relation does not exist": the schema went away
                 for p in group:
                     p.error = self._unavailable(reason)
@@ -363,7 +363,7 @@ class IngestService:
             else:
                 self._tokens[token_hash] = (found, now_ns)
         except DBAPIError as exc:
-            reason = self._schema_reason()
+            reason = self._schema_reason(exc)
             if reason is None and not isinstance(exc, OperationalError):
                 raise
             self._metrics.db_errors.inc()
@@ -386,10 +386,14 @@ class IngestService:
             reason or "database busy or unavailable", retry_after_s=self._settings.retry_after_s
         )
 
-    def _schema_reason(self) -> str | None:
-        """Why the schema cannot be used (after a failed statement), or None: it is fine, or the
-        database is unreachable, which is not the schema's fault."""
+    def _schema_reason(self, exc: DBAPIError | None = None) -> str | None:
+        """Why the schema cannot be used (after the failed statement `exc`), or None: it is fine,
+        or the database is unreachable, which is not the schema's fault. On PostgreSQL a missing
+        table is never an OperationalError (that is a lost or refused connection: asking again
+        could wait out a connect timeout); on SQLite it is ("no such table")."""
         if self._schema is None:
+            return None
+        if isinstance(exc, OperationalError) and self._db.dialect != "sqlite":
             return None
         try:
             return self._schema.check(failed=True)

@@ -412,13 +412,11 @@ ENTRY_COLUMNS = (
 )
 _COLS = ", ".join(ENTRY_COLUMNS)
 #: Whether a re-sent entry is at least as far along as the stored row: a higher state
-#: (scheduled 0 < started 1 < completed 2), or the same one and not un-retired. An older
+#: (scheduled 0 < started 1 < completed 2), or the same one and not un-retired (a row-value
+#: comparison is exactly that order, in SQLite and PostgreSQL alike). An older
 #: snapshot arriving after a newer one (a retried or re-queued batch) is not: it must not move
 #: the row back.
-_FORWARD = (
-    "(excluded.state > entries.state OR "
-    "(excluded.state = entries.state AND excluded.retired >= entries.retired))"
-)
+_FORWARD = "((excluded.state, excluded.retired) >= (entries.state, entries.retired))"  # row order
 #: What a re-sent entry may change: its progress, only forward, and frames once a stall
 #: snapshot brings them (even an older one: frames are never taken away). A row neither moves
 #: nor gains frames is not written at all (the WHERE).
