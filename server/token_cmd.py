@@ -47,15 +47,36 @@ def run(args: argparse.Namespace) -> int:
     from sqlalchemy.exc import IntegrityError
 
     from flightdeck.server import store
-    from flightdeck.server.db import connect, migrate
+    from flightdeck.server.cmd import EXIT_DB_UNREACHABLE, EXIT_SCHEMA
+    from flightdeck.server.db import connect
     from flightdeck.server.ingest import hash_token, new_token
+    from flightdeck.server.schema import (
+        DatabaseUnreachableError,
+        SchemaError,
+        ensure_schema,
+        wait_for_database,
+    )
     from flightdeck.server.settings import ServerSettings
     from flightdeck.server.token_scope import TokenScope
 
     settings = ServerSettings(**({"database_url": args.database_url} if args.database_url else {}))
-    db = connect(settings.effective_database_url)
+    url = settings.effective_database_url
+    db = connect(url)
+
+    def say(line: str) -> None:
+        print(f"flightdeck token: {line}", file=sys.stderr, flush=True)
+
     try:
-        migrate(db)
+        # As the server does: wait for the database, and migrate only what it would migrate.
+        try:
+            wait_for_database(db, url=url, deadline_s=settings.db_startup_timeout_s, report=say)
+            ensure_schema(db, migrate_if_needed=settings.effective_migrate)
+        except DatabaseUnreachableError as exc:
+            say(f"giving up: {exc}")
+            return EXIT_DB_UNREACHABLE
+        except SchemaError as exc:
+            say(str(exc))
+            return EXIT_SCHEMA
         now = time.time_ns()
         with db.write() as session, session.begin():
             if args.action == "create":

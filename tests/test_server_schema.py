@@ -253,6 +253,20 @@ def test_postgresql_missing_or_older_schema_refused_until_migrated(pg_url: str) 
     _serves(env)
 
 
+def test_token_command_follows_the_same_rule(pg_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["token", "--database-url", pg_url, "create", "n", "--host", "n"]) == 4
+    assert "no Flightdeck schema" in capsys.readouterr().err
+    assert main(["migrate", "--database-url", pg_url]) == 0
+    assert main(["token", "--database-url", pg_url, "create", "n", "--host", "n"]) == 0
+    url = f"postgresql+psycopg://postgres@127.0.0.1:{_closed_port()}/x"
+    capsys.readouterr()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FLIGHTDECK_DB_STARTUP_TIMEOUT_S", "1")
+        assert main(["token", "--database-url", url, "list"]) == 3
+    err = capsys.readouterr().err
+    assert "flightdeck token: giving up: database" in err and "Traceback" not in err
+
+
 def test_postgresql_migrated_at_start_when_told(pg_url: str) -> None:
     _serves({"FLIGHTDECK_DATABASE_URL": pg_url}, "--migrate")
     _wipe(pg_url)

@@ -102,6 +102,19 @@ def test_an_older_batch_after_a_newer_one_moves_nothing_back(server: Server) -> 
     assert doc["findings"] == []
     assert doc["status"] == "finished"
 
+    # A restarted server rebuilds the summaries from the store: the newer state there too.
+    url = server.svc.settings.effective_database_url
+    again = make_server(url, server.clock)
+    try:
+        js = again.svc.live.jobs[next(iter(again.svc.live.jobs))]
+        js.dirty = True  # finished jobs are not rebuilt at start; this one is asked for
+        again.diagnose()
+        assert js.summaries is not None and len(js.summaries) == 4
+        assert all(e.finished for s in js.summaries.values() for e in s.tracks["0"].tail)
+        assert again.job(JOB)["findings"] == []
+    finally:
+        again.svc.close()
+
 
 def test_an_older_batch_still_fills_in_what_the_newer_one_lacks(server: Server) -> None:
     """Forward only, nothing lost: the older batch's collectives that the newer one did not
