@@ -9,7 +9,10 @@ transaction each, as group commit makes them under load), and the fold into the 
 summaries. One warm-up round goes first (ids, caches). The server process does the same work
 under contention with its other threads, which `bench/loadgen.py` measures.
 
-    python bench/ingest_stages.py --ranks 4096 --hosts 512 --rounds 3
+    python bench/ingest_stages.py --ranks 4096 --hosts 512 --rounds 3 [--requeue] [--label L]
+
+`--requeue` then sends every measured batch again (new ids), older than what is stored: the
+store keeps the newer states, and measures what that costs.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +33,7 @@ import orjson
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-from bench.loadgen import NS, RankSim, Sim, Topology
+from bench.loadgen import NS, RankSim, Sim, Topology, pg_backend_cpu_s
 from flightdeck.analysis import RankSummary
 from flightdeck.server import store
 from flightdeck.server.db import connect, migrate
@@ -53,6 +57,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--hosts", type=int, default=512)
     ap.add_argument("--rounds", type=int, default=3, help="2 s snapshot rounds measured")
     ap.add_argument("--group", type=int, default=30, help="batches per transaction")
+    ap.add_argument(
+        "--requeue",
+        action="store_true",
+        help="then send every measured batch again, under new ids, after the newer ones: what a "
+        "collector's --requeue-dead-letters does (the store keeps the newer states)",
+    )
+    ap.add_argument("--label", default="", help="printed with the figures (e.g. before / after)")
     args = ap.parse_args(argv)
 
     topo = Topology(args.ranks, args.hosts, 3)
@@ -78,7 +89,9 @@ def main(argv: list[str] | None = None) -> None:
     name = "flightdeck_stages_" + uuid.uuid4().hex[:8]
     with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
         admin.execute(f"CREATE DATABASE {name}")  # a fresh hex name, not input
-    db = connect(PG_ADMIN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1) + "/" + name)
+    url = PG_ADMIN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1) + "/" + name
+    db = connect(url)
+    pg_cpu: dict[str, float] = {}
     try:
         migrate(db)
         cache = store.IngestCache()
@@ -95,9 +108,21 @@ def main(argv: list[str] | None = None) -> None:
                 cache.learn(learned)
 
         write(warm)
+        # PostgreSQL's own CPU (its backends, from /proc): steadier than the wall clock on a
+        # shared machine, where the write's wall time mostly measures the other processes.
+        pg0 = pg_backend_cpu_s(url)
         wall = time.perf_counter()
         cpu["store.ingest_batches (this process)"], _ = cpu_of(lambda: write(batches))
         wall = time.perf_counter() - wall
+        pg_cpu["write"] = pg_backend_cpu_s(url) - pg0
+        requeue_wall = None
+        if args.requeue:
+            stale = [replace(b, batch_id=uuid.uuid4().hex) for b in batches]
+            pg0 = pg_backend_cpu_s(url)
+            requeue_wall = time.perf_counter()
+            cpu["store.ingest_batches, requeued (process)"], _ = cpu_of(lambda: write(stale))
+            requeue_wall = time.perf_counter() - requeue_wall
+            pg_cpu["requeued write"] = pg_backend_cpu_s(url) - pg0
     finally:
         db.dispose()
         with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
@@ -117,12 +142,17 @@ def main(argv: list[str] | None = None) -> None:
     cpu["fold into the summaries"], _ = cpu_of(lambda: fold(batches))
 
     print(
-        f"{args.ranks} ranks / {args.hosts} hosts, {args.rounds} rounds: {n:,} entries in "
+        (f"[{args.label}] " if args.label else "")
+        + f"{args.ranks} ranks / {args.hosts} hosts, {args.rounds} rounds: {n:,} entries in "
         f"{len(batches)} batches ({n / len(batches):.0f} entries each), {args.group} per transaction"
     )
     for stage, s in cpu.items():
         print(f"{stage:40s} {s / n * 1e6:6.2f} µs/entry")
     print(f"{'write, wall clock (database included)':40s} {wall / n * 1e6:6.2f} µs/entry")
+    if requeue_wall is not None:
+        print(f"{'requeued write, wall clock':40s} {requeue_wall / n * 1e6:6.2f} µs/entry")
+    for what, s in pg_cpu.items():
+        print(f"{'PostgreSQL CPU, ' + what:40s} {s / n * 1e6:6.2f} µs/entry")
 
 
 if __name__ == "__main__":

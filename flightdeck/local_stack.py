@@ -173,7 +173,9 @@ class LocalStack:
         env = {**os.environ, "FLIGHTDECK_DATA_DIR": str(data_dir)}
         if stall_after_s is not None:
             env["FLIGHTDECK_STALL_AFTER_S"] = str(stall_after_s)
+        # Its own embedded database: always brought up to this version.
         args = ["server", "--host", "127.0.0.1", "--port", str(port), "--database-url", sqlite_url(data_dir)]
+        args.append("--migrate")
         child = self._spawn("server", [*args, "--log-level", log_level], env)
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + ready_timeout_s

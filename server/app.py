@@ -2,7 +2,7 @@
 
 Everything that varies is injected, so tests run the real app in-process against a real database
 with a fake clock, a fresh metrics registry and a webhook client of their choosing. The database
-is opened and migrated in `create_app`; the background workers (diagnosis, webhooks, retention)
+is opened (retried while unreachable) and its schema checked or migrated in `create_app`; the background workers (diagnosis, webhooks, retention)
 run while the app's lifespan does.
 """
 
@@ -19,13 +19,14 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from flightdeck import __version__
 from flightdeck.server import store
-from flightdeck.server.db import Database, connect, migrate
+from flightdeck.server.db import Database, connect
 from flightdeck.server.errors import ServerError, UnavailableError, error_answer
 from flightdeck.server.ingest import IngestService
 from flightdeck.server.ingest_http import IngestEndpoint
@@ -37,6 +38,7 @@ from flightdeck.server.metrics import (
     WebhookMetrics,
     register_process_metrics,
 )
+from flightdeck.server.schema import SchemaGuard, ensure_schema, wait_for_database
 from flightdeck.server.settings import ServerSettings
 from flightdeck.server.webhooks import WebhookSender
 from flightdeck.web.routes import SecurityHeadersMiddleware, WebSettings, make_router
@@ -80,6 +82,7 @@ class Services:
     ingest: IngestService
     owns_client: bool
     http_client: httpx.Client
+    schema: SchemaGuard
     _retention_stop: threading.Event = field(default_factory=threading.Event)
     _retention_thread: threading.Thread | None = None
 
@@ -158,8 +161,21 @@ class Services:
                         log.info("retention: deleted %d entries", n)
             except OperationalError:
                 self.metrics.db_errors.inc()
-            except Exception:
-                log.exception("retention failed")
+            except Exception as exc:
+                if self.schema.explains(exc) is None:
+                    log.exception("retention failed")
+
+    def schema_reason(self) -> str | None:
+        """Why the schema cannot be served now (None: fine, or the database is unreachable)."""
+        try:
+            return self.schema.check(failed=True)
+        except DBAPIError:
+            return None
+
+    def forget_database(self) -> None:
+        """The schema went away: drop what this process holds of the old database's rows."""
+        self.ingest.forget()
+        self.live.forget_all()
 
     def db_unavailable(self) -> UnavailableError:
         """The answer to a request that hit a locked or unreachable database: transient, so it
@@ -187,19 +203,38 @@ def build_services(
     clock: Callable[[], int] = time.time_ns,
     registry: CollectorRegistry | None = None,
     http_client: httpx.Client | None = None,
+    report: Callable[[str], None] = log.warning,
 ) -> Services:
-    """Open and migrate the database, load the state, wire the components (no threads yet)."""
+    """Open the database (waiting up to `db_startup_timeout_s` for it, one `report` line per
+    failed attempt), check its schema (migrating it when `effective_migrate`), load the state,
+    wire the components (no threads yet). Raises `schema.DatabaseUnreachableError` or
+    `schema.SchemaError` with a one-line reason."""
     db = connect(settings.effective_database_url, busy_timeout_s=settings.db_busy_timeout_s)
-    migrate(db)
+    try:
+        wait_for_database(
+            db, url=settings.effective_database_url, deadline_s=settings.db_startup_timeout_s, report=report
+        )
+        ensure_schema(db, migrate_if_needed=settings.effective_migrate)
+    except Exception:
+        db.dispose()
+        raise
     reg = registry if registry is not None else CollectorRegistry()
     metrics = IngestMetrics()
     shared = SharedState()
     client = http_client if http_client is not None else httpx.Client(timeout=settings.webhook_timeout_s)
+    holder: list[Services] = []
+    schema = SchemaGuard(
+        db, on_lost=lambda: holder[0].forget_database(), migrate_if_needed=settings.effective_migrate
+    )
     webhook_metrics = WebhookMetrics()
     webhooks = WebhookSender(
-        settings=settings, db=db, client=client, metrics=webhook_metrics, on_db_error=metrics.db_errors.inc
+        settings=settings,
+        db=db,
+        client=client,
+        metrics=webhook_metrics,
+        on_db_error=metrics.db_errors.inc,
+        schema_problem=schema.explains,
     )
-    holder: list[Services] = []
 
     def on_events(js: JobState, events: list[store.FindingEvent]) -> None:
         holder[0].on_finding_events(js, events)
@@ -215,6 +250,7 @@ def build_services(
         on_db_error=metrics.db_errors.inc,
         record_events=record_events,
         observe_duration=metrics.diagnosis.observe,
+        schema_problem=schema.explains,
     )
     live.load()
     with db.read() as session:
@@ -226,7 +262,9 @@ def build_services(
     reg.register(StateCollector(live=live, shared=shared, ingest=metrics, clock=clock))
     reg.register(webhook_metrics)
     register_process_metrics(reg)
-    ingest = IngestService(db=db, settings=settings, clock=clock, metrics=metrics, shared=shared, live=live)
+    ingest = IngestService(
+        db=db, settings=settings, clock=clock, metrics=metrics, shared=shared, live=live, schema=schema
+    )
     services = Services(
         settings=settings,
         db=db,
@@ -239,6 +277,7 @@ def build_services(
         ingest=ingest,
         owns_client=http_client is None,
         http_client=client,
+        schema=schema,
     )
     holder.append(services)
     return services
@@ -251,15 +290,19 @@ def create_app(
     registry: CollectorRegistry | None = None,
     http_client: httpx.Client | None = None,
     start_workers: bool = True,
+    report: Callable[[str], None] = log.warning,
 ) -> FastAPI:
     """The Flightdeck server as an ASGI app; `app.state.services` holds its components.
 
     `start_workers=False` leaves the diagnosis, webhook and retention threads off, so a test can
-    drive them step by step (`services.live.step(force=True)`).
+    drive them step by step (`services.live.step(force=True)`). `report` gets one line per failed
+    attempt to reach the database at start.
     """
     from flightdeck.server.routes import router
 
-    services = build_services(settings, clock=clock, registry=registry, http_client=http_client)
+    services = build_services(
+        settings, clock=clock, registry=registry, http_client=http_client, report=report
+    )
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -283,11 +326,19 @@ def create_app(
         status, headers, body = error_answer(exc)
         return JSONResponse(body, status_code=status, headers=headers)
 
-    async def handle_db(request: Request, _exc: Exception) -> JSONResponse:
+    async def handle_db(request: Request, exc: Exception) -> JSONResponse:
+        lost_connection = isinstance(exc, OperationalError) and services.db.dialect != "sqlite"
+        # (On PostgreSQL a missing table is never an OperationalError: see IngestService.)
+        reason = None if lost_connection else await run_in_threadpool(services.schema_reason)
+        if reason is not None:  # "no such table": the schema went away
+            services.metrics.db_errors.inc()
+            return await handle(request, UnavailableError(reason, retry_after_s=settings.retry_after_s))
+        if not isinstance(exc, OperationalError):
+            raise exc
         return await handle(request, services.db_unavailable())
 
     app.add_exception_handler(ServerError, handle)
-    app.add_exception_handler(OperationalError, handle_db)
+    app.add_exception_handler(DBAPIError, handle_db)
     app.include_router(router)
     web = StoreData(db=services.db, live=services.live, clock=clock, job_idle_s=settings.job_idle_s)
     app.include_router(make_router(web, WebSettings(token=settings.web_token)))

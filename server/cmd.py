@@ -22,7 +22,23 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--database-url", default=None, help="SQLAlchemy URL (default: FLIGHTDECK_DATABASE_URL)"
     )
+    parser.add_argument(
+        "--migrate",
+        action="store_true",
+        default=None,
+        help="bring a missing or older database schema up to this version at start "
+        "(default: FLIGHTDECK_MIGRATE; unset: SQLite yes, PostgreSQL no)",
+    )
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+
+
+#: Exit codes of `flightdeck server` that say why it did not start (1: anything else).
+EXIT_DB_UNREACHABLE = 3
+EXIT_SCHEMA = 4
+
+
+def _say(line: str) -> None:
+    print(f"flightdeck server: {line}", file=sys.stderr, flush=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -30,13 +46,23 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from flightdeck.server.app import create_app
+    from flightdeck.server.schema import DatabaseUnreachableError, SchemaError
     from flightdeck.server.settings import ServerSettings
 
-    overrides = {
+    overrides: dict[str, object] = {
         k: v for k, v in (("host", args.host), ("port", args.port), ("database_url", args.database_url)) if v
     }
-    settings = ServerSettings(**overrides)
-    app = create_app(settings)
+    if getattr(args, "migrate", None):
+        overrides["migrate"] = True
+    settings = ServerSettings(**overrides)  # type: ignore[arg-type]
+    try:
+        app = create_app(settings, report=_say)
+    except DatabaseUnreachableError as exc:
+        _say(f"giving up: {exc}")
+        return EXIT_DB_UNREACHABLE
+    except SchemaError as exc:
+        _say(f"refusing to start: {exc}")
+        return EXIT_SCHEMA
     gc.collect()
     gc.freeze()  # what start-up created lives for the process: never scan it again
     gc.set_threshold(*GC_THRESHOLD)

@@ -111,7 +111,10 @@ def connect(
         read = _sqlite_engine(url, immediate=False, busy_timeout_s=busy_timeout_s)
         write = _sqlite_engine(url, immediate=True, busy_timeout_s=busy_timeout_s)
     else:
-        read = write = create_engine(url, pool_size=pool_size, max_overflow=pool_size)
+        # A host that drops packets would hold a connection attempt for minutes (libpq waits
+        # forever by default); an unreachable database is then reported and retried instead.
+        args = {} if "connect_timeout" in u.query else {"connect_timeout": 10}
+        read = write = create_engine(url, pool_size=pool_size, max_overflow=pool_size, connect_args=args)
         _ping_when_idle(read, ping_idle_s)
 
         @event.listens_for(read, "connect")

@@ -2,6 +2,7 @@
 
     ServerError                      500  (base: anything the server refuses or cannot do)
      ├── AuthError                   401  missing, unknown or revoked collector token
+     ├── ForbiddenError              403  the token may not write this batch (another host's ranks)
      ├── NotFoundError               404  no such job / resource
      ├── PayloadTooLargeError        413  body (or its decompressed form) above max_request_bytes
      ├── UnsupportedEncodingError    415  a Content-Encoding other than gzip / identity
@@ -34,6 +35,12 @@ class AuthError(ServerError):
     """Missing, unknown or revoked bearer token."""
 
     status_code = 401
+
+
+class ForbiddenError(ServerError):
+    """A valid token outside its scope: a batch for another host's ranks or another job."""
+
+    status_code = 403
 
 
 class NotFoundError(ServerError):

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError
 
 from flightdeck.server import store
 from flightdeck.server.admission import Admission, Refused
@@ -29,6 +29,7 @@ from flightdeck.server.db import Database
 from flightdeck.server.errors import (
     AuthError,
     BusyError,
+    ForbiddenError,
     InvalidBatchError,
     PayloadTooLargeError,
     UnavailableError,
@@ -37,7 +38,9 @@ from flightdeck.server.errors import (
 from flightdeck.server.group_commit import GroupCommit, Pending
 from flightdeck.server.live import LiveDiagnosis
 from flightdeck.server.metrics import IngestMetrics, SharedState
+from flightdeck.server.schema import SchemaGuard
 from flightdeck.server.settings import ServerSettings
+from flightdeck.server.token_scope import TokenScope
 from flightdeck.wire import Batch, WireError, decode_batch
 
 try:
@@ -162,12 +165,18 @@ DECODE_GATE_MAX_WAIT_S = 1.0
 GROUP_MAX_ENTRIES = 10_000
 
 
+#: The scope of an unscoped token (and of unauthenticated ingest).
+UNSCOPED = TokenScope()
+
+
 @dataclass(frozen=True, slots=True)
 class Collector:
     """The authenticated sender of a batch (None id: unauthenticated ingest allowed by settings)."""
 
     id: int | None
     name: str
+    #: What the token may write (unscoped: anything).
+    scope: TokenScope = UNSCOPED
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,8 +205,12 @@ class IngestService:
         metrics: IngestMetrics,
         shared: SharedState,
         live: LiveDiagnosis,
+        schema: SchemaGuard | None = None,
     ) -> None:
+        """`schema`: asked why, when a statement fails (a missing schema is answered 503 with
+        the reason, not as an error of the batch)."""
         self._db = db
+        self._schema = schema
         self._settings = settings
         self._clock = clock
         self._metrics = metrics
@@ -261,11 +274,17 @@ class IngestService:
                     if nixl
                     else []
                 )
-        except OperationalError:
+        except OperationalError as exc:
+            reason = self._schema_reason(exc)
             for p in group:
-                p.error = self._unavailable()
+                p.error = self._unavailable(reason)
             return
-        except Exception:
+        except Exception as exc:
+            reason = self._schema_reason(exc) if isinstance(exc, DBAPIError) else None
+            if reason is not None:  # e.g. "relation does not exist": the schema went away
+                for p in group:
+                    p.error = self._unavailable(reason)
+                return
             if len(group) == 1:
                 raise
             # One bad batch must not fail the others of its group: apply each on its own.
@@ -334,16 +353,23 @@ class IngestService:
         try:
             with self._db.read() as session:
                 row = store.active_token(session=session, token_hash=token_hash)
-            found = None if row is None else Collector(row.id, row.name)
+            found = (
+                None
+                if row is None
+                else Collector(row.id, row.name, TokenScope.of(row.host, row.job_patterns))
+            )
             if found is None:
                 self._tokens.pop(token_hash, None)
             else:
                 self._tokens[token_hash] = (found, now_ns)
-        except OperationalError:
+        except DBAPIError as exc:
+            reason = self._schema_reason(exc)
+            if reason is None and not isinstance(exc, OperationalError):
+                raise
             self._metrics.db_errors.inc()
             self._metrics.batches.labels("error").inc()
             raise UnavailableError(
-                "database unavailable", retry_after_s=self._settings.retry_after_s
+                reason or "database unavailable", retry_after_s=self._settings.retry_after_s
             ) from None
         finally:
             self._refreshing.discard(token_hash)
@@ -352,11 +378,32 @@ class IngestService:
             raise AuthError("unknown or revoked token")
         return found
 
-    def _unavailable(self) -> UnavailableError:
+    def _unavailable(self, reason: str | None = None) -> UnavailableError:
         """Count a batch the database could not take and build its 503."""
         self._metrics.db_errors.inc()
         self._metrics.batches.labels("error").inc()
-        return UnavailableError("database busy or unavailable", retry_after_s=self._settings.retry_after_s)
+        return UnavailableError(
+            reason or "database busy or unavailable", retry_after_s=self._settings.retry_after_s
+        )
+
+    def _schema_reason(self, exc: DBAPIError | None = None) -> str | None:
+        """Why the schema cannot be used (after the failed statement `exc`), or None: it is fine,
+        or the database is unreachable, which is not the schema's fault. On PostgreSQL a missing
+        table is never an OperationalError (that is a lost or refused connection: asking again
+        could wait out a connect timeout); on SQLite it is ("no such table")."""
+        if self._schema is None:
+            return None
+        if isinstance(exc, OperationalError) and self._db.dialect != "sqlite":
+            return None
+        try:
+            return self._schema.check(failed=True)
+        except DBAPIError:
+            return None
+
+    def forget(self) -> None:
+        """Drop the cached row ids and verified tokens (the database they came from is gone)."""
+        self._cache = store.IngestCache()
+        self._tokens.clear()
 
     def _reject(self, reason: str) -> None:
         self._metrics.rejects.labels(reason).inc()
@@ -407,6 +454,10 @@ class IngestService:
 
         `batch_age_ms`: the collector's `BATCH_AGE_HEADER`, how long the batch waited in its queue.
         """
+        if self._schema is not None and self._schema.problem is not None:
+            reason = self._schema_reason()  # at most one query a second while it lasts
+            if reason is not None:
+                raise self._unavailable(reason)
         limit = self._settings.max_request_bytes
         # The diagnosis worker goes first: see `LiveDiagnosis.run_step`.
         self._live.decode_gate.wait(DECODE_GATE_MAX_WAIT_S)
@@ -439,6 +490,10 @@ class IngestService:
         except (InvalidBatchError, UnsupportedEncodingError):
             self._reject("schema")
             raise
+        refusal = collector.scope.refusal(batch, collector=collector.name)
+        if refusal is not None:
+            self._reject("scope")
+            raise ForbiddenError(refusal)
         request = _Request(
             batch=batch,
             collector=collector,

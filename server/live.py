@@ -193,10 +193,14 @@ class LiveDiagnosis:
         monotonic: Callable[[], float] = time.monotonic,
         record_events: Callable[[Session, JobState, list[store.FindingEvent]], None] | None = None,
         observe_duration: Callable[[float], None] | None = None,
+        schema_problem: Callable[[BaseException], str | None] | None = None,
     ) -> None:
         """`on_events` runs after the findings' transaction commits; `record_events` inside it
         (the webhook outbox: an event is stored if and only if its finding change is);
-        `observe_duration` gets the seconds of each job's diagnosis."""
+        `observe_duration` gets the seconds of each job's diagnosis; `schema_problem` says
+        whether a failed step is explained by a vanished schema (`SchemaGuard.explains`: logged
+        once there, not once per step here)."""
+        self._schema_problem = schema_problem
         self._db = db
         self._settings = settings
         self._clock = clock
@@ -266,8 +270,9 @@ class LiveDiagnosis:
         while not self._stop.is_set():
             try:
                 self.run_step()
-            except Exception:  # the worker must outlive any one bad job or DB hiccup
-                log.exception("diagnosis step failed")
+            except Exception as exc:  # the worker must outlive any one bad job or DB hiccup
+                if self._schema_problem is None or self._schema_problem(exc) is None:
+                    log.exception("diagnosis step failed")
             # A wake-up (each ingest commit) ends the wait, but not before STEP_GAP_S: under
             # load commits come every few ms, and a step per commit spent more on its own
             # overhead and on holding decoding back (`run_step`) than on folding.
@@ -765,6 +770,13 @@ class LiveDiagnosis:
                     hist.observe(v)
                 js.skew_hi[g] = max(prev, hi)
         js.oldest_unfinished_ns = oldest
+
+    def forget_all(self) -> None:
+        """Drop every job held (the database they came from is gone: a recreated one has none of
+        their rows, and would give their ids to other jobs)."""
+        with self._lock:
+            self.jobs = {}
+            self._claim_tried = {}
 
     def jobs_snapshot(self) -> list[JobState]:
         """The job states (shared objects: readers must tolerate concurrent updates)."""

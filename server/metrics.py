@@ -128,7 +128,7 @@ class IngestMetrics:
         self.batches = _LabeledCount(("accepted", "duplicate", "rejected", "throttled", "error"))
         self.entries = _Count()
         self.latency = _Hist(LATENCY_BUCKETS)
-        self.rejects = _LabeledCount(("auth", "schema", "too_large"))
+        self.rejects = _LabeledCount(("auth", "schema", "scope", "too_large"))
         self.db_errors = _Count()
         self.group_batches = _Hist(GROUP_BUCKETS)
         self.diagnosis = _Hist(LATENCY_BUCKETS)

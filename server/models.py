@@ -278,6 +278,10 @@ class CollectorToken(Base):
     created_at_ns: Mapped[int] = mapped_column(BigInteger)
     revoked_at_ns: Mapped[int | None] = mapped_column(BigInteger)
     last_push_ns: Mapped[int | None] = mapped_column(BigInteger)
+    #: The only host whose ranks (and NIXL agents) the token may write; None: any (unscoped).
+    host: Mapped[str | None] = mapped_column(String(255))
+    #: Shell-style patterns (`fnmatch`) of the job names it may write; None: any job.
+    job_patterns: Mapped[list[Any] | None] = mapped_column(JSON)
 
 
 class FeedRow(Base):

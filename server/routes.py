@@ -8,7 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from sqlalchemy import text
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from flightdeck.nixl_rates import RATE_WINDOW_S, window_stats
@@ -210,10 +210,19 @@ def metrics(svc: ServicesDep) -> Response:
     return Response(generate_latest(svc.registry), media_type=CONTENT_TYPE_LATEST)
 
 
-@router.get("/healthz", tags=["operations"])
-def healthz(svc: ServicesDep) -> dict[str, str]:
-    """Liveness and database reachability."""
-
-    with _read(svc) as session:
-        session.execute(text("SELECT 1"))
+@router.get(
+    "/healthz",
+    tags=["operations"],
+    responses={503: {"description": "database unreachable, or its schema missing or not this version's"}},
+)
+def healthz(svc: ServicesDep, response: Response) -> dict[str, str]:
+    """Liveness, database reachability and schema version: 200 when the database answers and
+    its schema is the one this server needs, else 503 with the reason."""
+    try:
+        problem = svc.schema.check(force=True)
+    except OperationalError:
+        raise svc.db_unavailable() from None
+    if problem is not None:
+        response.status_code = 503
+        return {"status": "unavailable", "database": svc.db.dialect, "reason": problem}
     return {"status": "ok", "database": svc.db.dialect}

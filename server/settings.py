@@ -35,6 +35,21 @@ class ServerSettings(BaseSettings):
         description="SQLite only: how long a writer waits for the database lock before the request "
         "is answered 503 with Retry-After.",
     )
+    migrate: bool | None = Field(
+        default=None,
+        description="Whether the server brings a missing or older database schema up to its own "
+        "version (Alembic migrations) at start, and again should the schema vanish while it runs "
+        "(a database dropped and recreated). Unset: yes for SQLite (the server's own file), no for "
+        "PostgreSQL, where the server then refuses to start with a one-line message (exit code 4) "
+        "until `flightdeck migrate` has run or it is started with `--migrate` / this set to true. "
+        "A schema newer than the server's is always refused.",
+    )
+    db_startup_timeout_s: float = Field(
+        default=60.0,
+        ge=0,
+        description="How long the server keeps trying to reach the database at start (exponential "
+        "backoff from 0.5 s to 5 s, one log line per attempt) before it gives up with exit code 3.",
+    )
     host: str = Field(default="127.0.0.1", description="Address the HTTP server binds to.")
     port: int = Field(default=8470, ge=1, le=65535, description="TCP port the HTTP server listens on.")
     stall_after_s: float = Field(
@@ -211,6 +226,13 @@ class ServerSettings(BaseSettings):
         if self.cluster and not self.effective_database_url.startswith("postgresql"):
             raise ValueError("cluster mode needs a PostgreSQL database_url (advisory locks)")
         return self
+
+    @property
+    def effective_migrate(self) -> bool:
+        """`migrate`, or when unset: True for SQLite, False for PostgreSQL."""
+        if self.migrate is not None:
+            return self.migrate
+        return self.effective_database_url.startswith("sqlite")
 
     @property
     def effective_database_url(self) -> str:

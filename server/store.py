@@ -411,12 +411,24 @@ ENTRY_COLUMNS = (
     "stack_id",
 )
 _COLS = ", ".join(ENTRY_COLUMNS)
-#: What a re-sent entry may change: its progress, and frames once a stall snapshot brings them.
+#: Whether a re-sent entry is at least as far along as the stored row: a higher state
+#: (scheduled 0 < started 1 < completed 2), or the same one and not un-retired (a row-value
+#: comparison is exactly that order, in SQLite and PostgreSQL alike). An older
+#: snapshot arriving after a newer one (a retried or re-queued batch) is not: it must not move
+#: the row back.
+_FORWARD = "((excluded.state, excluded.retired) >= (entries.state, entries.retired))"  # row order
+#: What a re-sent entry may change: its progress, only forward, and frames once a stall
+#: snapshot brings them (even an older one: frames are never taken away). A row neither moves
+#: nor gains frames is not written at all (the WHERE).
 _ON_CONFLICT = (
-    "ON CONFLICT (job_id, rank, record_id) DO UPDATE SET state = excluded.state, "
-    "retired = excluded.retired, time_started_ns = excluded.time_started_ns, "
-    "time_completed_ns = excluded.time_completed_ns, duration_ms = excluded.duration_ms, "
-    "stack_id = COALESCE(excluded.stack_id, entries.stack_id)"
+    "ON CONFLICT (job_id, rank, record_id) DO UPDATE SET "
+    + ", ".join(
+        f"{c} = CASE WHEN {_FORWARD} THEN excluded.{c} ELSE entries.{c} END"
+        for c in ("state", "retired", "time_started_ns", "time_completed_ns", "duration_ms")
+    )
+    + f", stack_id = COALESCE(CASE WHEN {_FORWARD} THEN excluded.stack_id END, entries.stack_id, "
+    "excluded.stack_id) "
+    f"WHERE {_FORWARD} OR (entries.stack_id IS NULL AND excluded.stack_id IS NOT NULL)"
 )
 _SQLITE_ROW = f"({', '.join('?' * len(ENTRY_COLUMNS))})"
 #: Rows per SQLite upsert statement, largest first; a batch is cut into these sizes. Many rows
@@ -1451,9 +1463,24 @@ def finding_rows(*, session: Session, ids: Sequence[int]) -> list[FindingRow]:
 # --- collector tokens ----------------------------------------------------------------------------
 
 
-def create_token(*, session: Session, name: str, token_hash: str, now_ns: int) -> CollectorToken:
-    """Store a new collector token (its hash only); raises IntegrityError when the name exists."""
-    tok = CollectorToken(name=name, token_hash=token_hash, created_at_ns=now_ns)
+def create_token(
+    *,
+    session: Session,
+    name: str,
+    token_hash: str,
+    now_ns: int,
+    host: str | None = None,
+    job_patterns: Sequence[str] | None = None,
+) -> CollectorToken:
+    """Store a new collector token (its hash only), bound to `host` and `job_patterns` when
+    given (None: any); raises IntegrityError when the name exists."""
+    tok = CollectorToken(
+        name=name,
+        token_hash=token_hash,
+        created_at_ns=now_ns,
+        host=host,
+        job_patterns=None if job_patterns is None else list(job_patterns),
+    )
     session.add(tok)
     session.flush()
     return tok

@@ -84,8 +84,12 @@ class WebhookSender:
         on_db_error: Callable[[], None] = lambda: None,
         clock: Callable[[], int] = time.time_ns,
         jitter: Callable[[], float] = random.random,
+        schema_problem: Callable[[BaseException], str | None] | None = None,
     ) -> None:
+        """`schema_problem`: whether a failed step is explained by a vanished schema
+        (`SchemaGuard.explains`), which is then not logged as a failure of the sender."""
         self._settings = settings
+        self._schema_problem = schema_problem
         self._urls = list(settings.webhook_urls)
         self._db = db
         self._client = client
@@ -169,8 +173,9 @@ class WebhookSender:
             except OperationalError:
                 self._on_db_error()
                 wait = poll
-            except Exception:  # the worker must not die; a bug here would silence every alert
-                log.exception("webhook sender step failed")
+            except Exception as exc:  # the worker must not die; a bug here would silence every alert
+                if self._schema_problem is None or self._schema_problem(exc) is None:
+                    log.exception("webhook sender step failed")
                 wait = poll
             if wait > 0:
                 self._wake.wait(wait)

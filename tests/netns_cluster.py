@@ -313,7 +313,7 @@ class NetnsCluster:
         cmd = [sys.executable, "-m", "flightdeck"]
         # The token goes into the server's database: same environment as the server.
         self.token = subprocess.run(
-            [*cmd, "token", "create", "netns-collectors"],
+            [*cmd, "token", "create", "netns-collectors", "--any-host"],
             env=env,
             capture_output=True,
             text=True,

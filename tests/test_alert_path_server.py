@@ -55,7 +55,7 @@ def server_target(tmp_path: Path) -> Iterator[HangTarget]:
     (tmp_path / "data").mkdir()
     cmd = [sys.executable, "-m", "flightdeck"]
     token = subprocess.run(
-        [*cmd, "token", "create", "alert-test"],
+        [*cmd, "token", "create", "alert-test", "--any-host"],
         env=env,
         capture_output=True,
         text=True,

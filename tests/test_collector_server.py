@@ -78,10 +78,13 @@ class Server:
         }
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def token(self, action: str, name: str) -> str:
-        """`flightdeck token <action> <name>` on the server's database; its output."""
+    def token(self, action: str, name: str, *scope: str) -> str:
+        """`flightdeck token <action> <name> [scope...]` on the server's database; its output.
+        Created tokens are unscoped unless a scope is given: the committed dumps name the host they
+        were recorded on ("vm"), the collector calls itself "testhost"."""
+        scope = scope or (("--any-host",) if action == "create" else ())
         out = subprocess.run(
-            [*FLIGHTDECK, "token", action, name],
+            [*FLIGHTDECK, "token", action, name, *scope],
             env=self.env,
             capture_output=True,
             text=True,
@@ -227,7 +230,15 @@ class AnswerHoldingProxy:
 class Collector:
     """`flightdeck collector --config <toml>` as a subprocess, with its own /metrics port."""
 
-    def __init__(self, tmp: Path, server_url: str, token_file: Path, spool: Path, nixl: Path | None) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        server_url: str,
+        token_file: Path,
+        spool: Path,
+        nixl: Path | None,
+        host: str = "testhost",
+    ) -> None:
         self.metrics_port = free_port()
         self.log = tmp / "collector.log"
         self.config = tmp / "collector.toml"
@@ -238,7 +249,7 @@ class Collector:
             "torch_dump_prefixes = []",
             f'state_dir = "{tmp / "collector-state"}"',
             f'metrics_listen = "127.0.0.1:{self.metrics_port}"',
-            'host = "testhost"',
+            f'host = "{host}"',
             "push_interval_s = 0.2",
             "rescan_interval_s = 1.0",
             "push_deadline_s = 3.0",
@@ -555,3 +566,42 @@ def test_revoked_token_keeps_batches_until_a_new_token_is_given(tmp_path: Path, 
     finally:
         code = collector.stop()
     assert code == 0
+
+
+def test_a_host_bound_token_delivers_its_hosts_ranks_and_nothing_from_another_host(
+    tmp_path: Path, server: Server
+) -> None:
+    """`flightdeck token create --host vm`: the collector of host vm delivers (the committed dumps
+    were recorded on vm); the same token on a collector that calls itself node-9 is refused with
+    403 and the reason, and that collector keeps its batches (nothing dead-lettered or stored)."""
+    token_file = tmp_path / "token"
+    token_file.write_text(server.token("create", "node-vm", "--host", "vm") + "\n")
+    server.start()
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    feeders = _feeders(tmp_path / "a" / "spool")
+    a = Collector(tmp_path / "a", server.url, token_file, tmp_path / "a" / "spool", None, host="vm")
+    a.start()
+    try:
+        for f in feeders.values():
+            f.write_early(4, age_s=3.0)
+        wait_until(lambda: len(server.timeline()) == 4 * len(feeders), 60, "host vm's snapshots")
+    finally:
+        assert a.stop() == 0
+    others = _feeders(tmp_path / "b" / "spool")
+    b = Collector(tmp_path / "b", server.url, token_file, tmp_path / "b" / "spool", None, host="node-9")
+    b.start()
+    try:
+        for f in others.values():
+            f.write_early(8, age_s=2.0)
+        wait_until(lambda: b.metric("flightdeck_collector_token_rejected") == 1, 30, "the 403")
+        assert server.metric("flightdeck_ingest_rejects_total", reason="scope") >= 1
+        assert b.metric("flightdeck_collector_dead_letter_batches") == 0
+        assert b.metric("flightdeck_collector_queue_depth_batches") >= 1
+        assert len(server.timeline()) == 4 * len(feeders)  # nothing of node-9's batch
+        assert (
+            "HTTP 403 token 'node-vm' is bound to host 'vm'; this batch comes from collector host 'node-9'"
+            in (b.log.read_text())
+        )
+    finally:
+        assert b.stop() == 0

@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -378,7 +379,7 @@ def test_gloo_job_to_collector_to_server(tmp_path: Path) -> None:
     server_env["FLIGHTDECK_STALL_AFTER_S"] = str(STALL_AFTER_S)
     (tmp_path / "data").mkdir()
     token = subprocess.run(
-        [*FLIGHTDECK, "token", "create", "e2e"],
+        [*FLIGHTDECK, "token", "create", "e2e", "--host", socket.gethostname()],
         env=server_env,
         capture_output=True,
         text=True,

@@ -98,7 +98,7 @@ class Server:
 
 def make_server(url: str, clock: FakeClock, **overrides: Any) -> Server:
     """An app on `url` with a collector token, workers off, a fresh registry."""
-    settings = ServerSettings(database_url=url, stall_after_s=STALL_S, **overrides)
+    settings = ServerSettings(database_url=url, stall_after_s=STALL_S, **{"migrate": True, **overrides})
     app = create_app(settings, clock=clock, registry=CollectorRegistry(), start_workers=False)
     services: Services = app.state.services
     with services.db.write() as session, session.begin():
@@ -531,7 +531,8 @@ def test_two_server_processes_share_jobs_without_duplicates(pg_database: str, tm
         bases = []
         for log in logs:
             proc, base = start_server_process(
-                {"FLIGHTDECK_DATABASE_URL": url, "FLIGHTDECK_CLUSTER": "true"}, log
+                {"FLIGHTDECK_DATABASE_URL": url, "FLIGHTDECK_CLUSTER": "true", "FLIGHTDECK_MIGRATE": "true"},
+                log,
             )
             procs.append(proc)
             bases.append(base)

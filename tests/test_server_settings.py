@@ -46,13 +46,25 @@ def test_invalid_values_are_refused(field: str, value: object) -> None:
 
 def test_token_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     url = f"sqlite:///{tmp_path}/tokens.db"
-    assert main(["token", "--database-url", url, "create", "node-7"]) == 0
+    # Scoped to a host unless asked for an unscoped one (which the listing flags).
+    assert main(["token", "--database-url", url, "create", "node-7"]) == 2
+    assert "--host HOST" in capsys.readouterr().err
+    assert main(["token", "--database-url", url, "create", "node-7", "--host", "node-7"]) == 0
     token = capsys.readouterr().out.strip()
     assert token.startswith("fdk_") and len(token) > 40
-    assert main(["token", "--database-url", url, "create", "node-7"]) == 1
+    assert main(["token", "--database-url", url, "create", "node-7", "--host", "node-7"]) == 1
+    assert main(["token", "--database-url", url, "create", "shared", "--any-host", "--jobs", "train-*"]) == 0
+    assert main(["token", "--database-url", url, "create", "legacy", "--any-host"]) == 0
+    capsys.readouterr()
     assert main(["token", "--database-url", url, "list"]) == 0
     listing = capsys.readouterr().out
     assert "node-7\tactive" in listing and token not in listing
+    lines = {ln.split("\t")[0]: ln.split("\t")[-1] for ln in listing.splitlines()}
+    assert lines == {
+        "legacy": "UNSCOPED (any host, any job)",
+        "node-7": "host node-7, any job",
+        "shared": "any host, jobs train-*",
+    }
     assert main(["token", "--database-url", url, "revoke", "node-7"]) == 0
     assert main(["token", "--database-url", url, "revoke", "node-7"]) == 1
     main(["token", "--database-url", url, "list"])

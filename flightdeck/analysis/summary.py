@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from array import array
+from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -216,10 +217,12 @@ def add_entries(s: RankSummary, entries: Sequence[Entry], fps: Iterable[int] | N
         if e.op in COALESCED_END_OPS and not e.input_sizes and _apply_end(track, e):
             continue
         if e.is_p2p:
-            # Re-sent entries (state changes) replace the earlier copy rather than adding one.
+            # Re-sent entries (state changes) replace the earlier copy rather than adding one,
+            # unless the copy held is further along (an older snapshot that arrived late).
             for k in range(len(track.p2p) - 1, -1, -1):
                 if track.p2p[k].record_id == e.record_id:
-                    track.p2p[k] = e
+                    if not behind(e, track.p2p[k]):
+                        track.p2p[k] = e
                     break
             else:
                 track.p2p.append(e)
@@ -241,7 +244,8 @@ def add_entries(s: RankSummary, entries: Sequence[Entry], fps: Iterable[int] | N
         aligned = len(track.op_ids) == len(track.seqs)
         op_id = e.op_id if -_INT64 <= e.op_id < _INT64 else 0
         if track.seqs and seq <= track.seqs[-1]:
-            # Out of order or repeated (merged snapshots): replace in place.
+            # Out of order or repeated (merged snapshots, a late older batch): replace in place,
+            # or insert where it belongs, so the track stays in sequence order.
             i = track.index_of(seq)
             if i is not None:
                 track.fps[i] = fp
@@ -249,7 +253,9 @@ def add_entries(s: RankSummary, entries: Sequence[Entry], fps: Iterable[int] | N
                 if aligned:
                     track.op_ids[i] = op_id
                 _replace_tail(track, e)
-                continue
+            else:
+                _insert_older(track, seq, fp, e)
+            continue
         track.seqs.append(seq)
         track.fps.append(fp)
         track.created_ns.append(e.time_created_ns)
@@ -302,11 +308,40 @@ def _progress_of(e: Entry, end: Entry) -> Entry:
     )
 
 
+#: Order of the entry states: an entry only ever moves forward along it.
+_STATE_ORDER = {"scheduled": 0, "started": 1, "completed": 2}
+
+
+def behind(new: Entry, held: Entry) -> bool:
+    """Whether `new` is an earlier view of the entry `held` (a lower state, or no longer
+    retired): a snapshot taken before the one `held` came from."""
+    a, b = _STATE_ORDER.get(new.state, 0), _STATE_ORDER.get(held.state, 0)
+    return a < b or (a == b and held.retired and not new.retired)
+
+
 def _replace_tail(track: GroupTrack, e: Entry) -> None:
     for i, old in enumerate(track.tail):
         if old.collective_seq_id == e.collective_seq_id:
-            track.tail[i] = e
+            if not behind(e, old):
+                track.tail[i] = e
             return
+
+
+def _insert_older(track: GroupTrack, seq: int, fp: int, e: Entry) -> None:
+    """Put a collective older than the track's newest, and not held, in its place (the
+    arrays stay sorted; the tail takes it only when it is among the newest TAIL)."""
+    i = bisect_left(track.seqs, seq)
+    track.seqs.insert(i, seq)
+    track.fps.insert(i, fp)
+    track.created_ns.insert(i, e.time_created_ns)
+    tail = track.tail
+    if len(tail) < TAIL or seq > tail[0].collective_seq_id:
+        k = len(tail)
+        while k > 0 and tail[k - 1].collective_seq_id > seq:
+            k -= 1
+        tail.insert(k, e)
+        if len(tail) > TAIL:
+            del tail[0]
 
 
 # --- plain-data form (JSON-able), for storing summaries and shipping them between processes ---
