@@ -34,9 +34,20 @@ class ServerSettings(BaseSettings):
     host: str = Field(default="127.0.0.1", description="Address the HTTP server binds to.")
     port: int = Field(default=8470, ge=1, le=65535, description="TCP port the HTTP server listens on.")
     stall_after_s: float = Field(
-        default=30.0,
+        default=5.0,
         ge=1.0,
-        description="A collective unfinished on some ranks for at least this many seconds is a hang.",
+        description="A collective unfinished on some ranks for at least this many seconds is a hang, "
+        "unless the ranks it waits for are still working (a slow_rank finding, no page); one of those "
+        "that makes no progress (no CPU, same stack) for this long is hung. The one threshold: "
+        "agents write their stack snapshot after a fixed 2 s, so the first hang finding has it. "
+        "5 s is 4x the longest gap between collectives measured in healthy gloo jobs, well above "
+        "snapshot and push delays (docs/runbook.md, busy or stuck).",
+    )
+    slow_ceiling_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="A rank still working while the others wait (slow_rank) is reported as a hang once "
+        "they have waited this many seconds; unset: half the group's timeout (5 min when unknown).",
     )
     lost_after_intervals: float = Field(
         default=3.0,

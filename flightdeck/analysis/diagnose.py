@@ -25,6 +25,7 @@ from flightdeck.analysis.findings import (
     Report,
     entry_json,
 )
+from flightdeck.analysis.progress import refine_hang
 from flightdeck.analysis.summary import GroupTrack, RankSummary, Signature
 from flightdeck.records import Entry, Stack
 
@@ -843,7 +844,8 @@ def _hang(
                 if cs.exception
                 else " It then exited without an error."
             )
-    return finding
+    # Busy or stuck, from the culprits' own evidence (flightdeck.analysis.progress).
+    return refine_hang(finding, by_rank, now_ns, opts, failed=failed)
 
 
 def _gone_quiet(

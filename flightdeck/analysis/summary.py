@@ -19,12 +19,15 @@ from flightdeck.records import (
     Entry,
     Frame,
     GroupInfo,
+    Progress,
     RankConfig,
     RankDump,
     Stack,
     ThreadStack,
     config_from_dict,
     config_to_dict,
+    progress_from_dict,
+    progress_to_dict,
 )
 
 #: Entries kept in full per group (the frontier: where each rank is and what it waits on).
@@ -143,6 +146,8 @@ class RankSummary:
     warnings: tuple[str, ...] = ()
     #: The rank's configuration report, when its agent wrote one.
     config: RankConfig | None = None
+    #: Whether its main thread is working (CPU time, stack), from its newest snapshot that said.
+    progress: Progress | None = None
 
     def group_desc(self, group: str) -> str:
         """The group's description as this rank knows it ("" when unknown)."""
@@ -181,6 +186,7 @@ def summarize(dump: RankDump) -> RankSummary:
         thread_stacks=dump.thread_stacks,
         warnings=dump.warnings,
         config=dump.config,
+        progress=dump.progress,
     )
     add_entries(s, dump.entries)
     return s
@@ -317,6 +323,7 @@ def summary_to_dict(s: RankSummary) -> dict[str, Any]:
         ],
         "warnings": list(s.warnings),
         "config": None if s.config is None else config_to_dict(s.config),
+        "progress": None if s.progress is None else progress_to_dict(s.progress),
     }
 
 
@@ -372,4 +379,5 @@ def summary_from_dict(d: dict[str, Any]) -> RankSummary:
         ),
         warnings=tuple(d.get("warnings") or ()),
         config=None if d.get("config") is None else config_from_dict(d["config"]),
+        progress=progress_from_dict(d.get("progress")),
     )

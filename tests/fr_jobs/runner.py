@@ -37,7 +37,6 @@ def run_job(
     spool_dir: Path,
     *,
     interval_s: float = 0.4,
-    stall_after_s: float = 2.0,
     pg_timeout_s: float = 6.0,
     leave_s: float | None = None,
     compute_s: float = 0.03,
@@ -58,7 +57,6 @@ def run_job(
         FLIGHTDECK_SPOOL_DIR=str(spool_dir),
         FLIGHTDECK_JOB=scenario.name,
         FLIGHTDECK_INTERVAL_S=str(interval_s),
-        FLIGHTDECK_STALL_AFTER_S=str(stall_after_s),
         PYTHONPATH=str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
         OMP_NUM_THREADS="1",
     )
