@@ -683,6 +683,7 @@ class Agent:
         self._dir: Path | None = None
         self._exception: str | None = None
         self._final_done = False
+        self._stall_thread: threading.Thread | None = None
         self._prev_excepthook: Callable[..., Any] | None = None
         self._prev_threading_excepthook: Callable[..., Any] | None = None
         self.snapshots_written = 0
@@ -784,7 +785,20 @@ class Agent:
                 "finished" if oldest_pending is not None else "started or finished",
                 (now - since) / 1e9,
             )
+            self._write_stall(stacks)
+
+    def _write_stall(self, stacks: list[dict[str, Any]]) -> None:
+        """Write the stall snapshot from a thread of its own: torch symbolizes the entries' frames
+        the first time for seconds (9-12 s measured on a loaded 2-core machine; it releases the
+        GIL), and the periodic snapshots must go on meanwhile, or the rank would look lost."""
+
+        def write() -> None:
             self._guarded("stall", lambda: self._write("stall", self._dump(True), self._clock_ns(), stacks))
+
+        if self._stall_thread is not None and self._stall_thread.is_alive():
+            return  # the previous episode's is still being written
+        self._stall_thread = threading.Thread(target=write, name="flightdeck-stall", daemon=True)
+        self._stall_thread.start()
 
     # -- snapshots --
 
@@ -941,6 +955,9 @@ class Agent:
             self._thread.join(timeout=5.0)
         if not self._final_done:
             self._final_done = True
+            # First without the entries' frames, like the exception hook (the first symbolization
+            # takes seconds, while the other ranks' final snapshots already say they exited).
+            self.snapshot("final", frames=False)
             self.snapshot("final")
 
     def _excepthook(self, etype: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:

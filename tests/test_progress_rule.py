@@ -7,6 +7,8 @@ no verdict yet. Real jobs show the same end to end in tests/test_busy_or_stuck.p
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from flightdeck.analysis import Options, diagnose, summarize, summary_from_dict, summary_to_dict
@@ -121,6 +123,12 @@ def test_progress_seen_a_little_while_ago_gives_no_verdict_yet() -> None:
     """Between busy and stuck (progress 3 s ago, stall_after 5 s): neither finding, for now."""
     now = WAIT_START + 6 * S
     assert _findings(now, _idle(now, since=now - 3 * S)) == []
+    # A busy sample that arrived late: busy 1.5 s before it was taken, 4 s ago, says nothing about
+    # the 5.5 s since its last progress (it may have blocked right after).
+    late = replace(_busy(now - 4 * S), active_ns=now - int(5.5 * S))
+    assert _findings(now, late) == []
+    # Delivered 3 s late but busy up to its sample: still busy.
+    assert [f.kind for f in _findings(now, _busy(now - 3 * S))] == ["slow_rank"]
 
 
 def test_slow_longer_than_the_ceiling_is_a_hang() -> None:
@@ -157,7 +165,7 @@ def test_before_stall_after_nothing_is_reported_either_way() -> None:
     assert _findings(now, _idle(now, WAIT_START)) == []
 
 
-def test_the_user_frame_rule_skips_torch_stdlib_and_flightdeck() -> None:
+def test_the_user_frame_rule_skips_torch_the_stdlib_and_the_agent() -> None:
     assert innermost_user_frame(SAVE) == SAVE[2]
     assert innermost_user_frame(QUEUE) == QUEUE[2]
     assert not is_user_frame(Frame("run", "/work/flightdeck/agent.py", 1))

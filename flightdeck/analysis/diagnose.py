@@ -25,6 +25,7 @@ from flightdeck.analysis.findings import (
     Report,
     entry_json,
 )
+from flightdeck.analysis.frames import innermost_user_frame
 from flightdeck.analysis.progress import refine_hang
 from flightdeck.analysis.summary import GroupTrack, RankSummary, Signature
 from flightdeck.records import Entry, Stack
@@ -833,8 +834,9 @@ def _hang(
                 )
         main = _main_stack(cs)
         if main and cs.kind != "final":
-            # Taken while the others waited: where the culprit is stuck instead (a data loader, I/O).
-            top = main[0]
+            # Taken while the others waited: where the culprit is stuck instead (a data loader, I/O):
+            # the line of the user's code, not the library call it is blocked in (`queue.get`).
+            top = innermost_user_frame(main) or main[0]
             finding.detail += (
                 f" Its main thread is in {top.name} ({top.filename.rsplit('/', 1)[-1]}:{top.line})."
             )

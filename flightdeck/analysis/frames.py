@@ -22,9 +22,10 @@ LIBRARY_MARKERS: tuple[str, ...] = (
 )
 
 #: Beyond LIBRARY_MARKERS, where the *innermost user frame* is never found: the rest of PyTorch
-#: (`torch.save`, the data loader) and Python's own modules (`queue.get`, `time`), so that "rank 0
-#: is in save_checkpoint (train.py:88)" names the caller, not `torch/serialization.py`.
-_NOT_USER = ("/torch/", "<frozen ", "/flightdeck/")
+#: (`torch.save`, the data loader) and frozen modules; Python's own library is told by its path
+#: (below). So "rank 0 is in save_checkpoint (train.py:88)" names the caller, not
+#: `torch/serialization.py`, and a rank blocked in `queue.get` names the line that called it.
+_NOT_USER = ("/torch/", "<frozen ")
 
 
 def is_library_path(filename: str) -> bool:
@@ -34,7 +35,7 @@ def is_library_path(filename: str) -> bool:
 
 def is_user_frame(frame: Frame) -> bool:
     """Whether `frame` is the user's own code: not plumbing, not PyTorch, not Python's standard
-    library (`.../lib/python3.X/...` outside `site-packages`), not Flightdeck itself."""
+    library (`.../lib/python3.X/...` outside `site-packages`), not the Flightdeck agent."""
     fn = frame.filename
     if is_library_path(fn) or any(m in fn for m in _NOT_USER) or fn.startswith("<"):
         return False

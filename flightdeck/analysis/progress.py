@@ -5,8 +5,9 @@ entered it. Waiting alone does not tell a checkpoint save from a dead data loade
 main thread does. Every agent snapshot carries `flightdeck.records.Progress`: when the thread
 last made progress (CPU time growing, its stack changing, or disk I/O), sampled twice a second.
 
-- **Busy** (progress seen within the last half of `stall_after_s`, as of its latest sample): a
-  `slow_rank` finding, a warning that pages nobody, naming where it is busy.
+- **Busy** (progress seen within the last half of `stall_after_s` as of its latest sample, and
+  less than `stall_after_s` before now): a `slow_rank` finding, a warning that pages nobody,
+  naming where it is busy.
 - **Stuck** (no progress for `stall_after_s`: asleep, blocked on a queue, a lock or a dead peer):
   the hang stands, and says where the thread is.
 - **Slow too long**: still busy after the ceiling (`Options.slow_ceiling_s`, by default half the
@@ -63,7 +64,13 @@ def activity(s: RankSummary, now_ns: int, stall_after_s: float) -> Activity | No
     idle_s = max(0.0, (p.sampled_ns - last) / NS) if last is not None else 0.0
     if idle_s >= stall_after_s:
         verdict = "stuck"
-    elif idle_s < stall_after_s * BUSY_WITHIN_SHARE:
+    elif (
+        idle_s < stall_after_s * BUSY_WITHIN_SHARE
+        and last is not None
+        and (now_ns - last) / NS < stall_after_s
+    ):
+        # Busy by its latest sample, and that progress recent enough as of now: a sample that was
+        # delivered late says nothing about the seconds since (it may have blocked right after).
         verdict = "busy"
     else:
         verdict = "unsure"
