@@ -56,7 +56,7 @@ class UpSettings(BaseSettings):
         default=None,
         ge=1.0,
         description="Seconds a collective may stay unfinished before it is a hang; default: the "
-        "server's FLIGHTDECK_STALL_AFTER_S (30).",
+        "server's FLIGHTDECK_STALL_AFTER_S (5).",
     )
 
 

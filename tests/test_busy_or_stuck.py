@@ -276,7 +276,7 @@ def test_slow_past_the_ceiling_is_a_hang(tmp_path: Path) -> None:
         wait_until(lambda: "fault: busy in save_checkpoint" in job.text(), 120, "the busy phase", 0.05)
         hang = wait_until(lambda: stack.hooks.opened("hang"), 60, "the hang webhook")[0]
         assert hang["culprit_ranks"] == [0] and hang["elapsed_s"] >= 8.0
-        assert "is still working but has kept the others waiting" in hang["detail"], hang["detail"]
+        assert "still working, but it has kept the others waiting" in hang["detail"], hang["detail"]
         assert "longer than the configured ceiling (8 s)" in hang["detail"]
         assert any(f["name"] == "save_checkpoint" for f in hang["culprit_frames"]), hang["culprit_frames"]
         # Slow before the ceiling (between stall_after 5 s and 8 s).

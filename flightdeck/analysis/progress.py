@@ -137,8 +137,9 @@ def refine_hang(
     busy = _busy_words(known)
     if elapsed >= ceiling:
         finding.detail += (
-            f" {busy} is still working but has kept the others waiting {elapsed:.1f} s, longer than "
-            f"{why} ({ceiling:.0f} s): treated as hung before the group's timeout ends the job."
+            f" {busy[0].upper()}{busy[1:]}: still working, but it has kept the others waiting "
+            f"{elapsed:.1f} s, longer than {why} ({ceiling:.0f} s): treated as hung before the "
+            "group's timeout ends the job."
         )
         _say_where(finding, known, sentence=False)
         return finding

@@ -4,7 +4,7 @@
 
 Without `--server` it runs its own server (SQLite in a temporary directory, or `--data-dir`) on
 127.0.0.1, with the hang threshold `--stall-after`; a server given with `--server` uses its own
-(FLIGHTDECK_STALL_AFTER_S, default 30 s). It always runs its own collector(s), on spool directories
+(FLIGHTDECK_STALL_AFTER_S, default 5 s). It always runs its own collector(s), on spool directories
 of its own, so a system-wide collector is not needed. The job's ranks run `flightdeck.demo.worker` with the agent; rank 1 commits
 the fault at `--fault-at-step`:
 
