@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -228,6 +229,15 @@ def test_a_busy_rank_is_slow_not_hung_and_the_job_goes_on(tmp_path: Path) -> Non
         assert "rank 0 is busy in save_checkpoint (progress_job.py:" in slow["detail"], slow["detail"]
         assert "ranks 1, 2 wait in barrier (group 0, collective_seq_id" in slow["detail"]
         assert any(f["name"] == "save_checkpoint" for f in slow["culprit_frames"]), slow["culprit_frames"]
+        # What a user would copy off the nodes while it is slow, for `flightdeck analyze`: well
+        # past stall_after (offline, "now" is the newest snapshot in the copy).
+        wait_until(
+            lambda: any((f["elapsed_s"] or 0) >= 8 for f in _findings(stack, "busy-job", "slow_rank")),
+            30,
+            "8 s of waiting",
+        )
+        copy = tmp_path / "copied"
+        shutil.copytree(stack.spool / "busy-job", copy, ignore=shutil.ignore_patterns(".*"))
         assert job.proc.wait(timeout=120) == 0, job.text()[-3000:]
         assert "fault over" in job.text()
         # Everything the server ever opened for the job, and every webhook it sent: no hang.
@@ -238,6 +248,13 @@ def test_a_busy_rank_is_slow_not_hung_and_the_job_goes_on(tmp_path: Path) -> Non
         assert not stack.hooks.opened("hang")
         # Once the job went on, the slow finding was resolved.
         wait_until(lambda: not _findings(stack, "busy-job", "slow_rank"), 30, "the slow finding resolved")
+    # Offline, the same rule on the copied sidecars (judged as of their newest snapshot).
+    res = subprocess.run(
+        [*FLIGHTDECK, "analyze", "--format", "json", str(copy)], capture_output=True, text=True, timeout=120
+    )
+    offline = json.loads(res.stdout)["findings"]
+    assert [f["kind"] for f in offline if f["kind"] in ("hang", "slow_rank")] == ["slow_rank"], offline
+    assert offline[0]["culprit_ranks"] == [0] and "save_checkpoint" in offline[0]["detail"]
 
 
 def test_a_blocked_rank_is_a_hang_whose_first_finding_names_its_line(tmp_path: Path) -> None:
