@@ -131,6 +131,17 @@ def test_progress_seen_a_little_while_ago_gives_no_verdict_yet() -> None:
     assert [f.kind for f in _findings(now, _busy(now - 3 * S))] == ["slow_rank"]
 
 
+def test_progress_now_and_then_is_slow_once_the_others_waited_twice_stall_after() -> None:
+    """A culprit that makes progress every 3 s (a loop polling with a sleep) is never stuck: after
+    twice stall_after of waiting it is slow, and past the ceiling a hang, never left unreported."""
+    now = WAIT_START + 11 * S
+    (f,) = _findings(now, _idle(now, since=now - 3 * S))
+    assert f.kind == "slow_rank" and f.culprit_ranks == [0]
+    now = WAIT_START + 61 * S
+    (f,) = _findings(now, _idle(now, since=now - 3 * S))
+    assert f.kind == "hang" and "longer than half the group's timeout" in f.detail
+
+
 def test_slow_longer_than_the_ceiling_is_a_hang() -> None:
     # Default ceiling: half the group's 120 s timeout.
     now = WAIT_START + 59 * S

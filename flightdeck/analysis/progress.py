@@ -12,7 +12,9 @@ last made progress (CPU time growing, its stack changing, or disk I/O), sampled 
   the hang stands, and says where the thread is.
 - **Slow too long**: still busy after the ceiling (`Options.slow_ceiling_s`, by default half the
   group's timeout): a hang, before torch's own timeout kills the job.
-- In between (progress seen a little while ago, not yet `stall_after_s`): no verdict yet.
+- In between (progress seen a little while ago, not yet `stall_after_s`): no verdict yet, for up to
+  twice `stall_after_s` of waiting; after that slow (progress comes now and then), and a hang past
+  the ceiling.
 
 Culprits without evidence (torch's own dumps, older agents, evidence older than `stall_after_s`:
 the process stopped) keep the plain rule: waiting `stall_after_s` is a hang. Pure: `now` is
@@ -31,6 +33,10 @@ from flightdeck.records import Frame, Stack
 NS = 1_000_000_000
 #: A culprit whose latest sample saw progress within this share of `stall_after_s` is busy.
 BUSY_WITHIN_SHARE = 0.5
+#: A culprit neither busy nor stuck (progress seen, but a while ago) gets no verdict until the
+#: others have waited this many `stall_after_s`; then it is slow (it keeps making progress now and
+#: then: a loop that polls every few seconds), and a hang after the ceiling like any slow rank.
+UNSURE_FOR = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,13 +134,17 @@ def refine_hang(
     if any(a.verdict == "stuck" for a in known):
         _say_where(finding, [a for a in known if a.verdict == "stuck"])
         return finding
-    if any(a.verdict == "unsure" for a in known):
-        return None
     elapsed = finding.elapsed_s or 0.0
     ceiling, why = slow_ceiling_s(
         opts, group_timeout_ms(finding.process_group or "", finding.waiting_ranks, by_rank)
     )
     busy = _busy_words(known)
+    if (
+        elapsed < ceiling
+        and elapsed < UNSURE_FOR * opts.stall_after_s
+        and any(a.verdict == "unsure" for a in known)
+    ):
+        return None  # it may be about to be stuck: wait for its next samples
     if elapsed >= ceiling:
         finding.detail += (
             f" {busy[0].upper()}{busy[1:]}: still working, but it has kept the others waiting "
