@@ -126,10 +126,11 @@ def test_progress_sampler_tells_a_busy_thread_from_a_sleeping_one() -> None:
     """Real threads, real /proc: one computes, one blocks on an event; the sampler sees CPU time
     grow (and the stack move) only for the first."""
     stop = threading.Event()
+    spinning = [True]
 
     def spin() -> None:
         x = 0
-        while not stop.is_set():
+        while spinning[0]:  # no call inside: the innermost frame is always spin's
             x += 1
 
     busy = threading.Thread(target=spin, name="busy")
@@ -139,9 +140,10 @@ def test_progress_sampler_tells_a_busy_thread_from_a_sleeping_one() -> None:
     try:
         samplers = {t.name: ProgressSampler(time.time_ns, thread=t) for t in (busy, asleep)}
         firsts = {n: s.sample() for n, s in samplers.items()}
-        time.sleep(0.5)
+        time.sleep(1.0)
         lasts = {n: s.sample() for n, s in samplers.items()}
     finally:
+        spinning[0] = False
         stop.set()
         busy.join()
         asleep.join()
