@@ -45,6 +45,7 @@ from flightdeck.records import (
     Entry,
     Frame,
     GroupInfo,
+    Progress,
     RankDump,
     SnapshotKind,
     Stack,
@@ -52,6 +53,7 @@ from flightdeck.records import (
     ThreadStack,
     canonical_op,
     config_from_dict,
+    progress_from_dict,
 )
 from flightdeck.ring_split import RING_META_KEY
 
@@ -719,6 +721,9 @@ def _apply_meta(dump: RankDump, meta: dict[str, Any], ctx: _Ctx) -> None:
                 for g in dump.config.groups
             )
             dump.config = replace(dump.config, groups=groups)
+    progress = progress_from_dict(meta.get("progress"))
+    if progress is not None:
+        dump.progress = progress
     stacks = meta.get("thread_stacks")
     if isinstance(stacks, list):
         dump.thread_stacks = tuple(
@@ -1001,6 +1006,7 @@ def merge(dumps: list[RankDump]) -> RankDump:
     stacks = next((d.thread_stacks for d in reversed(ordered) if d.thread_stacks), ())
     exception = next((d.exception for d in reversed(ordered) if d.exception), None)
     config = next((d.config for d in reversed(ordered) if d.config is not None), None)
+    progress = max((d.progress for d in ordered if d.progress is not None), key=_sampled, default=None)
     warnings = tuple(dict.fromkeys(w for d in ordered for w in d.warnings))
     return replace(
         latest,
@@ -1009,11 +1015,16 @@ def merge(dumps: list[RankDump]) -> RankDump:
         thread_stacks=stacks,
         exception=exception,
         config=config,
+        progress=progress,
         wrapped=bool(entries) and entries[0].record_id > 0,
         warnings=warnings,
         source=latest.source,
         ring_first=None,  # the union is the whole ring again (and older entries it had)
     )
+
+
+def _sampled(p: Progress) -> int:
+    return p.sampled_ns
 
 
 _KIND_RANK: dict[str, int] = {"dump": 0, "periodic": 1, "stall": 2, "final": 3}

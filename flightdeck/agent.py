@@ -17,13 +17,18 @@ File contract (the collector and reader depend on it exactly), in `<spool_dir>/<
 - `rank_<R>.recent.pkl` every `interval_s` in between: only the entries new or unfinished since
                         that whole ring (its sidecar's `ring` key says where the ring now begins),
                         so readers decode a few dozen entries, not 2,000 (`flightdeck.ring_split`);
-- `rank_<R>.stall.pkl`  once per stall episode, with frames and every thread's stack: no
-                        collective finished for `stall_after_s` (blocked in one, or quiet: none
-                        started either, which is where a rank the others wait for usually is);
+- `rank_<R>.stall.pkl`  once per stall episode, with frames and every thread's stack: a collective
+                        pending for `STACKS_AFTER_S` (2 s) without any finishing, or none pending
+                        and the main thread idle (no CPU, same stack) that long: where a rank the
+                        others wait for usually is;
 - `rank_<R>.final.pkl`  at interpreter exit or on an uncaught exception, with frames;
 - `X.meta.json`         the sidecar of every dump file `X`, written before `X` is renamed into place;
                         its `config` key is the rank's configuration report (versions, FR settings,
-                        per-group backend and timeout, `TORCH_*`/`NCCL_*` env, secrets redacted).
+                        per-group backend and timeout, `TORCH_*`/`NCCL_*` env, secrets redacted);
+                        its `progress` key says whether the main thread is working (CPU time,
+                        stack fingerprint, innermost frames: `flightdeck.records.Progress`),
+                        sampled every `PROGRESS_SAMPLE_S`, so the server can tell a busy rank
+                        (a checkpoint save) from a stuck one.
 
 Every file is written to a hidden temporary name (`.<name>.<pid>.tmp`) in the same directory,
 fsynced and renamed, so a reader never sees a partial file. The agent never breaks or slows the job:
@@ -34,6 +39,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import hashlib
 import json
 import logging
 import math
@@ -55,6 +61,7 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any, Literal
 
+from flightdeck.records import PROGRESS_MAX_FRAMES, Frame, Progress, progress_to_dict
 from flightdeck.ring_split import RECENT_SUFFIX, RING_META_KEY, Part, RingSplitter
 
 logger = logging.getLogger("flightdeck.agent")
@@ -69,7 +76,8 @@ ENV_VARS: dict[str, str] = {
     "FLIGHTDECK_AGENT": "enabled (0/false/no/off disables the agent, 1 or unset enables it)",
     "FLIGHTDECK_SPOOL_DIR": "spool_dir",
     "FLIGHTDECK_INTERVAL_S": "interval_s",
-    "FLIGHTDECK_STALL_AFTER_S": "stall_after_s",
+    "FLIGHTDECK_STALL_AFTER_S": "deprecated and ignored (a warning): the server's FLIGHTDECK_STALL_AFTER_S "
+    "decides what is a hang; the agent writes its stack snapshot after a fixed STACKS_AFTER_S",
     "FLIGHTDECK_FULL_EVERY_S": "full_every_s",
     "FLIGHTDECK_JOB": "job",
     "FLIGHTDECK_CHECKPOINT_DIR": "config report: where the job reads/writes distributed checkpoints "
@@ -92,6 +100,21 @@ _TOKENISH = re.compile(r"[A-Za-z0-9+/=_.:-]+")
 #: The collector watches this root by default (collector/settings.py `spool_dirs`).
 DEFAULT_SPOOL_DIR = "/var/spool/flightdeck"
 SIDECAR_VERSION = 1
+#: Seconds a collective may stay pending (or, with none pending, the main thread idle) before the
+#: stall snapshot (every thread's stack, the entries' frames) is written. Short, so that the first
+#: hang finding (the server's `stall_after_s`, 5 s by default) already has it; long enough that
+#: the waits of a healthy job (milliseconds to a second) do not write one. Fixed: the threshold
+#: that matters is the server's, and one knob cannot drift from another.
+STACKS_AFTER_S = 2.0
+#: Seconds between samples of the main thread's CPU time and stack: the resolution of "when did
+#: it last make progress", which a hang finding waits on beyond the server's `stall_after_s`.
+PROGRESS_SAMPLE_S = 0.5
+#: A sampling window in which the main thread used at least this share of one core is progress;
+#: below it (a thread polling a queue with a timeout wakes for microseconds) it is not.
+CPU_ACTIVE_SHARE = 0.05
+#: Innermost frames hashed into the stack fingerprint: deep enough to see a loop move, shallow
+#: enough that the fingerprint is cheap.
+FINGERPRINT_FRAMES = 8
 #: The c10d store key through which rank 0 hands its job id to the others when no launcher set one.
 STORE_JOB_KEY = "flightdeck/job_id"
 _FALSE = {"0", "false", "no", "off"}
@@ -106,12 +129,15 @@ class AgentConfig:
     spool_dir: Path = Path(DEFAULT_SPOOL_DIR)
     """Root of the spool; files go to `<spool_dir>/<job>/<attempt>/` (FLIGHTDECK_SPOOL_DIR)."""
 
-    interval_s: float = 2.0
-    """Seconds between periodic snapshots (FLIGHTDECK_INTERVAL_S); at least 0.05."""
+    interval_s: float = 1.0
+    """Seconds between periodic snapshots (FLIGHTDECK_INTERVAL_S); at least 0.05. A hang is
+    reported about `stall_after_s` (the server's) plus one interval plus one collector push after
+    the fault: 1 s keeps that within 3 s of the threshold."""
 
-    stall_after_s: float = 30.0
-    """Seconds without any collective finishing, while one is pending, before a stall snapshot is
-    written (FLIGHTDECK_STALL_AFTER_S); at least `interval_s`, since stalls are seen at snapshots."""
+    stall_after_s: float | None = None
+    """Deprecated (FLIGHTDECK_STALL_AFTER_S on the agent): accepted, logged once, ignored. The
+    server's `stall_after_s` decides what is a hang; the stack snapshot is written after the fixed
+    `STACKS_AFTER_S`."""
 
     full_every_s: float = 30.0
     """Seconds between periodic snapshots of the whole ring (FLIGHTDECK_FULL_EVERY_S); the ones in
@@ -128,11 +154,6 @@ class AgentConfig:
     def __post_init__(self) -> None:
         if not self.interval_s >= 0.05:  # also rejects NaN
             raise ValueError(f"interval_s must be >= 0.05 seconds, got {self.interval_s}")
-        if not self.stall_after_s >= self.interval_s:
-            raise ValueError(
-                f"stall_after_s ({self.stall_after_s}) must be >= interval_s ({self.interval_s}): "
-                "a stall is only noticed at a snapshot"
-            )
         if not self.full_every_s >= 0:  # also rejects NaN; below interval_s every snapshot is whole
             raise ValueError(f"full_every_s must be >= 0 seconds, got {self.full_every_s}")
         if self.job is not None and not _JOB_SAFE.sub("_", self.job).strip("._"):
@@ -173,7 +194,24 @@ class AgentConfig:
         for name in ("stall_after_s", "full_every_s"):
             if name in values:
                 values[name] = float(values[name])
+        if "stall_after_s" in values:
+            _warn_stall_after_deprecated()
         return cls(**values)
+
+
+_deprecation_logged = False
+
+
+def _warn_stall_after_deprecated() -> None:
+    global _deprecation_logged
+    if not _deprecation_logged:
+        _deprecation_logged = True
+        logger.warning(
+            "flightdeck agent: FLIGHTDECK_STALL_AFTER_S (stall_after_s) is deprecated and ignored: "
+            "the server's FLIGHTDECK_STALL_AFTER_S decides what is a hang, and the agent writes its "
+            "stack snapshot after a fixed %.0f s",
+            STACKS_AFTER_S,
+        )
 
 
 def _parse_bool(key: str, raw: str) -> bool:
@@ -492,6 +530,124 @@ def progress_of(dump: Mapping[str, Any]) -> tuple[int, int | None]:
     return marker, oldest_pending
 
 
+# --- is the main thread working? ----------------------------------------------------------------
+
+
+def thread_cpu(native_id: int, proc: Path = Path("/proc/self/task")) -> tuple[int | None, str]:
+    """(CPU time in ns (user + system), scheduler state) of one thread of this process, from
+    `/proc/self/task/<tid>/stat`; (None, "") where that cannot be read (not Linux)."""
+    try:
+        raw = (proc / str(native_id) / "stat").read_text()
+    except OSError:
+        return None, ""
+    # Fields after the command name (which may hold spaces and parentheses) start after its last ")":
+    # state is field 3 of stat(5), utime and stime fields 14 and 15.
+    fields = raw.rsplit(")", 1)[-1].split()
+    try:
+        ticks = int(fields[11]) + int(fields[12])
+    except (IndexError, ValueError):
+        return None, fields[0] if fields else ""
+    return ticks * 1_000_000_000 // _CLK_TCK, fields[0]
+
+
+def _clock_ticks() -> int:
+    try:
+        return int(os.sysconf("SC_CLK_TCK")) or 100
+    except (AttributeError, ValueError, OSError):
+        return 100
+
+
+_CLK_TCK = _clock_ticks()
+
+
+def main_thread_frames(thread: threading.Thread, limit: int = PROGRESS_MAX_FRAMES) -> tuple[Frame, ...]:
+    """The thread's innermost `limit` Python frames, innermost first; when none of them is user
+    code, the innermost user frame is appended (so it is always among them)."""
+    from flightdeck.analysis.frames import is_user_frame
+
+    frame = sys._current_frames().get(thread.ident or 0)
+    out: list[Frame] = []
+    user_seen = False
+    depth = 0
+    while frame is not None and depth < 512:
+        code = frame.f_code
+        f = Frame(code.co_name, code.co_filename, frame.f_lineno or 0)
+        if len(out) < limit:
+            out.append(f)
+            user_seen = user_seen or is_user_frame(f)
+        elif user_seen:
+            break
+        elif is_user_frame(f):
+            out.append(f)
+            break
+        frame = frame.f_back
+        depth += 1
+    return tuple(out)
+
+
+def stack_fingerprint(frames: Sequence[Frame]) -> str:
+    """A short stable fingerprint of the innermost FINGERPRINT_FRAMES frames (name, file, line)."""
+    h = hashlib.blake2b(digest_size=8)
+    for f in frames[:FINGERPRINT_FRAMES]:
+        h.update(f"{f.name}\0{f.filename}\0{f.line}\n".encode())
+    return h.hexdigest()
+
+
+class ProgressSampler:
+    """Samples the main thread's CPU time and stack, and remembers when it last made progress.
+
+    Progress between two samples: the thread used at least CPU_ACTIVE_SHARE of a core, its stack
+    fingerprint changed, or it is in disk I/O (state D: a checkpoint write waiting on the disk).
+    """
+
+    def __init__(
+        self,
+        clock_ns: Callable[[], int],
+        thread: threading.Thread | None = None,
+        cpu: Callable[[int], tuple[int | None, str]] = thread_cpu,
+    ) -> None:
+        self._clock_ns = clock_ns
+        self._thread = thread or threading.main_thread()
+        self._cpu = cpu
+        self._last: tuple[int, int | None, str] | None = None
+        self.since_ns: int | None = None
+        self.active_ns: int | None = None
+        self.latest: Progress | None = None
+
+    def sample(self) -> Progress:
+        """Take one sample now and return the evidence so far."""
+        now = self._clock_ns()
+        cpu, state = self._cpu(self._thread.native_id or 0)
+        frames = main_thread_frames(self._thread)
+        fp = stack_fingerprint(frames)
+        share: float | None = None
+        if self._last is None:
+            self.since_ns = now
+        else:
+            t0, cpu0, fp0 = self._last
+            if cpu is not None and cpu0 is not None and now > t0:
+                share = min(1.0, max(0.0, (cpu - cpu0) / (now - t0)))
+            if (share is not None and share >= CPU_ACTIVE_SHARE) or fp != fp0 or state == "D":
+                self.active_ns = now
+        self._last = (now, cpu, fp)
+        self.latest = Progress(
+            sampled_ns=now,
+            active_ns=self.active_ns,
+            since_ns=self.since_ns,
+            cpu_ns=cpu,
+            cpu_share=None if share is None else round(share, 3),
+            state=state,
+            stack_fp=fp,
+            frames=frames,
+        )
+        return self.latest
+
+    def idle_s(self, now_ns: int) -> float:
+        """Seconds since progress was last seen (since sampling began when never)."""
+        last = self.active_ns if self.active_ns is not None else self.since_ns
+        return 0.0 if last is None else max(0.0, (now_ns - last) / 1e9)
+
+
 # --- the agent -----------------------------------------------------------------------------------
 
 
@@ -519,12 +675,15 @@ class Agent:
         self._ident_lock = threading.Lock()
         self._logged: set[str] = set()
         self._progress = _Progress()
+        #: The main thread's CPU time and stack, sampled every PROGRESS_SAMPLE_S.
+        self.sampler = ProgressSampler(clock_ns)
         self._splitter = RingSplitter(config.full_every_s)
         self._groups: dict[str, dict[str, Any]] = {}
         self._ident: dict[str, Any] | None = None
         self._dir: Path | None = None
         self._exception: str | None = None
         self._final_done = False
+        self._stall_thread: threading.Thread | None = None
         self._prev_excepthook: Callable[..., Any] | None = None
         self._prev_threading_excepthook: Callable[..., Any] | None = None
         self.snapshots_written = 0
@@ -572,17 +731,23 @@ class Agent:
 
     def _run(self) -> None:
         # First snapshot at once, so even a job that dies in its first seconds leaves one.
+        next_tick = time.monotonic()
         while not self._stop.is_set():
-            try:
-                self.tick()
-            except Exception:  # tick already guards; this keeps the thread alive whatever happens
-                self._log_once("tick", "flightdeck agent: snapshot failed")
-            self._stop.wait(self.config.interval_s)
+            if time.monotonic() >= next_tick:
+                next_tick = time.monotonic() + self.config.interval_s
+                try:
+                    self.tick()  # samples the main thread first
+                except Exception:  # tick already guards; this keeps the thread alive whatever happens
+                    self._log_once("tick", "flightdeck agent: snapshot failed")
+            else:
+                self._guarded("progress", self.sampler.sample)
+            self._stop.wait(max(0.0, min(PROGRESS_SAMPLE_S, next_tick - time.monotonic())))
 
     def tick(self) -> None:
         """One periodic snapshot, then a stall snapshot if this rank looks stuck."""
         if not self._ensure_identity(store_timeout_s=300.0):
             return
+        self._guarded("progress", self.sampler.sample)
         raw = self._guarded("dump", lambda: self._dump(False))
         if raw is None:
             return
@@ -609,7 +774,10 @@ class Agent:
         # Quiet (nothing pending, nothing finished): this may be the rank the others wait for,
         # stuck in a data loader or a kernel; its stacks show where it is instead.
         since = p.last_progress_ns if oldest_pending is None else max(p.last_progress_ns, oldest_pending)
-        if now - since >= self.config.stall_after_s * 1e9:
+        # Quiet and busy (computing, writing a checkpoint) is not a stall: its evidence is in every
+        # snapshot already. Quiet and idle (asleep, blocked on a queue or a lock) is.
+        idle = oldest_pending is not None or self.sampler.idle_s(now) >= STACKS_AFTER_S
+        if now - since >= STACKS_AFTER_S * 1e9 and idle:
             p.stalled = True  # once per episode; progress (a new finished op) starts a new one
             stacks = thread_stacks()  # first: the blocked thread's stack is what matters most
             logger.warning(
@@ -617,7 +785,20 @@ class Agent:
                 "finished" if oldest_pending is not None else "started or finished",
                 (now - since) / 1e9,
             )
+            self._write_stall(stacks)
+
+    def _write_stall(self, stacks: list[dict[str, Any]]) -> None:
+        """Write the stall snapshot from a thread of its own: torch symbolizes the entries' frames
+        the first time for seconds (9-12 s measured on a loaded 2-core machine; it releases the
+        GIL), and the periodic snapshots must go on meanwhile, or the rank would look lost."""
+
+        def write() -> None:
             self._guarded("stall", lambda: self._write("stall", self._dump(True), self._clock_ns(), stacks))
+
+        if self._stall_thread is not None and self._stall_thread.is_alive():
+            return  # the previous episode's is still being written
+        self._stall_thread = threading.Thread(target=write, name="flightdeck-stall", daemon=True)
+        self._stall_thread.start()
 
     # -- snapshots --
 
@@ -678,12 +859,13 @@ class Agent:
             **self._ident,
             "snapshot_time_ns": when_ns,
             "interval_s": self.config.interval_s,
-            "stall_after_s": self.config.stall_after_s,
+            "stacks_after_s": STACKS_AFTER_S,
             "groups": self._groups,
             "exception": self._exception if kind == "final" else None,
             "thread_stacks": stacks if kind != "periodic" else None,
             "last_progress_ns": self._progress.last_progress_ns,
             "config": self._guarded("config", self._config),
+            "progress": None if self.sampler.latest is None else progress_to_dict(self.sampler.latest),
             RING_META_KEY: ring,
         }
         with self._io_lock:
@@ -773,6 +955,9 @@ class Agent:
             self._thread.join(timeout=5.0)
         if not self._final_done:
             self._final_done = True
+            # First without the entries' frames, like the exception hook (the first symbolization
+            # takes seconds, while the other ranks' final snapshots already say they exited).
+            self.snapshot("final", frames=False)
             self.snapshot("final")
 
     def _excepthook(self, etype: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:

@@ -20,18 +20,12 @@ from typing import TextIO
 
 from flightdeck.analysis import Options, RankSummary, Report, diagnose, summarize
 from flightdeck.analysis.findings import CONFIG_KINDS, Finding
+from flightdeck.analysis.frames import LIBRARY_MARKERS
 from flightdeck.collector.frdump import DumpError, discover, merge, rank_from_name, read_dump_file, read_meta
 from flightdeck.records import Stack
 
 #: Frames from these paths are PyTorch's plumbing, not the user's code; hidden in text output.
-_LIBRARY_MARKERS = (
-    "/torch/distributed/",
-    "/torch/nn/parallel/",
-    "/threading.py",
-    "/runpy.py",
-    "/multiprocessing/",
-    "/flightdeck/agent",
-)
+_LIBRARY_MARKERS = LIBRARY_MARKERS
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -214,6 +208,7 @@ def user_frames(frames: Stack, limit: int = 6) -> list[str]:
 
 _TITLES = {
     "hang": "HANG",
+    "slow_rank": "SLOW RANK",
     "collective_type_mismatch": "COLLECTIVE TYPE MISMATCH",
     "size_mismatch": "SIZE MISMATCH",
     "dtype_mismatch": "DTYPE MISMATCH",

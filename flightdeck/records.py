@@ -107,6 +107,99 @@ class ThreadStack:
     frames: Stack
 
 
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """Whether the rank's main (training) thread is working: the agent's evidence, sampled a few
+    times a second and carried by every snapshot (sidecar key `progress`).
+
+    A rank the others wait for that still burns CPU or whose stack keeps changing is busy (slow:
+    a checkpoint save, a long evaluation); one that sleeps or blocks (no CPU, the same stack: a
+    data-loader queue, a lock, a dead peer) is stuck. `flightdeck.analysis.progress` decides.
+    """
+
+    #: When the agent last sampled the thread (epoch ns).
+    sampled_ns: int
+    #: The latest sample that saw it progress (CPU time grew, its stack changed, or it was in disk
+    #: I/O); None: no progress seen since the agent started sampling.
+    active_ns: int | None = None
+    #: When the agent started sampling (epoch ns): "no progress seen" means nothing before this.
+    since_ns: int | None = None
+    #: CPU time of the thread (user + system, ns, from /proc/self/task/<tid>/stat); None off Linux.
+    cpu_ns: int | None = None
+    #: Share of one core the thread used over the agent's last sampling window (0..1).
+    cpu_share: float | None = None
+    #: Scheduler state at the last sample (R running, S sleeping, D disk I/O, ...); "" unknown.
+    state: str = ""
+    #: Fingerprint of the innermost frames (name, file, line) of the thread's Python stack.
+    stack_fp: str = ""
+    #: The thread's innermost Python frames, innermost first (a bounded number, always including
+    #: the innermost user frame when the thread has one).
+    frames: Stack = ()
+
+
+#: Most frames kept in a `Progress` (the innermost ones).
+PROGRESS_MAX_FRAMES = 24
+
+
+def progress_to_dict(p: Progress, frames: object = None) -> dict[str, Any]:
+    """A progress record as plain JSON-able data; `frames` replaces the frame list (the wire and
+    the store refer to a stack table instead: pass the reference as `frames` and key `stk`)."""
+    d: dict[str, Any] = {
+        "sampled_ns": p.sampled_ns,
+        "active_ns": p.active_ns,
+        "since_ns": p.since_ns,
+        "cpu_ns": p.cpu_ns,
+        "cpu_share": p.cpu_share,
+        "state": p.state,
+        "stack_fp": p.stack_fp,
+    }
+    if frames is None:
+        d["frames"] = [{"name": f.name, "filename": f.filename, "line": f.line} for f in p.frames]
+    else:
+        d["stk"] = frames
+    return d
+
+
+def progress_from_dict(d: object, frames: Stack | None = None) -> Progress | None:
+    """Read a progress record leniently: None unless `d` is an object with an int `sampled_ns`;
+    fields of the wrong type are dropped. `frames`: the stack when `d` refers to a table."""
+    if not isinstance(d, dict):
+        return None
+
+    def integer(v: object) -> int | None:
+        return v if isinstance(v, int) and not isinstance(v, bool) and -(1 << 63) <= v < (1 << 63) else None
+
+    sampled = integer(d.get("sampled_ns"))
+    if sampled is None:
+        return None
+    share = d.get("cpu_share")
+    if frames is None:
+        raw = d.get("frames")
+        out: list[Frame] = []
+        if isinstance(raw, list):
+            for f in raw[:PROGRESS_MAX_FRAMES]:
+                if isinstance(f, dict):
+                    out.append(
+                        Frame(
+                            str(f.get("name", ""))[:256],
+                            str(f.get("filename", ""))[:1024],
+                            integer(f.get("line")) or 0,
+                        )
+                    )
+        frames = tuple(out)
+    state, fp = d.get("state"), d.get("stack_fp")
+    return Progress(
+        sampled_ns=sampled,
+        active_ns=integer(d.get("active_ns")),
+        since_ns=integer(d.get("since_ns")),
+        cpu_ns=integer(d.get("cpu_ns")),
+        cpu_share=float(share) if isinstance(share, int | float) and not isinstance(share, bool) else None,
+        state=state[:8] if isinstance(state, str) else "",
+        stack_fp=fp[:64] if isinstance(fp, str) else "",
+        frames=frames,
+    )
+
+
 @dataclass(slots=True)
 class RankDump:
     """Everything one snapshot (or merged snapshots) of one rank tells us."""
@@ -145,6 +238,8 @@ class RankDump:
     #: The dump's `pg_status` by group name: (last enqueued, last started, last completed) as the
     #: backend counts them (-1: none yet; NCCL's "started" stays -1 without timing).
     pg_status: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    #: Whether its main thread is working (CPU time, stack), when an agent sampled it.
+    progress: Progress | None = None
 
 
 @dataclass(frozen=True, slots=True)

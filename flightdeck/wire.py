@@ -9,6 +9,8 @@
                "osz": [[4, 16]], "idt": ["Float"], "odt": ["Float"]}, ...],  # each distinct one once
      "snapshots": [{...one per rank snapshot, see `Snapshot`; "config": the rank's
                     configuration report or null, see `flightdeck.records.config_to_dict`;
+                    "progress": its main thread's evidence or null (`progress_to_dict`, the
+                    frames as "stk", an index into "stacks");
                     "entries": {"n": 2, "rid": [7, 8], "g": ["0", "0"], "sig": [0, 0], ...}...}],
      "nixl": [{...flightdeck.nixl_records wire dicts...}]}
 
@@ -35,6 +37,7 @@ from flightdeck.records import (
     WIRE_VERSION,
     Entry,
     GroupInfo,
+    Progress,
     RankConfig,
     RankDump,
     SignatureKey,
@@ -46,6 +49,8 @@ from flightdeck.records import (
     entry_from_wire,
     frames_from_wire,
     frames_to_wire,
+    progress_from_dict,
+    progress_to_dict,
     signature_key,
     signature_to_wire,
 )
@@ -89,6 +94,8 @@ class Snapshot:
     source: str = ""
     #: The rank's configuration report, when its agent wrote one (small: sent with every snapshot).
     config: RankConfig | None = None
+    #: Whether its main thread is working (CPU time, stack), when its agent sampled it.
+    progress: Progress | None = None
     #: `entries` as the checked wire columns they were decoded from (version 2), for readers that
     #: work column by column; None otherwise. Whoever replaces `entries` sets it to None.
     columns: EntryColumns | None = field(default=None, compare=False, repr=False)
@@ -174,6 +181,9 @@ def encode_batch(batch: Batch) -> dict[str, Any]:
                 "entries": _encode_columns(s.entries, ref, sig_ref),
                 "source": s.source,
                 "config": None if s.config is None else config_to_dict(s.config),
+                "progress": None
+                if s.progress is None
+                else progress_to_dict(s.progress, ref(s.progress.frames)),
             }
         )
     return {
@@ -296,6 +306,15 @@ def _decode_snapshot(
         entries = columns.entries()
     iv = _opt(s, "interval_s", (int, float), where)
     raw_config = _opt(s, "config", dict, where)
+    progress = None
+    raw_progress = _opt(s, "progress", dict, where)
+    if raw_progress is not None:
+        pstk = _opt(raw_progress, "stk", int, f"{where}.progress")
+        if pstk is not None and not 0 <= pstk < len(stacks):
+            raise WireError(f"{where}.progress.stk: {pstk} is not an index into batch.stacks")
+        progress = progress_from_dict(raw_progress, () if pstk is None else stacks[pstk])
+        if progress is None:
+            raise WireError(f"{where}.progress.sampled_ns: expected int")
     return Snapshot(
         job=job,
         attempt=_opt(s, "attempt", int, where) or 0,
@@ -318,6 +337,7 @@ def _decode_snapshot(
         entries=entries,
         source=_opt(s, "source", str, where) or "",
         config=None if raw_config is None else config_from_dict(raw_config),
+        progress=progress,
         columns=columns,
     )
 
@@ -646,4 +666,5 @@ def snapshot_from_dump(
         entries=list(dump.entries if entries is None else entries),
         source=dump.source,
         config=dump.config,
+        progress=dump.progress,
     )

@@ -210,7 +210,9 @@ class LiveDiagnosis:
         self._on_db_error = on_db_error
         self._observe_duration = observe_duration
         self._options = Options(
-            stall_after_s=settings.stall_after_s, lost_after_intervals=settings.lost_after_intervals
+            stall_after_s=settings.stall_after_s,
+            lost_after_intervals=settings.lost_after_intervals,
+            slow_ceiling_s=settings.slow_ceiling_s,
         )
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -498,6 +500,7 @@ class LiveDiagnosis:
                 ranks = store.job_ranks(session=session, job_id=js.job_id)
                 groups = {g.name: g for g in store.job_groups(session=session, job_id=js.job_id)}
                 sids = {sid for r, _ in ranks for _, _, sid in (r.thread_stacks or []) if sid is not None}
+                sids |= store.progress_stack_ids(r for r, _ in ranks)
                 stacks = store.stacks_by_id(session=session, ids=sids)
                 entries = store.load_entries(session=session, job_id=js.job_id)
                 configs = store.rank_configs(session=session, job_id=js.job_id)
@@ -532,6 +535,7 @@ class LiveDiagnosis:
                 groups=dict(infos),
                 thread_stacks=store.thread_stacks_of(r, stacks),
                 config=configs.get(r.rank),
+                progress=store.progress_of(r, stacks),
             )
             add_entries(s, entries.get(r.rank, []))
             summaries[r.rank] = s
@@ -562,6 +566,8 @@ class LiveDiagnosis:
                 s.thread_stacks = snap.thread_stacks
             if snap.config is not None:
                 s.config = snap.config
+            if snap.progress is not None:
+                s.progress = snap.progress
             js.rank_seen_ns[snap.rank] = snap.snapshot_time_ns
         for name, g in snap.groups.items():
             old = s.groups.get(name)

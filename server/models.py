@@ -105,6 +105,9 @@ class Rank(Base):
     version: Mapped[str] = mapped_column(String(64), default="")
     #: `[[thread_name, thread_id, stack_id or null], ...]` from the latest snapshot that had any.
     thread_stacks: Mapped[list[Any] | None] = mapped_column(JSON)
+    #: Whether the main thread is working: `flightdeck.records.progress_to_dict` of the latest
+    #: snapshot that carried it, its frames as `stk`, a stack id.
+    progress: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
 
 class RankConfigRow(Base):

@@ -55,8 +55,19 @@ class ServerSettings(BaseSettings):
     stall_after_s: float = Field(
         default=5.0,
         ge=1.0,
-        description="A collective unfinished on some ranks for at least this many seconds is a hang "
-        "(5 s lets the shipped alert path page within 15 s of the fault, docs/alerting.md).",
+        description="A collective unfinished on some ranks for at least this many seconds is a hang, "
+        "unless the ranks it waits for are still working (a slow_rank finding, no page); one of those "
+        "that makes no progress (no CPU, same stack) for this long is hung. The one threshold: "
+        "agents write their stack snapshot after a fixed 2 s, so the first hang finding has it. "
+        "5 s is 4x the longest gap between collectives measured in healthy gloo jobs, well above "
+        "snapshot and push delays (docs/runbook.md, busy or stuck), and lets the shipped alert path page "
+        "within 15 s of the fault (docs/alerting.md).",
+    )
+    slow_ceiling_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="A rank still working while the others wait (slow_rank) is reported as a hang once "
+        "they have waited this many seconds; unset: half the group's timeout (5 min when unknown).",
     )
     lost_after_intervals: float = Field(
         default=3.0,

@@ -27,6 +27,7 @@ from flightdeck.analysis.findings import CONFIG_KINDS
 from flightdeck.records import (
     Entry,
     Frame,
+    Progress,
     RankConfig,
     SignatureKey,
     Stack,
@@ -35,6 +36,8 @@ from flightdeck.records import (
     config_from_dict,
     config_to_dict,
     frames_to_wire,
+    progress_from_dict,
+    progress_to_dict,
 )
 from flightdeck.server.models import (
     STATE_CODES,
@@ -592,6 +595,8 @@ def _stack_ids(
         for t in s.thread_stacks:
             if t.frames:
                 by_obj.setdefault(id(t.frames), t.frames)
+        if s.progress is not None and s.progress.frames:
+            by_obj.setdefault(id(s.progress.frames), s.progress.frames)
     out: dict[int, int] = {}
     missing: dict[int, Stack] = {}
     for k, st in by_obj.items():
@@ -769,6 +774,13 @@ def _upsert_ranks(
                 (s.backend or "")[:64] or None,
                 s.version[:64],
                 json.dumps(threads) if threads else None,
+                None
+                if s.progress is None
+                else json.dumps(
+                    progress_to_dict(
+                        s.progress, stack_ids.get(id(s.progress.frames)) if s.progress.frames else None
+                    )
+                ),
             )
         )
     # Driver-level upsert: the ORM's or Core's per-statement work was a sixth of the ingest CPU
@@ -791,12 +803,12 @@ def _upsert_ranks(
 _RANK_COLUMNS = (
     "job_id", "rank", "host_id", "pid", "local_rank", "world_size", "last_snapshot_ns", "received_ns",
     "kind", "interval_s", "exception", "wrapped", "oldest_record_id", "torch_version", "backend",
-    "version", "thread_stacks",
+    "version", "thread_stacks", "progress",
 )  # fmt: skip
 #: Within SQLite's 32,766 host parameters.
 _RANK_ROWS_PER_STATEMENT = 500
 _RANK_KEEP = ("host_id", "pid", "local_rank", "world_size", "interval_s", "exception", "oldest_record_id",
-              "torch_version", "backend", "thread_stacks")  # fmt: skip
+              "torch_version", "backend", "thread_stacks", "progress")  # fmt: skip
 _RANK_UPSERT = (
     f"INSERT INTO ranks ({', '.join(_RANK_COLUMNS)}) {{values}} "
     "ON CONFLICT (job_id, rank) DO UPDATE SET "
@@ -811,13 +823,12 @@ _SQLITE_RANK_ROW = "(" + ", ".join(["?"] * len(_RANK_COLUMNS)) + ")"
 #: PostgreSQL element type of each _RANK_COLUMNS column (thread_stacks: JSON text, cast below).
 _PG_RANK_TYPES = (
     "int", "int", "int", "int", "int", "int", "bigint", "bigint", "text", "float8", "text", "boolean",
-    "bigint", "text", "text", "text", "text",
+    "bigint", "text", "text", "text", "text", "text",
 )  # fmt: skip
 _PG_RANK_UPSERT = _RANK_UPSERT.format(
     # Constants only: the values are the bound array parameters.
-    values=f"SELECT {', '.join(_RANK_COLUMNS[:-1])}, CAST(thread_stacks AS json) FROM unnest("  # noqa: S608
-    + _pg_placeholders(_PG_RANK_TYPES)
-    + f") AS u({', '.join(_RANK_COLUMNS)})"
+    values=f"SELECT {', '.join(_RANK_COLUMNS[:-2])}, CAST(thread_stacks AS json), CAST(progress AS json) "  # noqa: S608
+    "FROM unnest(" + _pg_placeholders(_PG_RANK_TYPES) + f") AS u({', '.join(_RANK_COLUMNS)})"
 )
 
 
@@ -1093,6 +1104,24 @@ def thread_stacks_of(rank: Rank, stacks: dict[int, Stack]) -> tuple[ThreadStack,
         ThreadStack(str(name), int(tid), stacks.get(sid, ()) if sid is not None else ())
         for name, tid, sid in (rank.thread_stacks or [])
     )
+
+
+def progress_of(rank: Rank, stacks: dict[int, Stack]) -> Progress | None:
+    """A rank row's progress evidence as a record (`stacks` must hold its stack id)."""
+    d = rank.progress
+    if not isinstance(d, dict):
+        return None
+    sid = d.get("stk")
+    return progress_from_dict(d, stacks.get(sid, ()) if isinstance(sid, int) else ())
+
+
+def progress_stack_ids(ranks: Iterable[Rank]) -> set[int]:
+    """The stack ids the rows' progress evidence refers to."""
+    out: set[int] = set()
+    for r in ranks:
+        if isinstance(r.progress, dict) and isinstance(r.progress.get("stk"), int):
+            out.add(int(r.progress["stk"]))
+    return out
 
 
 def _signatures(session: Session, ids: Iterable[int]) -> dict[int, Signature]:

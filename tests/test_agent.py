@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+import logging
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from flightdeck import agent as agent_mod
-from flightdeck.agent import AgentConfig, progress_of
+from flightdeck.agent import AgentConfig, ProgressSampler, progress_of
 from tests.fr_jobs.dumps import load_dump, load_sidecar
 from tests.fr_jobs.runner import JobResult, run_job
 from tests.fr_jobs.scenarios import TEST_SCENARIOS
@@ -29,12 +32,13 @@ SIDECAR_TYPES: dict[str, Any] = {
     "backend": str,
     "snapshot_time_ns": int,
     "interval_s": float,
-    "stall_after_s": float,
+    "stacks_after_s": float,
     "groups": dict,
     "exception": (str, type(None)),
     "thread_stacks": (list, type(None)),
     "last_progress_ns": (int, type(None)),
     "config": dict,
+    "progress": dict,
     "ring": (dict, type(None)),
 }
 
@@ -56,6 +60,10 @@ def check_sidecar(path: Path, *, kind: str, rank: int, job: str, world_size: int
         config["groups"]["0"]["backend"] == "cpu:gloo,cuda:gloo" and config["groups"]["0"]["timeout_ms"] > 0
     )
     assert all(name.startswith(("TORCH_", "NCCL_")) for name in config["env"])
+    # Every snapshot says whether the main thread is working (Linux: its CPU time from /proc).
+    progress = meta["progress"]
+    assert isinstance(progress["sampled_ns"], int) and isinstance(progress["cpu_ns"], int)
+    assert progress["state"] and len(progress["stack_fp"]) == 16 and progress["frames"]
     return meta
 
 
@@ -70,18 +78,11 @@ def main_stack(meta: dict[str, Any]) -> list[str]:
 
 
 def test_config_from_env_and_overrides() -> None:
-    env = {
-        "FLIGHTDECK_SPOOL_DIR": "/x",
-        "FLIGHTDECK_INTERVAL_S": "0.5",
-        "FLIGHTDECK_STALL_AFTER_S": "1",
-        "FLIGHTDECK_FULL_EVERY_S": "10",
-    }
+    env = {"FLIGHTDECK_SPOOL_DIR": "/x", "FLIGHTDECK_INTERVAL_S": "0.5", "FLIGHTDECK_FULL_EVERY_S": "10"}
     cfg = AgentConfig.from_env(env, job="j1")
-    assert cfg == AgentConfig(
-        spool_dir=Path("/x"), interval_s=0.5, stall_after_s=1.0, full_every_s=10.0, job="j1"
-    )
+    assert cfg == AgentConfig(spool_dir=Path("/x"), interval_s=0.5, full_every_s=10.0, job="j1")
     # A long interval is no error: every snapshot is then the whole ring.
-    assert AgentConfig.from_env({"FLIGHTDECK_INTERVAL_S": "60", "FLIGHTDECK_STALL_AFTER_S": "120"})
+    assert AgentConfig.from_env({"FLIGHTDECK_INTERVAL_S": "60"})
     assert AgentConfig.from_env({}) == AgentConfig()
     assert not AgentConfig.from_env({"FLIGHTDECK_AGENT": "0"}).enabled
 
@@ -92,7 +93,7 @@ def test_config_from_env_and_overrides() -> None:
         {"FLIGHTDECK_INTERVAL_S": "fast"},
         {"FLIGHTDECK_INTERVAL_S": "0"},
         {"FLIGHTDECK_INTERVAL_S": "nan"},
-        {"FLIGHTDECK_INTERVAL_S": "5", "FLIGHTDECK_STALL_AFTER_S": "1"},
+        {"FLIGHTDECK_STALL_AFTER_S": "soon"},
         {"FLIGHTDECK_AGENT": "maybe"},
         {"FLIGHTDECK_FULL_EVERY_S": "-1"},
         {"FLIGHTDECK_FULL_EVERY_S": "nan"},
@@ -102,6 +103,57 @@ def test_config_from_env_and_overrides() -> None:
 def test_config_rejects_bad_values(env: dict[str, str]) -> None:
     with pytest.raises(ValueError):
         AgentConfig.from_env(env)
+
+
+def test_agent_stall_after_is_deprecated_and_ignored(caplog: pytest.LogCaptureFixture) -> None:
+    """The server owns the threshold: the agent accepts its old variable, says so once, and
+    writes its stack snapshot after the fixed STACKS_AFTER_S whatever it says."""
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr(agent_mod, "_deprecation_logged", False)
+    try:
+        with caplog.at_level(logging.WARNING, logger="flightdeck.agent"):
+            cfg = AgentConfig.from_env({"FLIGHTDECK_STALL_AFTER_S": "120", "FLIGHTDECK_INTERVAL_S": "5"})
+            AgentConfig.from_env({"FLIGHTDECK_STALL_AFTER_S": "1"})
+    finally:
+        monkey.undo()
+    assert cfg.interval_s == 5.0  # no longer checked against the interval
+    said = [r.getMessage() for r in caplog.records if "FLIGHTDECK_STALL_AFTER_S" in r.getMessage()]
+    assert len(said) == 1 and "deprecated and ignored" in said[0], said
+    assert agent_mod.STACKS_AFTER_S == 2.0
+
+
+def test_progress_sampler_tells_a_busy_thread_from_a_sleeping_one() -> None:
+    """Real threads, real /proc: one computes, one blocks on an event; the sampler sees CPU time
+    grow (and the stack move) only for the first."""
+    stop = threading.Event()
+    spinning = [True]
+
+    def spin() -> None:
+        x = 0
+        while spinning[0]:  # no call inside: the innermost frame is always spin's
+            x += 1
+
+    busy = threading.Thread(target=spin, name="busy")
+    asleep = threading.Thread(target=stop.wait, name="asleep")
+    busy.start()
+    asleep.start()
+    try:
+        samplers = {t.name: ProgressSampler(time.time_ns, thread=t) for t in (busy, asleep)}
+        firsts = {n: s.sample() for n, s in samplers.items()}
+        time.sleep(1.0)
+        lasts = {n: s.sample() for n, s in samplers.items()}
+    finally:
+        spinning[0] = False
+        stop.set()
+        busy.join()
+        asleep.join()
+    assert firsts["busy"].active_ns is None and firsts["busy"].since_ns == firsts["busy"].sampled_ns
+    assert lasts["busy"].active_ns == lasts["busy"].sampled_ns
+    assert lasts["busy"].cpu_ns is not None and lasts["busy"].cpu_ns > (firsts["busy"].cpu_ns or 0)
+    assert lasts["busy"].frames[0].name == "spin"
+    assert lasts["asleep"].active_ns is None and lasts["asleep"].state == "S"
+    assert lasts["asleep"].stack_fp == firsts["asleep"].stack_fp
+    assert samplers["asleep"].idle_s(lasts["asleep"].sampled_ns) >= 0.4
 
 
 def test_progress_uses_retired_and_completed() -> None:
@@ -118,7 +170,7 @@ def test_progress_uses_retired_and_completed() -> None:
 
 def test_start_is_idempotent_and_stop_restores_hooks(tmp_path: Path) -> None:
     hook = sys.excepthook
-    first = agent_mod.start(spool_dir=tmp_path, interval_s=0.05, stall_after_s=1.0)
+    first = agent_mod.start(spool_dir=tmp_path, interval_s=0.05)
     try:
         assert first is not None
         assert agent_mod.start(spool_dir=tmp_path / "other") is first
@@ -136,9 +188,7 @@ def test_start_is_idempotent_and_stop_restores_hooks(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def healthy_job(tmp_path_factory: pytest.TempPathFactory) -> JobResult:
     spool = tmp_path_factory.mktemp("spool")
-    return run_job(
-        TEST_SCENARIOS["t_healthy"], spool, interval_s=0.2, stall_after_s=1.0, compute_s=0.05, deadline_s=30
-    )
+    return run_job(TEST_SCENARIOS["t_healthy"], spool, interval_s=0.2, compute_s=0.05, deadline_s=30)
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +198,6 @@ def hung_job(tmp_path_factory: pytest.TempPathFactory) -> JobResult:
         TEST_SCENARIOS["t_skip"],
         spool,
         interval_s=0.2,
-        stall_after_s=1.0,
         pg_timeout_s=4.0,
         leave_s=5.0,
         deadline_s=30,
@@ -250,9 +299,7 @@ def test_final_snapshot_carries_the_exception(hung_job: JobResult) -> None:
 
 @pytest.mark.slow
 def test_failing_dump_function_never_breaks_the_job(tmp_path: Path) -> None:
-    result = run_job(
-        TEST_SCENARIOS["t_healthy"], tmp_path, interval_s=0.1, stall_after_s=1.0, agent="inject-failing"
-    )
+    result = run_job(TEST_SCENARIOS["t_healthy"], tmp_path, interval_s=0.1, agent="inject-failing")
     assert result.returncodes == {0: 0, 1: 0}, result.stderr
     for rank in (0, 1):
         log = result.stderr[rank]

@@ -20,7 +20,8 @@ def test_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ServerSettings.model_fields:
         monkeypatch.delenv(f"FLIGHTDECK_{name.upper()}", raising=False)
     s = ServerSettings(data_dir=tmp_path)
-    assert (s.host, s.port, s.stall_after_s) == ("127.0.0.1", 8470, 5.0)
+    # stall_after 5 s (issue 19): busy ranks are told apart by their evidence, not by a long wait.
+    assert (s.host, s.port, s.stall_after_s, s.slow_ceiling_s) == ("127.0.0.1", 8470, 5.0, None)
     assert s.effective_database_url == f"sqlite:///{tmp_path.resolve()}/flightdeck.db"
     assert s.webhook_urls == []
 

@@ -53,6 +53,7 @@ STATES: dict[CellState, StateStyle] = {
 
 TITLES: dict[str, str] = {
     "hang": "Hang",
+    "slow_rank": "Slow rank",
     "collective_type_mismatch": "Collective type mismatch",
     "size_mismatch": "Size mismatch",
     "dtype_mismatch": "Dtype mismatch",

@@ -25,7 +25,10 @@ from flightdeck.analysis.findings import (
     Report,
     entry_json,
 )
-from flightdeck.analysis.p2p_gaps import link_stranded, refine_hang
+from flightdeck.analysis.frames import innermost_user_frame
+from flightdeck.analysis.p2p_gaps import link_stranded
+from flightdeck.analysis.p2p_gaps import refine_hang as blame_p2p_gap
+from flightdeck.analysis.progress import refine_hang as judge_progress
 from flightdeck.analysis.sizes import all_to_all_balance
 from flightdeck.analysis.summary import GroupTrack, RankSummary, Signature
 from flightdeck.records import Entry, Stack
@@ -100,7 +103,7 @@ def diagnose(
     for g in groups:
         f = _hang(g, by_rank, without, now_ns, opts)
         if f is not None:
-            findings.append(refine_hang(f, g.name, g.members, by_rank))
+            findings.append(blame_p2p_gap(f, g.name, g.members, by_rank))
     if without:
         findings.append(_missing(without))
     roots = _link_consequences(findings)
@@ -978,8 +981,9 @@ def _hang(
                 )
         main = _main_stack(cs)
         if main and cs.kind != "final":
-            # Taken while the others waited: where the culprit is stuck instead (a data loader, I/O).
-            top = main[0]
+            # Taken while the others waited: where the culprit is stuck instead (a data loader, I/O):
+            # the line of the user's code, not the library call it is blocked in (`queue.get`).
+            top = innermost_user_frame(main) or main[0]
             finding.detail += (
                 f" Its main thread is in {top.name} ({top.filename.rsplit('/', 1)[-1]}:{top.line})."
             )
@@ -989,7 +993,8 @@ def _hang(
                 if cs.exception
                 else " It then exited without an error."
             )
-    return finding
+    # Busy or stuck, from the culprits' own evidence (flightdeck.analysis.progress).
+    return judge_progress(finding, by_rank, now_ns, opts, failed=failed)
 
 
 def _gone_quiet(

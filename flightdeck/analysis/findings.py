@@ -9,6 +9,7 @@ from flightdeck.records import Entry, Stack
 
 FindingKind = Literal[
     "hang",
+    "slow_rank",
     "collective_type_mismatch",
     "size_mismatch",
     "dtype_mismatch",
@@ -30,6 +31,9 @@ KIND_ORDER: dict[str, int] = {
     "p2p_mismatch": 3,
     "rank_lost": 4,
     "hang": 5,
+    # A rank the others wait for that is still working (flightdeck.analysis.progress): where a
+    # hang would be, a warning instead.
+    "slow_rank": 5,
     "state_mismatch": 6,
     "missing_dump": 7,
     "undecided": 8,
@@ -55,6 +59,12 @@ class Options:
     lost_after_intervals: float = 3.0
     #: Fallback for `lost_after_intervals` when snapshots carry no interval.
     lost_after_s: float = 10.0
+    #: A culprit still working while the others wait (a `slow_rank` finding) becomes a hang once
+    #: they have waited this long (seconds); None: half the group's timeout (from the entries or
+    #: the rank's configuration report), else `slow_ceiling_default_s`.
+    slow_ceiling_s: float | None = None
+    #: The ceiling when it is not set and the group's timeout is unknown.
+    slow_ceiling_default_s: float = 300.0
     #: A straggler arrives last in at least this share of the compared collectives...
     straggler_min_share: float = 0.5
     #: ...by a median lag of at least this many seconds...
@@ -65,6 +75,10 @@ class Options:
     def __post_init__(self) -> None:
         if self.stall_after_s < 0:
             raise ValueError("stall_after_s must be >= 0")
+        if (
+            self.slow_ceiling_s is not None and not self.slow_ceiling_s > 0
+        ) or not self.slow_ceiling_default_s > 0:
+            raise ValueError("slow ceilings must be > 0 seconds")
         if self.lost_after_intervals <= 0 or self.lost_after_s <= 0:
             raise ValueError("lost-rank thresholds must be > 0")
         if not 0 < self.straggler_min_share <= 1:

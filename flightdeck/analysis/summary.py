@@ -21,12 +21,15 @@ from flightdeck.records import (
     Entry,
     Frame,
     GroupInfo,
+    Progress,
     RankConfig,
     RankDump,
     Stack,
     ThreadStack,
     config_from_dict,
     config_to_dict,
+    progress_from_dict,
+    progress_to_dict,
 )
 
 #: Entries kept in full per group (the frontier: where each rank is and what it waits on).
@@ -155,6 +158,8 @@ class RankSummary:
     config: RankConfig | None = None
     #: The dump's `pg_status` by group name (see `RankDump.pg_status`).
     pg_status: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    #: Whether its main thread is working (CPU time, stack), from its newest snapshot that said.
+    progress: Progress | None = None
 
     def group_desc(self, group: str) -> str:
         """The group's description as this rank knows it ("" when unknown)."""
@@ -194,6 +199,7 @@ def summarize(dump: RankDump) -> RankSummary:
         warnings=dump.warnings,
         config=dump.config,
         pg_status=dict(dump.pg_status),
+        progress=dump.progress,
     )
     add_entries(s, dump.entries)
     return s
@@ -419,6 +425,7 @@ def summary_to_dict(s: RankSummary) -> dict[str, Any]:
         "warnings": list(s.warnings),
         "config": None if s.config is None else config_to_dict(s.config),
         "pg_status": {k: list(v) for k, v in s.pg_status.items()},
+        "progress": None if s.progress is None else progress_to_dict(s.progress),
     }
 
 
@@ -479,4 +486,5 @@ def summary_from_dict(d: dict[str, Any]) -> RankSummary:
         warnings=tuple(d.get("warnings") or ()),
         config=None if d.get("config") is None else config_from_dict(d["config"]),
         pg_status={str(k): (int(v[0]), int(v[1]), int(v[2])) for k, v in (d.get("pg_status") or {}).items()},
+        progress=progress_from_dict(d.get("progress")),
     )

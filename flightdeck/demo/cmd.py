@@ -6,8 +6,8 @@ Without `--server` it runs its own server (SQLite in a temporary directory, or `
 127.0.0.1, with the hang threshold `--stall-after` (default 5 s, the server's default); a server
 given with `--server` uses its own (FLIGHTDECK_STALL_AFTER_S, default 5 s). It always runs its own
 collector(s), on spool directories of its own, so a system-wide collector is not needed; they push
-every `--push-interval` (default: the collector's, 2 s), the agents snapshot every `--interval`
-(default: the agent's, 2 s). The job's ranks run `flightdeck.demo.worker` with the agent; rank 1 commits
+every `--push-interval` (default: the collector's, 1 s), the agents snapshot every `--interval`
+(default: the agent's, 1 s). The job's ranks run `flightdeck.demo.worker` with the agent; rank 1 commits
 the fault at `--fault-at-step`:
 
 - stall:     rank 1 blocks in its data loader (a hung storage read; not SIGSTOP, which the partition

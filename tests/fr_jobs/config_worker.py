@@ -80,7 +80,6 @@ def run_config_job(
         FLIGHTDECK_SPOOL_DIR=str(spool_dir),
         FLIGHTDECK_JOB=name,
         FLIGHTDECK_INTERVAL_S=str(interval_s),
-        FLIGHTDECK_STALL_AFTER_S="30",
         PYTHONPATH=str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
         OMP_NUM_THREADS="1",
     )
