@@ -24,6 +24,7 @@ import math
 import re
 from collections.abc import Iterable, Sequence
 from functools import partial
+from itertools import chain
 from operator import is_not
 from typing import Annotated, Any, cast
 
@@ -195,7 +196,110 @@ class BatchChecks:
             sigs[i] = good
 
     def __call__(self, s: Snapshot, where: str) -> None:
-        """Check (and neutralize the free text of) one decoded snapshot; WireError says why not."""
+        """Check (and neutralize the free text of) one decoded snapshot; WireError says why not.
+
+        The common case, a valid snapshot, is told by `_valid` in a few C passes; only a snapshot
+        it doubts goes through `_explain`, the check field by field that names the bad value."""
+        if not self._valid(s):
+            self._explain(s, where)
+        if s.exception is not None:
+            s.exception = neutralize(s.exception, MAX_EXCEPTION)
+        if s.source:
+            s.source = neutralize(s.source, MAX_SOURCE)
+        groups = s.groups
+        descs = [g.desc for g in groups.values()]
+        if descs and (_CONTROL_TEXT.search("".join(descs)) or max(map(len, descs)) > MAX_GROUP_DESC):
+            for name, g in groups.items():
+                groups[name] = dataclasses.replace(g, desc=neutralize(g.desc, MAX_GROUP_DESC))
+        if s.config is not None:
+            s.config = _clean_config(s.config)
+
+    def _valid(self, s: Snapshot) -> bool:
+        """Whether every rule holds (False: maybe not; `_explain` decides and says why)."""
+        ws = s.world_size
+        top = MAX_WORLD_SIZE - 1 if ws is None else ws - 1
+        if not (
+            0 <= s.rank <= top
+            and (ws is None or 1 <= ws <= MAX_WORLD_SIZE)
+            and 0 <= s.attempt <= INT32_MAX
+            and 0 <= s.snapshot_time_ns <= INT64_MAX
+            and (s.local_rank is None or 0 <= s.local_rank < MAX_WORLD_SIZE)
+            and (s.pid is None or 0 <= s.pid <= INT64_MAX)
+            and (s.oldest_record_id is None or 0 <= s.oldest_record_id <= INT64_MAX)
+            # NaN fails every comparison; infinity the upper bound.
+            and (s.interval_s is None or 0 <= s.interval_s <= MAX_INTERVAL_S)
+        ):
+            return False
+        job, host, tv, be = s.job, s.host or "", s.torch_version or "", s.backend or ""
+        if not (
+            0 < len(job) <= MAX_JOB
+            and len(host) <= MAX_HOST
+            and len(tv) <= MAX_VERSION
+            and len(be) <= MAX_BACKEND
+            and len(s.version) <= MAX_VERSION
+        ):
+            return False
+        names = [job, host, tv, be, s.version]
+        groups = s.groups
+        if groups:
+            if "" in groups or max(map(len, groups)) > MAX_GROUP:
+                return False
+            names.extend(groups)
+            for g in groups.values():
+                r = g.ranks
+                if r and (len(r) > MAX_WORLD_SIZE or min(r) < 0 or max(r) > top):
+                    return False
+        for t in s.thread_stacks:
+            if not 0 <= t.thread_id <= INT64_MAX or len(t.thread_name) > MAX_FRAME_TEXT:
+                return False
+            if t.frames and id(t.frames) in self.bad_stacks:
+                return False
+            names.append(t.thread_name)
+        c = s.columns
+        if c is None:
+            if s.entries:
+                return False  # wire v1: checked the slow way
+        elif c.n:
+            cols = c.cols
+            rid = cols["rid"]
+            wide = (rid, cols["seq"], cols["p2p"], cols["opid"], cols["tc"])
+            if min(map(min, wide)) < 0 or max(map(max, wide)) > INT64_MAX or len(set(rid)) != c.n:
+                return False
+            opt = [col for key in ("ts", "td", "to") if (col := cols.get(key))]
+            if opt:
+                vals = list(filter(_not_none, chain.from_iterable(opt)))
+                if vals and (min(vals) < 0 or max(vals) > INT64_MAX):
+                    return False
+            peer = cols.get("peer")
+            if peer:
+                vals = list(filter(_not_none, peer))
+                if vals and (min(vals) < 0 or max(vals) >= MAX_WORLD_SIZE):
+                    return False
+            dur = cols.get("dur")
+            if dur:
+                fvals = list(filter(_not_none, dur))
+                if fvals and not (min(fvals) >= 0 and max(fvals) < math.inf):
+                    return False
+            distinct = set(cols["g"])
+            if max(map(len, distinct)) > MAX_GROUP:
+                return False
+            names.extend(distinct)
+            thr = cols.get("thr")
+            if thr:
+                distinct = set(thr)
+                if max(map(len, distinct)) > MAX_FRAME_TEXT:
+                    return False
+                names.extend(distinct)
+            if self.bad_sigs and not self.bad_sigs.keys().isdisjoint(c.sig):
+                return False
+            if self.bad_stacks and c.stk is not None:
+                bad = self.bad_stacks
+                if any(st and id(st) in bad for st in c.frames()):
+                    return False
+        return _CONTROL.search("".join(names)) is None
+
+    def _explain(self, s: Snapshot, where: str) -> None:
+        """The rules one by one: raises WireError naming the first bad value."""
         _name(s.job, f"{where}.job", MAX_JOB, empty=False)
         _int(s.attempt, f"{where}.attempt", 0, INT32_MAX)
         _int(s.world_size, f"{where}.world_size", 1, MAX_WORLD_SIZE)
@@ -215,9 +319,6 @@ class BatchChecks:
         _name(s.torch_version, f"{where}.torch_version", MAX_VERSION)
         _name(s.backend, f"{where}.backend", MAX_BACKEND)
         _name(s.version, f"{where}.version", MAX_VERSION)
-        if s.exception is not None:
-            s.exception = neutralize(s.exception, MAX_EXCEPTION)
-        s.source = neutralize(s.source, MAX_SOURCE)
         for name, g in s.groups.items():
             gw = f"{where}.groups[{name[:40]!r}]"
             _name(name, gw, MAX_GROUP, empty=False)
@@ -225,8 +326,6 @@ class BatchChecks:
                 if len(g.ranks) > MAX_WORLD_SIZE:
                     raise WireError(f"{gw}.ranks: more than {MAX_WORLD_SIZE} members")
                 _int_column(g.ranks, f"{gw}.ranks", 0, top, nulls=False)
-            if len(g.desc) > MAX_GROUP_DESC or _CONTROL_TEXT.search(g.desc):
-                s.groups[name] = dataclasses.replace(g, desc=neutralize(g.desc, MAX_GROUP_DESC))
         for j, t in enumerate(s.thread_stacks):
             tw = f"{where}.thread_stacks[{j}]"
             _name(t.thread_name, f"{tw}.thread_name", MAX_FRAME_TEXT)
@@ -234,8 +333,6 @@ class BatchChecks:
             why = self.bad_stacks.get(id(t.frames)) if t.frames else None
             if why is not None:
                 raise WireError(f"{tw}.stk: {why}")
-        if s.config is not None:
-            s.config = _clean_config(s.config)
         self._entries(s, where)
 
     def _entries(self, s: Snapshot, where: str) -> None:
