@@ -3,7 +3,7 @@
 `flightdeck.wire` checks a batch's shape (types, lengths, indexes); this module checks its values
 by the rules of the database columns and the analysis, before anything is written, so a value the
 store cannot hold is a 422 with the reason instead of a 500 from the database. It is the one place
-these rules live; `docs/wire-limits.md` lists them for users.
+these rules live; `docs/input-limits.md` lists them for users.
 
 A refused snapshot is refused alone: `decode_checked` decodes a batch, leaves the snapshots (and
 NIXL samples) that break a rule out of it, and returns why each one was left out; the rest of the

@@ -431,3 +431,55 @@ def _http_get(sock: socket.socket, path: str) -> tuple[int, dict[str, str], str]
 def test_int64_bound_is_the_store_bound() -> None:
     """The validation's 64-bit bound is what SQLite and BIGINT hold."""
     assert INT64_MAX == 2**63 - 1
+
+
+# The pusher passes a timeout per request, which the in-process TestClient only warns about.
+@pytest.mark.filterwarnings("ignore:You should not use the 'timeout' argument")
+def test_the_collector_sets_a_partly_refused_batch_aside_once(
+    server: Server, clock: FakeClock, tmp_path: Path
+) -> None:
+    """The real collector pusher and queue against the real app: a batch with one bad snapshot is
+    answered 422 (`applied`), so the pusher dead-letters it on the first answer (never retried by
+    itself) with the server's reason; the healthy snapshots are stored; requeued, it is a duplicate
+    and acknowledged."""
+    import random
+
+    from prometheus_client import CollectorRegistry
+
+    from flightdeck.collector.metrics import CollectorMetrics
+    from flightdeck.collector.pusher import Outcome, Pusher
+    from flightdeck.collector.queue import DurableQueue, NewBatch
+
+    doc = healthy_doc(clock)
+    bad = copy.deepcopy(doc["snapshots"][0])
+    bad["job"], bad["world_size"] = "other", 0
+    doc["snapshots"].append(bad)
+    queue = DurableQueue(tmp_path / "state", max_bytes=1 << 20)
+    metrics = CollectorMetrics(CollectorRegistry())
+    pusher = Pusher(
+        queue,
+        client=server.client,
+        url="/api/v1/ingest",
+        token=AUTH["Authorization"].split()[1],
+        metrics=metrics,
+        rng=random.Random(1),
+        max_attempts=10,
+    )
+    try:
+        body = gzip.compress(json.dumps(doc).encode())
+        assert queue.enqueue([NewBatch(doc["batch_id"], "periodic", 1, body)])
+        head = queue.peek()
+        assert head is not None
+        assert pusher.deliver(head, deadline=time.monotonic() + 10) is Outcome.DEAD_LETTERED
+        assert queue.peek() is None
+        [(batch_id, status, message)] = queue.dead_letters()
+        assert batch_id == doc["batch_id"] and status == 422
+        assert message.startswith("batch.snapshots[4].world_size") and "the rest was applied" in message
+        assert entry_count(server, "good") == sum(s["entries"]["n"] for s in doc["snapshots"][:4])
+        assert queue.requeue_dead_letters() == 1
+        head = queue.peek()
+        assert head is not None
+        assert pusher.deliver(head, deadline=time.monotonic() + 10) is Outcome.DELIVERED
+        assert queue.peek() is None and not queue.dead_letters()
+    finally:
+        queue.close()
