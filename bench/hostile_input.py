@@ -98,6 +98,7 @@ def main(argv: list[str] | None = None) -> None:
             sent_s = time.monotonic() - started
             corpus_tried = tally.tried
             time.sleep(args.settle_s)  # the live diagnosis runs over everything stored
+            last[0] = None  # idle past uvicorn's keep-alive timeout (5 s): a new connection is due
             # Every job's page and API answer once more, after the diagnosis.
             for j in client.get("/api/v1/jobs").json():
                 for path in (f"/api/v1/jobs/{j['job']}", f"/jobs/{j['job']}"):
@@ -141,7 +142,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"healthy entries sent          {sum(tally.healthy.values()):,} ({len(tally.healthy)} jobs)")
     print(f"healthy entries lost          {lost}")
     print(f"server alive at the end       {alive}; tracebacks in its log: {tracebacks}")
-    for line in (tally.server_errors + tally.no_answer)[:10]:
+    for line in (tally.server_errors + tally.no_answer + tally.drops)[:10]:
         print("  ", line)
 
 

@@ -141,6 +141,8 @@ class Tally:
     dropped: int = 0
     #: Requests that got no answer at all (the connection failed or timed out).
     no_answer: list[str] = field(default_factory=list)
+    #: The request sent on a new connection each time, for the report.
+    drops: list[str] = field(default_factory=list)
     #: Healthy entries sent per job, in batches the server said it applied.
     healthy: dict[str, int] = field(default_factory=dict)
 
@@ -327,6 +329,7 @@ def send(client: httpx.Client, req: Request, tally: Tally, last_addr: list[Any])
     addr = stream.get_extra_info("client_addr") if stream is not None else None
     if last_addr[0] is not None and addr != last_addr[0]:
         tally.dropped += 1
+        tally.drops.append(f"connection dropped before {req.method} {req.path[:120]}")
     last_addr[0] = addr
     tally.by_status[resp.status_code] = tally.by_status.get(resp.status_code, 0) + 1
     if resp.status_code >= 500:

@@ -483,3 +483,14 @@ def test_the_collector_sets_a_partly_refused_batch_aside_once(
         assert queue.peek() is None and not queue.dead_letters()
     finally:
         queue.close()
+
+
+def test_missing_ranks_are_counted_whole_and_listed_bounded() -> None:
+    """`missing_ranks` works by the ranks present: a claimed million ranks lists 4,096 + present."""
+    from flightdeck.analysis.diagnose import MAX_LISTED_MISSING, missing_ranks
+
+    listed, count = missing_ranks([0, 5, 7], 10)
+    assert (listed, count) == ([1, 2, 3, 4, 6, 8, 9], 7)
+    listed, count = missing_ranks([0, 1, 2, 3, 2_000_000], MAX_WORLD_SIZE)
+    assert count == MAX_WORLD_SIZE - 4
+    assert len(listed) == MAX_LISTED_MISSING + 4 and listed[:2] == [4, 5]
