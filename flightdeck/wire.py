@@ -329,13 +329,27 @@ def _decode_snapshot(
         if not isinstance(g, dict):
             raise WireError(f"{where}.groups[{name!r}]: expected an object")
         ranks = g.get("ranks")
-        # One pass in C: a world group's member list is thousands of ints, sent every minute.
-        if ranks is not None and (type(ranks) is not list or not set(map(type, ranks)) <= _INT):
-            raise WireError(f"{where}.groups[{name!r}].ranks: expected a list of ints or null")
+        members = None
+        if ranks is not None:
+            if type(ranks) is not list:
+                raise WireError(f"{where}.groups[{name!r}].ranks: expected a list of ints or null")
+            # A world group's member list is thousands of ints, and every rank of a batch sends
+            # the same one: decoded once per batch (the snapshots share the tuple), each pass in C.
+            members = tuple(ranks)
+            try:
+                known = memo.members.get(members) if memo is not None else None
+            except TypeError:  # an unhashable member: refused just below
+                known = None
+            if known is not None:
+                members = known
+            elif not set(map(type, ranks)) <= _INT:
+                raise WireError(f"{where}.groups[{name!r}].ranks: expected a list of ints or null")
+            elif memo is not None:
+                memo.members[members] = members
         desc = g.get("desc")
         if desc is not None and type(desc) is not str:
             raise WireError(f"{where}.groups[{name!r}].desc: expected a string or null")
-        groups[str(name)] = GroupInfo(str(name), desc or "", None if ranks is None else tuple(ranks))
+        groups[str(name)] = GroupInfo(str(name), desc or "", members)
     threads = []
     for j, t in enumerate(_opt(s, "thread_stacks", list, where) or []):
         tw = f"{where}.thread_stacks[{j}]"
@@ -409,6 +423,8 @@ class _Memo:
     dtypes: dict[tuple[str, ...], tuple[str, ...]] = field(default_factory=dict)
     #: raw op name -> canonical op name
     ops: dict[str, str] = field(default_factory=dict)
+    #: group member lists (all ints) -> themselves
+    members: dict[tuple[int, ...], tuple[int, ...]] = field(default_factory=dict)
 
 
 def _decode_entries(raw: list[Any], stacks: list[Stack], where: str, memo: _Memo | None) -> list[Entry]:

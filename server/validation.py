@@ -180,6 +180,8 @@ class BatchChecks:
             if why is not None:
                 self.bad_sigs[i] = f"batch.sigs[{i}]: {why}"
         self._sigs = sigs
+        #: id(member tuple) -> (the tuple, its min, its max)
+        self._member_bounds: dict[int, tuple[tuple[int, ...], int, int]] = {}
 
     def drop_bad_signatures(self) -> None:
         """After the snapshots are checked: the store writes a batch's whole signature table, so
@@ -245,10 +247,18 @@ class BatchChecks:
             if "" in groups or max(map(len, groups)) > MAX_GROUP:
                 return False
             names.extend(groups)
+            bounds = self._member_bounds
             for g in groups.values():
                 r = g.ranks
-                if r and (len(r) > MAX_WORLD_SIZE or min(r) < 0 or max(r) > top):
-                    return False
+                if r:
+                    # The snapshots of a batch share one tuple per distinct member list (the
+                    # decoder's memo), so its bounds are taken once per batch. The entry holds
+                    # the tuple: its id is not reused while this batch is checked.
+                    b = bounds.get(id(r))
+                    if b is None:
+                        b = bounds[id(r)] = (r, min(r), max(r))
+                    if len(r) > MAX_WORLD_SIZE or b[1] < 0 or b[2] > top:
+                        return False
         for t in s.thread_stacks:
             if not 0 <= t.thread_id <= INT64_MAX or len(t.thread_name) > MAX_FRAME_TEXT:
                 return False
