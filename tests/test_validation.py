@@ -494,3 +494,52 @@ def test_missing_ranks_are_counted_whole_and_listed_bounded() -> None:
     listed, count = missing_ranks([0, 1, 2, 3, 2_000_000], MAX_WORLD_SIZE)
     assert count == MAX_WORLD_SIZE - 4
     assert len(listed) == MAX_LISTED_MISSING + 4 and listed[:2] == [4, 5]
+
+
+def test_migration_0006_widens_an_existing_database(database_url: str, clock: FakeClock) -> None:
+    """A database at revision 0005 with data is upgraded in place: the data stays, and the values
+    past 2^31 that the old INTEGER columns refused on PostgreSQL are then stored (both databases
+    end with the schema of the models)."""
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+
+    from flightdeck.server.db import migrate
+    from flightdeck.server.models import Base
+
+    db = connect_db(database_url)
+    try:
+        migrate(db, "0005")
+        with db.write() as session, session.begin():
+            session.execute(
+                text(
+                    "INSERT INTO entries (job_id, rank, record_id, group_id, seq, p2p_seq, op_id, sig_id, "
+                    "state, retired, time_created_ns, timeout_ms, thread_name) "
+                    "VALUES (1, 0, 1, 1, 5, 0, 6, 1, 2, true, 1, 600000, '')"
+                )
+            )
+        migrate(db)
+        with db.engine.connect() as conn:
+            assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
+        with db.write() as session, session.begin():
+            session.execute(
+                text(
+                    "INSERT INTO entries (job_id, rank, record_id, group_id, seq, p2p_seq, op_id, sig_id, "
+                    "state, retired, time_created_ns, timeout_ms, thread_name) "
+                    "VALUES (1, 0, 2, 1, :big, :big, :big, 1, 2, true, 1, 2592000000, '')"
+                ),
+                {"big": 2**40},
+            )
+        with db.read() as session:
+            rows = session.execute(
+                text("SELECT record_id, seq, timeout_ms FROM entries ORDER BY record_id")
+            ).all()
+        assert [tuple(r) for r in rows] == [(1, 5, 600000), (2, 2**40, 2592000000)]
+    finally:
+        db.dispose()
+
+
+def connect_db(url: str) -> Any:
+    """The server's database handle on `url` (not migrated)."""
+    from flightdeck.server.db import connect
+
+    return connect(url)
