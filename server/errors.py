@@ -137,13 +137,15 @@ class InternalErrorMiddleware:
             tb = traceback.extract_tb(exc.__traceback__)
             where = f"{tb[-1].filename}:{tb[-1].lineno} in {tb[-1].name}" if tb else "?"
             # One line per error (the id ties it to the answer); the traceback at debug level.
+            # The path and the message may hold what a client sent: escaped, so neither a
+            # newline nor an escape sequence reaches the log as such.
             log.error(
                 "error_id=%s %s %s: %s: %s (at %s)",
                 error_id,
                 scope.get("method"),
-                scope.get("path"),
+                ascii(str(scope.get("path")))[1:-1],
                 type(exc).__name__,
-                str(exc).replace("\n", " ")[:500],
+                ascii(str(exc)[:500])[1:-1],
                 where,
             )
             log.debug("error_id=%s traceback", error_id, exc_info=exc)
