@@ -3,7 +3,8 @@
 The batches are `bench/loadgen.py`'s (N ranks on H hosts, 10 collectives/s over 3 kinds of
 groups, one gzip batch per host every 2 s carrying new and changed entries). Each stage runs on
 all of them in turn, timed by this thread's CPU clock: gunzip, JSON parse and `decode_batch`
-(the garbage collector paused, as the server's `GcPause` has it),
+(the garbage collector paused, as the server's `GcPause` has it), `decode_checked` (the same
+decode plus the server's validation of every value, which is what ingest runs),
 `store.ingest_batches` on a fresh PostgreSQL database (groups of `--group` batches, one
 transaction each, as group commit makes them under load), and the fold into the live
 summaries. One warm-up round goes first (ids, caches). The server process does the same work
@@ -39,6 +40,7 @@ from flightdeck.server import store
 from flightdeck.server.db import connect, migrate
 from flightdeck.server.ingest import GC_PAUSE
 from flightdeck.server.live import fold_entries
+from flightdeck.server.validation import decode_checked
 from flightdeck.wire import Batch, decode_batch
 
 PG_ADMIN = os.environ.get("FLIGHTDECK_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
@@ -84,6 +86,8 @@ def main(argv: list[str] | None = None) -> None:
     with GC_PAUSE:  # as the server decodes: the cyclic collector off
         cpu["JSON parse"], docs = cpu_of(lambda: [orjson.loads(r) for r in raws])
         cpu["decode_batch"], batches = cpu_of(lambda: [decode_batch(d) for d in docs])
+        # What the server runs: the same decode plus the checks against the store (validation.py).
+        cpu["decode_checked (decode + validation)"], _ = cpu_of(lambda: [decode_checked(d) for d in docs])
     n = sum(b.entry_count for b in batches)
 
     name = "flightdeck_stages_" + uuid.uuid4().hex[:8]

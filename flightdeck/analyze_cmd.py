@@ -229,7 +229,11 @@ def render_text(report: Report, *, attempt: int = 0, seconds: float | None = Non
     job = f"job {report.job}" if report.job else "job"
     lines.append(
         f"{job} (attempt {attempt}): {report.expected_ranks} ranks expected, {len(report.with_dump)} with dumps"
-        + (f", none from {_short(report.without_dump)}" if report.without_dump else "")
+        + (
+            f", none from {_short(report.without_dump, total=report.without_dump_count)}"
+            if report.without_dump
+            else ""
+        )
     )
     if report.healthy:
         lines.append("HEALTHY: every group's collectives agree across ranks and none is stuck.")
@@ -286,6 +290,8 @@ def _headline(i: int, f: Finding) -> str:
     return f"#{i + 1} {prefix}{_TITLES[f.kind]}: " + ", ".join(where) + after
 
 
-def _short(ranks: Sequence[int], limit: int = 16) -> str:
+def _short(ranks: Sequence[int], limit: int = 16, total: int | None = None) -> str:
+    """The first `limit` ranks, then how many more (`total`: how many `ranks` stands for)."""
+    total = len(ranks) if total is None else total
     shown = ", ".join(str(r) for r in ranks[:limit])
-    return shown + (f" (+{len(ranks) - limit} more)" if len(ranks) > limit else "")
+    return shown + (f" (+{total - min(limit, len(ranks))} more)" if total > min(limit, len(ranks)) else "")

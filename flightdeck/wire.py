@@ -67,6 +67,37 @@ class WireError(ValueError):
     """A batch that does not match the wire format; the message names the field."""
 
 
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A snapshot (or NIXL sample) left out of a batch, and why (`decode_batch(refused=...)`)."""
+
+    #: Its index in the batch's `snapshots` (or `nixl`, when `nixl`).
+    index: int
+    reason: str
+    nixl: bool = False
+    #: Who it claims to be, where it said so (for the answer and the log).
+    job: str | None = None
+    attempt: int | None = None
+    rank: int | None = None
+    host: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The refusal as the ingest answer lists it."""
+        key = "nixl" if self.nixl else "snapshot"
+        who = (
+            {"host": self.host}
+            if self.nixl
+            else {"job": self.job, "attempt": self.attempt, "rank": self.rank}
+        )
+        return {key: self.index, **who, "reason": self.reason}
+
+
+#: Checks of decoded values beyond the format (a server's: `flightdeck.server.validation`):
+#: built once per batch from its stack and signature tables, then called on each snapshot with
+#: where it is (`batch.snapshots[3]`); raises WireError naming the bad value.
+SnapshotChecks = Callable[[list["Stack"], list[Any] | None], Callable[["Snapshot", str], None]]
+
+
 @dataclass(slots=True)
 class Snapshot:
     """One rank's snapshot as shipped: identity, metadata and the changed entries."""
@@ -223,8 +254,15 @@ def _opt(d: dict[str, Any], key: str, typ: type | tuple[type, ...], where: str) 
 BATCH_AGE_HEADER = "Flightdeck-Batch-Age-Ms"
 
 
-def decode_batch(doc: object) -> Batch:
-    """Validate and decode a batch document; raises WireError naming the first bad field."""
+def decode_batch(
+    doc: object, *, checks: SnapshotChecks | None = None, refused: list[Refusal] | None = None
+) -> Batch:
+    """Validate and decode a batch document; raises WireError naming the first bad field.
+
+    `checks`: more checks of each decoded snapshot (see `SnapshotChecks`). With a `refused`
+    list, a snapshot that fails is left out of the batch and its `Refusal` appended instead
+    (the batch's own fields and tables still raise: they are everyone's).
+    """
     if not isinstance(doc, dict):
         raise WireError("batch: expected a JSON object")
     version = _req(doc, "wire_version", int, "batch")
@@ -248,12 +286,36 @@ def decode_batch(doc: object) -> Batch:
     sigs = _decode_sigs(_req(doc, "sigs", list, "batch")) if version >= 2 else None
     snaps = []
     memo = _Memo()  # one per batch: what its snapshots repeat is decoded once
+    check = None if checks is None else checks(stacks, sigs)
     for i, s in enumerate(_req(doc, "snapshots", list, "batch")):
-        snaps.append(_decode_snapshot(s, stacks, f"batch.snapshots[{i}]", memo, sigs))
+        where = f"batch.snapshots[{i}]"
+        try:
+            snap = _decode_snapshot(s, stacks, where, memo, sigs)
+            if check is not None:
+                check(snap, where)
+        except WireError as exc:
+            if refused is None:
+                raise
+            refused.append(_refusal(i, s, str(exc)))
+            continue
+        snaps.append(snap)
     nixl = doc.get("nixl") or []
     if not isinstance(nixl, list) or not all(isinstance(x, dict) for x in nixl):
         raise WireError("batch.nixl: expected a list of objects")
     return Batch(batch_id, host, cver, sent, snaps, nixl)
+
+
+def _refusal(i: int, s: object, reason: str) -> Refusal:
+    """The refusal of snapshot `i`, with the identity it claims where it is readable."""
+    d = s if isinstance(s, dict) else {}
+    job, attempt, rank = d.get("job"), d.get("attempt", 0), d.get("rank")
+    return Refusal(
+        i,
+        reason,
+        job=job[:256] if isinstance(job, str) else None,
+        attempt=attempt if type(attempt) is int else None,
+        rank=rank if type(rank) is int else None,
+    )
 
 
 def _decode_snapshot(
@@ -277,12 +339,27 @@ def _decode_snapshot(
         if not isinstance(g, dict):
             raise WireError(f"{where}.groups[{name!r}]: expected an object")
         ranks = g.get("ranks")
-        # One pass in C: a world group's member list is thousands of ints, sent every minute.
-        if ranks is not None and (type(ranks) is not list or not set(map(type, ranks)) <= _INT):
-            raise WireError(f"{where}.groups[{name!r}].ranks: expected a list of ints or null")
-        groups[str(name)] = GroupInfo(
-            str(name), str(g.get("desc") or ""), None if ranks is None else tuple(ranks)
-        )
+        members = None
+        if ranks is not None:
+            if type(ranks) is not list:
+                raise WireError(f"{where}.groups[{name!r}].ranks: expected a list of ints or null")
+            # A world group's member list is thousands of ints, and every rank of a batch sends
+            # the same one: decoded once per batch (the snapshots share the tuple), each pass in C.
+            members = tuple(ranks)
+            try:
+                known = memo.members.get(members) if memo is not None else None
+            except TypeError:  # an unhashable member: refused just below
+                known = None
+            if known is not None:
+                members = known
+            elif not set(map(type, ranks)) <= _INT:
+                raise WireError(f"{where}.groups[{name!r}].ranks: expected a list of ints or null")
+            elif memo is not None:
+                memo.members[members] = members
+        desc = g.get("desc")
+        if desc is not None and type(desc) is not str:
+            raise WireError(f"{where}.groups[{name!r}].desc: expected a string or null")
+        groups[str(name)] = GroupInfo(str(name), desc or "", members)
     threads = []
     for j, t in enumerate(_opt(s, "thread_stacks", list, where) or []):
         tw = f"{where}.thread_stacks[{j}]"
@@ -293,8 +370,8 @@ def _decode_snapshot(
             raise WireError(f"{tw}.stk: {stk} is not an index into batch.stacks")
         threads.append(
             ThreadStack(
-                str(t.get("thread_name") or ""),
-                int(t.get("thread_id") or 0),
+                _opt(t, "thread_name", str, tw) or "",
+                _opt(t, "thread_id", int, tw) or 0,
                 () if stk is None else stacks[stk],
             )
         )
@@ -366,6 +443,8 @@ class _Memo:
     dtypes: dict[tuple[str, ...], tuple[str, ...]] = field(default_factory=dict)
     #: raw op name -> canonical op name
     ops: dict[str, str] = field(default_factory=dict)
+    #: group member lists (all ints) -> themselves
+    members: dict[tuple[int, ...], tuple[int, ...]] = field(default_factory=dict)
 
 
 def _decode_entries(raw: list[Any], stacks: list[Stack], where: str, memo: _Memo | None) -> list[Entry]:

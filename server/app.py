@@ -27,7 +27,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from flightdeck import __version__
 from flightdeck.server import store
 from flightdeck.server.db import Database, connect
-from flightdeck.server.errors import ServerError, UnavailableError, error_answer
+from flightdeck.server.errors import InternalErrorMiddleware, ServerError, UnavailableError, error_answer
 from flightdeck.server.ingest import IngestService
 from flightdeck.server.ingest_http import IngestEndpoint
 from flightdeck.server.live import JobState, LiveDiagnosis
@@ -343,5 +343,7 @@ def create_app(
     web = StoreData(db=services.db, live=services.live, clock=clock, job_idle_s=settings.job_idle_s)
     app.include_router(make_router(web, WebSettings(token=settings.web_token)))
     app.add_middleware(WebHeadersMiddleware)
-    app.add_middleware(IngestEndpoint, services=services)  # outermost: see its module
+    app.add_middleware(IngestEndpoint, services=services)  # see its module
+    # Outermost: an unexpected error anywhere (ingest included) is a 500 with an id.
+    app.add_middleware(InternalErrorMiddleware, on_error=services.metrics.server_errors.inc)
     return app

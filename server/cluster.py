@@ -29,7 +29,8 @@ from sqlalchemy.orm import Session
 
 from flightdeck.server import store
 from flightdeck.server.db import Database
-from flightdeck.wire import Snapshot, decode_batch
+from flightdeck.server.validation import decode_checked
+from flightdeck.wire import Snapshot
 
 try:
     import orjson
@@ -200,7 +201,9 @@ class Cluster:
 def _decode(body: bytes, job_id: int, feed_id: int) -> list[Snapshot]:
     """Every snapshot of a feed body (a batch may hold other jobs' too: the caller filters)."""
     try:
-        batch = decode_batch(_loads(gzip.decompress(body)))
+        # Checked as ingest checked it: the snapshots it refused were not applied (the body is
+        # the batch as sent).
+        batch, _refused = decode_checked(_loads(gzip.decompress(body)))
     except (OSError, ValueError) as exc:  # it was valid when ingested: log, skip
         log.error("cluster: feed row %d of job %d unreadable: %s", feed_id, job_id, exc)
         return []

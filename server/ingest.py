@@ -11,6 +11,7 @@ import gc
 import gzip
 import hashlib
 import json
+import logging
 import math
 import secrets
 import threading
@@ -41,7 +42,10 @@ from flightdeck.server.metrics import IngestMetrics, SharedState
 from flightdeck.server.schema import SchemaGuard
 from flightdeck.server.settings import ServerSettings
 from flightdeck.server.token_scope import TokenScope
-from flightdeck.wire import Batch, WireError, decode_batch
+from flightdeck.server.validation import decode_checked
+from flightdeck.wire import Batch, Refusal, WireError
+
+log = logging.getLogger(__name__)
 
 try:
     # 3-4x faster than the standard library on batches of thousands of small objects; parsing
@@ -405,6 +409,23 @@ class IngestService:
         self._cache = store.IngestCache()
         self._tokens.clear()
 
+    def _refused(
+        self, batch: Batch, refused: list[Refusal], applied: store.IngestResult | None
+    ) -> InvalidBatchError:
+        """Count and log the refused snapshots of a batch (once: not for a duplicate), its 422."""
+        self._metrics.refused_snapshots.inc(len(refused))
+        if applied is None:
+            self._reject("schema")
+        log.warning(
+            "batch %s from %s: %d snapshots or NIXL samples refused (%s): %s",
+            batch.batch_id,
+            batch.collector_host,
+            len(refused),
+            "the rest applied" if applied is not None else "nothing applied",
+            "; ".join(r.reason for r in refused[:3]) + (" ..." if len(refused) > 3 else ""),
+        )
+        return _refused_error(batch, refused, applied)
+
     def _reject(self, reason: str) -> None:
         self._metrics.rejects.labels(reason).inc()
         self._metrics.batches.labels("rejected").inc()
@@ -471,15 +492,8 @@ class IngestService:
             with GC_PAUSE:
                 doc = _loads(body)
                 try:
-                    batch = decode_batch(doc)
-                    if batch.nixl:
-                        from flightdeck.nixl_records import NixlSample
-
-                        for i, d in enumerate(batch.nixl):
-                            try:
-                                NixlSample.from_wire(d)
-                            except ValueError as exc:
-                                raise WireError(f"batch.nixl[{i}]: {exc}") from None
+                    # The bad snapshots (and NIXL samples) are left out, each with its reason.
+                    batch, refused = decode_checked(doc)
                 except WireError as exc:
                     raise InvalidBatchError(str(exc)) from None
                 # Freed here, while paused: the parsed document is the bulk of the batch's objects.
@@ -494,6 +508,8 @@ class IngestService:
         if refusal is not None:
             self._reject("scope")
             raise ForbiddenError(refusal)
+        if refused and not batch.snapshots and not batch.nixl:
+            raise self._refused(batch, refused, None)
         request = _Request(
             batch=batch,
             collector=collector,
@@ -518,9 +534,37 @@ class IngestService:
             return {"duplicate": True, "batch_id": batch.batch_id}
         self._metrics.batches.labels("accepted").inc()
         self._metrics.entries.inc(result.entries)
+        if refused:
+            # Applied, but not whole: a 422 that says what was kept and what was refused.
+            raise self._refused(batch, refused, result)
         return {
             "duplicate": False,
             "batch_id": batch.batch_id,
             "snapshots": len(result.snapshots),
             "entries": result.entries,
         }
+
+
+#: Refusals listed in one answer (the count is always whole).
+MAX_LISTED_REFUSALS = 100
+
+
+def _refused_error(
+    batch: Batch, refused: list[Refusal], applied: store.IngestResult | None
+) -> InvalidBatchError:
+    """The 422 of a batch with refused snapshots: `applied` says whether the rest was applied
+    (a collector that reads it acknowledges the batch; re-sending it changes nothing)."""
+    kept = "the rest was applied" if applied is not None else "nothing was applied"
+    total = len(refused) + len(batch.snapshots) + len(batch.nixl)
+    # The first reason leads: it names the field, as every other 422 of ingest does.
+    return InvalidBatchError(
+        f"{refused[0].reason} ({len(refused)} of {total} snapshots and NIXL samples refused, {kept})",
+        extra={
+            "batch_id": batch.batch_id,
+            "applied": applied is not None,
+            "snapshots": 0 if applied is None else len(applied.snapshots),
+            "entries": 0 if applied is None else applied.entries,
+            "refused_count": len(refused),
+            "refused": [r.to_json() for r in refused[:MAX_LISTED_REFUSALS]],
+        },
+    )

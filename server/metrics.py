@@ -130,6 +130,10 @@ class IngestMetrics:
         self.latency = _Hist(LATENCY_BUCKETS)
         self.rejects = _LabeledCount(("auth", "schema", "scope", "too_large"))
         self.db_errors = _Count()
+        #: Snapshots and NIXL samples left out of batches for a value the store cannot hold.
+        self.refused_snapshots = _Count()
+        #: Requests answered 500 (a bug: each has an error id in its answer and one log line).
+        self.server_errors = _Count()
         self.group_batches = _Hist(GROUP_BUCKETS)
         self.diagnosis = _Hist(LATENCY_BUCKETS)
         #: Requests waiting for an in-flight slot now (set by the ingest service: its admission).
@@ -171,7 +175,28 @@ class IngestMetrics:
             "Ingest requests waiting for an in-flight slot.",
             value=float(self.queued()),
         )
-        yield from (batches, entries, latency, rejects, errors, group, diagnosis, queued)
+        refused = CounterMetricFamily(
+            "flightdeck_ingest_refused_snapshots",
+            "Snapshots and NIXL samples refused alone (the rest of their batch applied).",
+            value=self.refused_snapshots.value,
+        )
+        server_errors = CounterMetricFamily(
+            "flightdeck_http_server_errors",
+            "Requests answered 500: unexpected errors, each logged once with its error id.",
+            value=self.server_errors.value,
+        )
+        yield from (
+            batches,
+            entries,
+            latency,
+            rejects,
+            errors,
+            group,
+            diagnosis,
+            queued,
+            refused,
+            server_errors,
+        )
 
 
 def _hist(name: str, doc: str, labels: list[str]) -> HistogramMetricFamily:

@@ -43,6 +43,10 @@ NAMING = {
 STATE_CODES: dict[str, int] = {"scheduled": 0, "started": 1, "completed": 2}
 STATE_NAMES: dict[int, str] = {v: k for k, v in STATE_CODES.items()}
 
+#: 64-bit integer, declared INTEGER on SQLite (whose INTEGER already holds 8 bytes: migration 0006
+#: widened these columns on PostgreSQL only, without copying SQLite's tables).
+WIDE_INT = BigInteger().with_variant(Integer, "sqlite")
+
 #: Job statuses, also the `status` label values of `flightdeck_jobs`.
 JOB_STATUSES = ("running", "hung", "mismatch", "lost", "finished")
 
@@ -90,7 +94,7 @@ class Rank(Base):
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
     rank: Mapped[int] = mapped_column(Integer, primary_key=True)
     host_id: Mapped[int | None] = mapped_column(ForeignKey("hosts.id"))
-    pid: Mapped[int | None] = mapped_column(Integer)
+    pid: Mapped[int | None] = mapped_column(WIDE_INT)
     local_rank: Mapped[int | None] = mapped_column(Integer)
     world_size: Mapped[int | None] = mapped_column(Integer)
     last_snapshot_ns: Mapped[int] = mapped_column(BigInteger)
@@ -186,12 +190,14 @@ class EntryRow(Base):
     job_id: Mapped[int] = mapped_column(Integer)
     rank: Mapped[int] = mapped_column(Integer)
     group_id: Mapped[int] = mapped_column(Integer)
-    seq: Mapped[int] = mapped_column(Integer)
-    p2p_seq: Mapped[int] = mapped_column(Integer)
-    op_id: Mapped[int] = mapped_column(Integer)
+    # 64-bit (migration 0006): a month-long job passes 2^31 collectives, a timeout of 25 days
+    # 2^31 ms (flightdeck.server.validation checks every value against its column).
+    seq: Mapped[int] = mapped_column(WIDE_INT)
+    p2p_seq: Mapped[int] = mapped_column(WIDE_INT)
+    op_id: Mapped[int] = mapped_column(WIDE_INT)
     sig_id: Mapped[int] = mapped_column(Integer)
     stack_id: Mapped[int | None] = mapped_column(Integer)
-    timeout_ms: Mapped[int | None] = mapped_column(Integer)
+    timeout_ms: Mapped[int | None] = mapped_column(WIDE_INT)
     peer: Mapped[int | None] = mapped_column(Integer)
     state: Mapped[int] = mapped_column(SmallInteger)
     retired: Mapped[bool] = mapped_column(Boolean)
@@ -207,7 +213,7 @@ class NixlAgent(Base):
     host: Mapped[str] = mapped_column(String(255))
     agent: Mapped[str] = mapped_column(String(255))
     source: Mapped[str] = mapped_column(String(8))
-    pid: Mapped[int | None] = mapped_column(Integer)
+    pid: Mapped[int | None] = mapped_column(WIDE_INT)
     local_rank: Mapped[int | None] = mapped_column(Integer)
     run: Mapped[str] = mapped_column(String(128))
     read_time_ns: Mapped[int] = mapped_column(BigInteger)

@@ -11,12 +11,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
+from flightdeck.analysis.diagnose import missing_ranks
 from flightdeck.nixl_rates import RATE_WINDOW_S, window_stats
 from flightdeck.server import store
 from flightdeck.server.app import Services
 from flightdeck.server.errors import NotFoundError
 from flightdeck.server.ingest_http import INGEST_PATH, ingest_request
 from flightdeck.server.models import FindingRow, Job
+from flightdeck.server.validation import AttemptQuery, GroupQuery, JobParam, RankQuery, SeqQuery
 
 NS = 1_000_000_000
 
@@ -107,7 +109,7 @@ def list_jobs(svc: ServicesDep) -> list[dict[str, Any]]:
 
 
 @router.get("/api/v1/jobs/{job:path}/findings", tags=["jobs"], dependencies=[ReadAuth])
-def get_findings(svc: ServicesDep, job: str, attempt: int | None = None) -> dict[str, Any]:
+def get_findings(svc: ServicesDep, job: JobParam, attempt: AttemptQuery = None) -> dict[str, Any]:
     """Every finding episode of the job, open and resolved, with when it opened and resolved."""
 
     with _read(svc) as session:
@@ -119,13 +121,13 @@ def get_findings(svc: ServicesDep, job: str, attempt: int | None = None) -> dict
 @router.get("/api/v1/jobs/{job:path}/timeline", tags=["jobs"], dependencies=[ReadAuth])
 def get_timeline(
     svc: ServicesDep,
-    job: str,
-    attempt: int | None = None,
-    group: str | None = None,
-    rank_from: Annotated[int | None, Query(ge=0)] = None,
-    rank_to: Annotated[int | None, Query(ge=0)] = None,
-    seq_from: Annotated[int | None, Query(ge=0)] = None,
-    seq_to: Annotated[int | None, Query(ge=0)] = None,
+    job: JobParam,
+    attempt: AttemptQuery = None,
+    group: GroupQuery = None,
+    rank_from: RankQuery = None,
+    rank_to: RankQuery = None,
+    seq_from: SeqQuery = None,
+    seq_to: SeqQuery = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
 ) -> dict[str, Any]:
     """The job's entries in a window (inclusive bounds), by process group, sequence id and rank."""
@@ -148,7 +150,7 @@ def get_timeline(
 # Job names may hold "/" (`{job:path}`): this route comes after the sub-routes, which would
 # otherwise be read as part of the name.
 @router.get("/api/v1/jobs/{job:path}", tags=["jobs"], dependencies=[ReadAuth])
-def get_job(svc: ServicesDep, job: str, attempt: int | None = None) -> dict[str, Any]:
+def get_job(svc: ServicesDep, job: JobParam, attempt: AttemptQuery = None) -> dict[str, Any]:
     """The job's status and its open findings, in the shape of `flightdeck analyze --format json`
     (`healthy`, `job`, `now_s`, `ranks`, `findings`, `warnings`) plus `status` and `attempt`."""
 
@@ -158,6 +160,7 @@ def get_job(svc: ServicesDep, job: str, attempt: int | None = None) -> dict[str,
         if report is None:
             ranks = [r.rank for r, _ in store.job_ranks(session=session, job_id=j.id)]
             expected = j.world_size or (max(ranks) + 1 if ranks else 0)
+            without, missing = missing_ranks(ranks, expected)
             report = {
                 "healthy": True,
                 "job": j.name,
@@ -165,7 +168,8 @@ def get_job(svc: ServicesDep, job: str, attempt: int | None = None) -> dict[str,
                 "ranks": {
                     "expected": expected,
                     "with_dump": ranks,
-                    "without_dump": [r for r in range(expected) if r not in set(ranks)],
+                    "without_dump": without,
+                    "without_dump_count": missing,
                 },
                 "findings": [],
                 "warnings": [],

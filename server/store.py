@@ -469,8 +469,8 @@ def _pg_arrays(cols: Iterable[Sequence[Any]], types: Sequence[str]) -> list[Any]
 
 #: PostgreSQL element type of each ENTRY_COLUMNS column (`pg_arrays.TYPES`, or text).
 _PG_TYPES = (
-    "int", "int", "bigint", "int", "int", "int", "int", "int", "smallint", "boolean",
-    "bigint", "bigint", "bigint", "float8", "int", "text", "int", "int",
+    "int", "int", "bigint", "int", "bigint", "bigint", "bigint", "int", "smallint", "boolean",
+    "bigint", "bigint", "bigint", "float8", "bigint", "text", "int", "int",
 )  # fmt: skip
 #: One statement whatever the size: each column one array parameter, binary except the text one.
 _PG_UNNEST = (
@@ -822,7 +822,7 @@ _RANK_UPSERT = (
 _SQLITE_RANK_ROW = "(" + ", ".join(["?"] * len(_RANK_COLUMNS)) + ")"
 #: PostgreSQL element type of each _RANK_COLUMNS column (thread_stacks: JSON text, cast below).
 _PG_RANK_TYPES = (
-    "int", "int", "int", "int", "int", "int", "bigint", "bigint", "text", "float8", "text", "boolean",
+    "int", "int", "int", "bigint", "int", "int", "bigint", "bigint", "text", "float8", "text", "boolean",
     "bigint", "text", "text", "text", "text", "text",
 )  # fmt: skip
 _PG_RANK_UPSERT = _RANK_UPSERT.format(

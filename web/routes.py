@@ -23,6 +23,16 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from flightdeck.server.validation import (
+    INT64_MAX,
+    GroupQuery,
+    GroupRequired,
+    JobParam,
+    RankPath,
+    RankRequired,
+    SeqQuery,
+    SeqRequired,
+)
 from flightdeck.web import views
 from flightdeck.web.data import EntryLike, RankDetail, WebData
 from flightdeck.web.render import STATIC, make_env, render
@@ -203,7 +213,9 @@ def make_router(data: WebData, settings: WebSettings | None = None) -> APIRouter
         return Response(static[name], media_type=_STATIC_TYPES[name], headers=headers)
 
     @router.get("/jobs/{job:path}/cell", response_class=HTMLResponse)
-    def cell_page(request: Request, job: str, group: str, seq: int, rank: int) -> Response:
+    def cell_page(
+        request: Request, job: JobParam, group: GroupRequired, seq: SeqRequired, rank: RankRequired
+    ) -> Response:
         report = data.job_report(job)
         if report is None:
             raise HTTPException(status_code=404, detail="no such job")
@@ -236,7 +248,7 @@ def make_router(data: WebData, settings: WebSettings | None = None) -> APIRouter
         return page(request, "cell.html", view)
 
     @router.get("/jobs/{job:path}/ranks/{rank:int}", response_class=HTMLResponse)
-    def rank_page(request: Request, job: str, rank: int) -> Response:
+    def rank_page(request: Request, job: JobParam, rank: RankPath) -> Response:
         report = data.job_report(job)
         detail = None if report is None else data.rank_detail(job, rank)
         if report is None or detail is None:
@@ -248,9 +260,9 @@ def make_router(data: WebData, settings: WebSettings | None = None) -> APIRouter
     @router.get("/jobs/{job:path}", response_class=HTMLResponse)
     def job_page(
         request: Request,
-        job: str,
-        group: str | None = None,
-        start: int | None = None,
+        job: JobParam,
+        group: GroupQuery = None,
+        start: SeqQuery = None,
         ranks: str = Query(default="", max_length=2000),
         expand: str = Query(default="", max_length=20000),
         view: Literal["seq", "time"] = "seq",
@@ -261,6 +273,8 @@ def make_router(data: WebData, settings: WebSettings | None = None) -> APIRouter
         try:
             rank_set = views.parse_ranks(ranks)
             expanded = [int(x) for x in expand.split(",") if x.strip()]
+            if any(not 0 <= x <= INT64_MAX for x in expanded):
+                raise ValueError("expand: a sequence id out of range")
         except ValueError as exc:
             raise HTTPException(status_code=400, detail=f"bad filter: {exc}") from None
         group = group or views.default_group(report, meta)

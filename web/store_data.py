@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from flightdeck.analysis import Report
+from flightdeck.analysis.diagnose import missing_ranks
 from flightdeck.nixl_rates import RATE_WINDOW_S
 from flightdeck.server import store
 from flightdeck.server.db import Database
@@ -57,11 +58,12 @@ class StoreData:
             return dict(j.report)
         ranks = [r.rank for r, _ in store.job_ranks(session=session, job_id=j.id)]
         expected = j.world_size or (max(ranks) + 1 if ranks else 0)
-        present = set(ranks)
+        without, missing = missing_ranks(ranks, expected)
         return Report(
             expected_ranks=expected,
             with_dump=ranks,
-            without_dump=[r for r in range(expected) if r not in present],
+            without_dump=without,
+            without_dump_count=missing,
             findings=[],
             job=j.name,
             now_s=j.last_seen_ns / NS,

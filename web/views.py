@@ -88,19 +88,27 @@ def fmt_ranks(ranks: Iterable[int], limit: int = 12) -> str:
     return ", ".join(parts)
 
 
+#: Ranks a filter may name: the server's largest world size (`flightdeck.server.validation`).
+MAX_RANKS = 1_048_576
+
+
 def parse_ranks(text: str | None) -> frozenset[int] | None:
     """A rank filter like `0-7, 12` as a set; None for an empty filter. Raises ValueError."""
     if text is None or not text.strip():
         return None
     out: set[int] = set()
+    named = 0
     for part in text.replace(" ", "").split(","):
         if not part:
             continue
         lo, sep, hi = part.replace("–", "-").partition("-")
         a = int(lo)
         b = int(hi) if sep else a
-        if a < 0 or b < a or b - a > 1_000_000:
+        if a < 0 or b < a or b >= MAX_RANKS:
             raise ValueError(f"bad rank range {part!r}")
+        named += b - a + 1
+        if named > MAX_RANKS:  # repeated ranges count each time: the work is bounded
+            raise ValueError("rank filter names too many ranks")
         out.update(range(a, b + 1))
     return frozenset(out) if out else None
 

@@ -12,8 +12,9 @@ import bisect
 import statistics
 from array import array
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import islice
 
 from flightdeck.analysis.config_skew import PeerJob, RankConfigRef, config_findings
 from flightdeck.analysis.findings import (
@@ -34,6 +35,9 @@ from flightdeck.analysis.summary import GroupTrack, RankSummary, Signature
 from flightdeck.records import Entry, Stack
 
 NS = 1_000_000_000
+#: Ranks without a dump listed (in `Report.without_dump` and a finding's culprits) beyond the
+#: ranks that have one: the count is always whole, the list is bounded by what was received.
+MAX_LISTED_MISSING = 4096
 #: Collectives looked at for arrival skew and stragglers (the most recent ones of the window).
 SKEW_WINDOW = 256
 
@@ -42,7 +46,9 @@ SKEW_WINDOW = 256
 class _Group:
     name: str
     desc: str
-    members: tuple[int, ...]
+    #: A world group whose members are known only by its size is a `range` (the ranks seen are
+    #: looked up in it: nothing is allocated per rank of a size a batch claims).
+    members: Sequence[int]
 
 
 def diagnose(
@@ -73,11 +79,12 @@ def diagnose(
             by_rank[s.rank] = s
     groups = _groups(by_rank, world_size)
     expected = _expected_ranks(by_rank, world_size, groups)
-    without = [r for r in range(expected) if r not in by_rank]
+    without, missing = missing_ranks(by_rank, expected)
     report = Report(
         expected_ranks=expected,
         with_dump=sorted(by_rank),
         without_dump=without,
+        without_dump_count=missing,
         findings=[],
         job=job if job is not None else next((s.job for s in by_rank.values() if s.job), None),
         now_s=now_ns / NS,
@@ -101,11 +108,11 @@ def diagnose(
         findings.extend(_p2p(g, by_rank, now_ns, opts))
     findings.extend(_per_host(_lost(by_rank, now_ns, opts), by_rank))
     for g in groups:
-        f = _hang(g, by_rank, without, now_ns, opts)
+        f = _hang(g, by_rank, without, missing, now_ns, opts)
         if f is not None:
             findings.append(blame_p2p_gap(f, g.name, g.members, by_rank))
     if without:
-        findings.append(_missing(without))
+        findings.append(_missing(without, missing))
     roots = _link_consequences(findings)
     link_stranded(findings, roots, {g.name: g.members for g in groups}, by_rank)
     if stragglers:
@@ -169,11 +176,12 @@ def _groups(by_rank: dict[int, RankSummary], world_size: int | None) -> list[_Gr
             declared[members_obj] += n
         descs = descs_by.get(name) or Counter()
         recorded = tuple(sorted(recorded_by.get(name, ())))
+        members: Sequence[int]
         if declared:
             members = declared.most_common(1)[0][0]
         elif name == "0" or descs.get("default_pg"):
             size = world_size or max((s.world_size or 0) for s in by_rank.values()) or (max(by_rank) + 1)
-            members = tuple(range(size))
+            members = range(size)
         else:
             members = recorded
         if not members:
@@ -191,8 +199,25 @@ def _expected_ranks(by_rank: dict[int, RankSummary], world_size: int | None, gro
         return max(sizes)
     top = max(by_rank)
     for g in groups:
-        top = max(top, max(g.members))
+        top = max(top, g.members[-1] if isinstance(g.members, range) else max(g.members))
     return top + 1
+
+
+def missing_ranks(present: Iterable[int], expected: int) -> tuple[list[int], int]:
+    """The ranks below `expected` not in `present` (the first `MAX_LISTED_MISSING` more than
+    there are present ones, in order) and how many there are in all: the work and the list are
+    bounded by the ranks present, whatever `expected` claims."""
+    have = {r for r in present if 0 <= r < expected}
+    limit = MAX_LISTED_MISSING + len(have)
+    listed = list(islice((r for r in range(expected) if r not in have), limit))
+    return listed, expected - len(have)
+
+
+def _present(members: Sequence[int], by_rank: Mapping[int, object]) -> list[int]:
+    """The members that have a summary, in member order (a `range` one: from the ranks seen)."""
+    if isinstance(members, range):
+        return [r for r in sorted(by_rank) if r in members]
+    return [r for r in members if r in by_rank]
 
 
 def _ref(s: RankSummary | None, rank: int) -> RankRef:
@@ -203,8 +228,15 @@ def _refs(ranks: Sequence[int], by_rank: dict[int, RankSummary]) -> list[RankRef
     return [_ref(by_rank.get(r), r) for r in ranks]
 
 
-def _fmt_ranks(ranks: Sequence[int], by_rank: dict[int, RankSummary] | None = None, limit: int = 8) -> str:
-    """'rank 3 (host-a pid 42)' / 'ranks 0, 1, 2 … (+5 more)'."""
+def _fmt_ranks(
+    ranks: Sequence[int],
+    by_rank: dict[int, RankSummary] | None = None,
+    limit: int = 8,
+    total: int | None = None,
+) -> str:
+    """'rank 3 (host-a pid 42)' / 'ranks 0, 1, 2 … (+5 more)'; `total`: how many `ranks` (a
+    bounded list) stands for."""
+    total = len(ranks) if total is None else total
     shown = list(ranks[:limit])
     parts = []
     for r in shown:
@@ -213,8 +245,8 @@ def _fmt_ranks(ranks: Sequence[int], by_rank: dict[int, RankSummary] | None = No
         if s is not None and s.host:
             where = f" ({s.host}" + (f" pid {s.pid})" if s.pid else ")")
         parts.append(f"{r}{where}")
-    more = f" (+{len(ranks) - limit} more)" if len(ranks) > limit else ""
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(parts) + more
+    more = f" (+{total - len(shown)} more)" if total > len(shown) else ""
+    return ("rank " if total == 1 else "ranks ") + ", ".join(parts) + more
 
 
 def _group_label(g: _Group) -> str:
@@ -246,7 +278,7 @@ def _mismatch(
     name = g.name
     tracks = {
         r: t
-        for r in g.members
+        for r in _present(g.members, by_rank)
         if (s := by_rank.get(r)) is not None and (t := s.tracks.get(name)) is not None and t.seqs
     }
     holders = list(tracks)
@@ -294,8 +326,8 @@ def _pending_for(g: _Group, seq: int | None, by_rank: dict[int, RankSummary], no
     (None when it finished everywhere: a silent mismatch blocks nobody)."""
     created = [
         e.time_created_ns
-        for r in g.members
-        if r in by_rank and seq is not None
+        for r in _present(g.members, by_rank)
+        if seq is not None
         if (e := by_rank[r].entry_at(g.name, seq)) is not None and not e.finished
     ]
     return max(0.0, (now_ns - min(created)) / NS) if created else None
@@ -457,7 +489,7 @@ def _p2p(g: _Group, by_rank: dict[int, RankSummary], now_ns: int, opts: Options)
     """
     sends: dict[tuple[int, int], list[Entry]] = {}
     recvs: dict[tuple[int, int], list[Entry]] = {}
-    for r in g.members:
+    for r in _present(g.members, by_rank):
         s = by_rank.get(r)
         if s is None or s.wrapped:
             continue
@@ -833,12 +865,15 @@ def _hang(
     g: _Group,
     by_rank: dict[int, RankSummary],
     without: list[int],
+    missing: int,
     now_ns: int,
     opts: Options,
 ) -> Finding | None:
-    """The oldest collective of the group that is not finished on every member rank."""
+    """The oldest collective of the group that is not finished on every member rank.
+
+    `without`: the ranks without a dump (bounded: see `missing_ranks`), `missing` how many in all."""
     last: dict[int, int] = {}
-    for r in g.members:
+    for r in _present(g.members, by_rank):
         s = by_rank.get(r)
         if s is None:
             continue
@@ -853,7 +888,14 @@ def _hang(
         return None
     low = min(last.values())
     high = max(last.values())
-    missing_members = [r for r in g.members if r in without]
+    if isinstance(g.members, range):
+        missing_members = [r for r in without if r in g.members]
+        # A world group (`range(expected)`) holds the ranks left off the bounded list too.
+        missing_total = len(missing_members) + missing - len(without)
+    else:
+        absent = set(without)
+        missing_members = [r for r in g.members if r in absent]
+        missing_total = len(missing_members)
     if low < high:
         seq = low + 1
         culprits = sorted(r for r, v in last.items() if v < seq)
@@ -909,7 +951,8 @@ def _hang(
     elif culprits:
         detail = (
             f"Hang in {label} at collective_seq_id {seq} ({what}): every rank with a dump entered it and "
-            f"has waited {elapsed:.1f} s; {_fmt_ranks(culprits)} left no dump and must be the one missing."
+            f"has waited {elapsed:.1f} s; {_fmt_ranks(culprits, total=missing_total)} left no dump and must be "
+            "the one missing."
         )
     elif finished_here:
         kind = "state_mismatch"
@@ -1070,11 +1113,11 @@ def _pending_seq(group: str, after: int, ranks: list[int], by_rank: dict[int, Ra
     return min(found) if found else None
 
 
-def _missing(without: list[int]) -> Finding:
+def _missing(without: list[int], missing: int) -> Finding:
     return Finding(
         kind="missing_dump",
         detail=(
-            f"No dump from {_fmt_ranks(without)}: the diagnosis uses the other ranks; where these ranks "
+            f"No dump from {_fmt_ranks(without, total=missing)}: the diagnosis uses the other ranks; where these ranks "
             "are is inferred from what the others wait for."
         ),
         culprit_ranks=list(without),
@@ -1159,8 +1202,8 @@ def _stragglers(
     for g in groups:
         tracks = {
             r: by_rank[r].tracks[g.name]
-            for r in g.members
-            if r in by_rank and g.name in by_rank[r].tracks and by_rank[r].tracks[g.name].seqs
+            for r in _present(g.members, by_rank)
+            if g.name in by_rank[r].tracks and by_rank[r].tracks[g.name].seqs
         }
         if len(tracks) < 2 or len(tracks) < len(g.members):
             continue

@@ -159,6 +159,8 @@ class Report:
 
     expected_ranks: int
     with_dump: list[int]
+    #: The ranks below `expected_ranks` without a dump; bounded (`diagnose.MAX_LISTED_MISSING`
+    #: more than `with_dump`): `without_dump_count` is how many there are in all.
     without_dump: list[int]
     findings: list[Finding]
     job: str | None = None
@@ -171,6 +173,8 @@ class Report:
     #: collectives, how many members held it). A live caller hands it to the next `diagnose`
     #: (`agreed=`), which then compares only the newer collectives. Not part of the JSON.
     agreed: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: How many ranks have no dump (None: `len(without_dump)`, the list is whole).
+    without_dump_count: int | None = None
 
     @property
     def healthy(self) -> bool:
@@ -187,6 +191,9 @@ class Report:
                 "expected": self.expected_ranks,
                 "with_dump": self.with_dump,
                 "without_dump": self.without_dump,
+                "without_dump_count": len(self.without_dump)
+                if self.without_dump_count is None
+                else self.without_dump_count,
             },
             "findings": [f.to_json() for f in self.findings],
             "warnings": self.warnings,
