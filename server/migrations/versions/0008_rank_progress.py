@@ -1,7 +1,7 @@
 """rank progress evidence: whether each rank's main thread is working (issue 19: busy or stuck)
 
-Revision ID: 0006_h7
-Revises: 0005
+Revision ID: 0008
+Revises: 0007
 Create Date: 2026-12-01 21:00:00
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0006_h7"
-down_revision = "0005"
+revision = "0008"
+down_revision = "0007"
 branch_labels = None
 depends_on = None
 

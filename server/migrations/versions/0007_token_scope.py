@@ -1,7 +1,7 @@
 """collector token scope: the host a token may write ranks of, and optional job name patterns
 
-Revision ID: 0006_h2
-Revises: 0005
+Revision ID: 0007
+Revises: 0006
 Create Date: 2026-12-01 21:30:00
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0006_h2"
-down_revision = "0005"
+revision = "0007"
+down_revision = "0006"
 branch_labels = None
 depends_on = None
 

@@ -1,6 +1,6 @@
 """64-bit columns for values real jobs exceed 2^31 in: sequence / op ids, timeouts, pids (issue 21)
 
-Revision ID: 0006_h1
+Revision ID: 0006
 Revises: 0005
 Create Date: 2026-12-01 21:00:00
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0006_h1"
+revision = "0006"
 down_revision = "0005"
 branch_labels = None
 depends_on = None
