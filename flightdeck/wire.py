@@ -9,7 +9,7 @@
                "osz": [[4, 16]], "idt": ["Float"], "odt": ["Float"]}, ...],  # each distinct one once
      "snapshots": [{...one per rank snapshot, see `Snapshot`; "config": the rank's
                     configuration report or null, see `flightdeck.records.config_to_dict`;
-                    "progress": its main thread's evidence or null (`progress_to_dict`, the
+                    "progress" (left out when unknown): its main thread's evidence (`progress_to_dict`, the
                     frames as "stk", an index into "stacks");
                     "entries": {"n": 2, "rid": [7, 8], "g": ["0", "0"], "sig": [0, 0], ...}...}],
      "nixl": [{...flightdeck.nixl_records wire dicts...}]}
@@ -212,11 +212,10 @@ def encode_batch(batch: Batch) -> dict[str, Any]:
                 "entries": _encode_columns(s.entries, ref, sig_ref),
                 "source": s.source,
                 "config": None if s.config is None else config_to_dict(s.config),
-                "progress": None
-                if s.progress is None
-                else progress_to_dict(s.progress, ref(s.progress.frames)),
             }
         )
+        if s.progress is not None:  # left out when absent (agents before it, PyTorch's own dumps)
+            snaps[-1]["progress"] = progress_to_dict(s.progress, ref(s.progress.frames))
     return {
         "wire_version": WIRE_VERSION,
         "batch_id": batch.batch_id,
