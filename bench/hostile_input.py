@@ -68,6 +68,7 @@ def main(argv: list[str] | None = None) -> None:
         "FLIGHTDECK_HOST": "127.0.0.1",
         "FLIGHTDECK_PORT": str(port),
         "FLIGHTDECK_ALLOW_UNAUTHENTICATED_INGEST": "true",
+        "FLIGHTDECK_MIGRATE": "true",  # a fresh PostgreSQL schema is migrated only when told
         "FLIGHTDECK_DIAGNOSIS_INTERVAL_S": "1",
     }
     log = tmp / "server.log"

@@ -284,7 +284,10 @@ class IngestService:
                 p.error = self._unavailable(reason)
             return
         except Exception as exc:
-            reason = self._schema_reason(exc) if isinstance(exc, DBAPIError) else None
+            # The PostgreSQL writers also run raw psycopg statements, whose errors SQLAlchemy
+            # does not wrap: a missing table there is told by its SQLSTATE.
+            db_error = isinstance(exc, DBAPIError) or _missing_object(exc)
+            reason = self._schema_reason(exc) if db_error else None
             if reason is not None:  # e.g. "relation does not exist": the schema went away
                 for p in group:
                     p.error = self._unavailable(reason)
@@ -390,7 +393,7 @@ class IngestService:
             reason or "database busy or unavailable", retry_after_s=self._settings.retry_after_s
         )
 
-    def _schema_reason(self, exc: DBAPIError | None = None) -> str | None:
+    def _schema_reason(self, exc: BaseException | None = None) -> str | None:
         """Why the schema cannot be used (after the failed statement `exc`), or None: it is fine,
         or the database is unreachable, which is not the schema's fault. On PostgreSQL a missing
         table is never an OperationalError (that is a lost or refused connection: asking again
@@ -400,9 +403,16 @@ class IngestService:
         if isinstance(exc, OperationalError) and self._db.dialect != "sqlite":
             return None
         try:
-            return self._schema.check(failed=True)
+            reason = self._schema.check(failed=True)
+            if reason is None and _missing_object(exc):
+                # The statement met a missing table while the check, a moment apart, did not see
+                # the schema go (it was being dropped and recreated): ask once more, now.
+                reason = self._schema.check(force=True)
         except DBAPIError:
-            return None
+            reason = None
+        if reason is None and _missing_object(exc):
+            return "a table of the Flightdeck schema is missing (the database changed under the server)"
+        return reason
 
     def forget(self) -> None:
         """Drop the cached row ids and verified tokens (the database they came from is gone)."""
@@ -543,6 +553,17 @@ class IngestService:
             "snapshots": len(result.snapshots),
             "entries": result.entries,
         }
+
+
+#: PostgreSQL's SQLSTATEs for a table, schema or column that does not exist.
+_MISSING_OBJECT_STATES = frozenset({"42P01", "3F000", "42703"})
+
+
+def _missing_object(exc: BaseException | None) -> bool:
+    """Whether a failed statement met a missing table, schema or column (PostgreSQL; `exc` is
+    SQLAlchemy's wrapper or psycopg's own error)."""
+    orig = exc.orig if isinstance(exc, DBAPIError) else exc
+    return getattr(orig, "sqlstate", None) in _MISSING_OBJECT_STATES
 
 
 #: Refusals listed in one answer (the count is always whole).

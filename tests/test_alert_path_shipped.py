@@ -115,7 +115,7 @@ class _Server:
         data_dir.mkdir()
         cmd = [sys.executable, "-m", "flightdeck"]
         self.token = subprocess.run(
-            [*cmd, "token", "create", "alert-test"],
+            [*cmd, "token", "create", "alert-test", "--any-host"],
             env=env,
             capture_output=True,
             text=True,

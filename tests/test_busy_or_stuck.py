@@ -106,7 +106,7 @@ def control_plane(tmp_path: Path, **server_settings: str) -> Iterator[Stack]:
         }
         (tmp_path / "data").mkdir()
         token = subprocess.run(
-            [*FLIGHTDECK, "token", "create", "busy"],
+            [*FLIGHTDECK, "token", "create", "busy", "--any-host"],
             env=server_env,
             capture_output=True,
             text=True,

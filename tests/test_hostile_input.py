@@ -52,6 +52,7 @@ class RealServer:
             "FLIGHTDECK_HOST": "127.0.0.1",
             "FLIGHTDECK_PORT": str(self.port),
             "FLIGHTDECK_ALLOW_UNAUTHENTICATED_INGEST": "true",
+            "FLIGHTDECK_MIGRATE": "true",  # a fresh PostgreSQL schema is migrated only when told
         }
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(

@@ -357,6 +357,7 @@ def test_unexpected_errors_are_500_with_an_id_on_a_kept_connection(database_url:
         "FLIGHTDECK_HOST": "127.0.0.1",
         "FLIGHTDECK_PORT": str(port),
         "FLIGHTDECK_ALLOW_UNAUTHENTICATED_INGEST": "true",
+        "FLIGHTDECK_MIGRATE": "true",  # a fresh PostgreSQL schema is migrated only when told
     }
     with log_path.open("wb") as logf:
         proc = subprocess.Popen(
@@ -439,9 +440,10 @@ def test_the_collector_sets_a_partly_refused_batch_aside_once(
     server: Server, clock: FakeClock, tmp_path: Path
 ) -> None:
     """The real collector pusher and queue against the real app: a batch with one bad snapshot is
-    answered 422 (`applied`), so the pusher dead-letters it on the first answer (never retried by
-    itself) with the server's reason; the healthy snapshots are stored; requeued, it is a duplicate
-    and acknowledged."""
+    answered 422 (`applied`, with the refused list), so the pusher acknowledges the batch and moves
+    the refused snapshot alone to the dead-letter table with the server's reason (never retried by
+    itself); the healthy snapshots are stored once. Requeued, the refused part is refused again and
+    stored nothing."""
     import random
 
     from prometheus_client import CollectorRegistry
@@ -470,17 +472,19 @@ def test_the_collector_sets_a_partly_refused_batch_aside_once(
         assert queue.enqueue([NewBatch(doc["batch_id"], "periodic", 1, body)])
         head = queue.peek()
         assert head is not None
-        assert pusher.deliver(head, deadline=time.monotonic() + 10) is Outcome.DEAD_LETTERED
+        assert pusher.deliver(head, deadline=time.monotonic() + 10) is Outcome.DELIVERED
         assert queue.peek() is None
         [(batch_id, status, message)] = queue.dead_letters()
-        assert batch_id == doc["batch_id"] and status == 422
-        assert message.startswith("batch.snapshots[4].world_size") and "the rest was applied" in message
-        assert entry_count(server, "good") == sum(s["entries"]["n"] for s in doc["snapshots"][:4])
+        assert batch_id == doc["batch_id"] + "-refused" and status == 422
+        assert "batch.snapshots[4].world_size" in message
+        healthy = sum(s["entries"]["n"] for s in doc["snapshots"][:4])
+        assert entry_count(server, "good") == healthy
         assert queue.requeue_dead_letters() == 1
         head = queue.peek()
         assert head is not None
-        assert pusher.deliver(head, deadline=time.monotonic() + 10) is Outcome.DELIVERED
-        assert queue.peek() is None and not queue.dead_letters()
+        assert pusher.deliver(head, deadline=time.monotonic() + 10) is Outcome.DEAD_LETTERED
+        assert queue.peek() is None and len(queue.dead_letters()) == 1
+        assert entry_count(server, "good") == healthy
     finally:
         queue.close()
 
