@@ -415,6 +415,7 @@ def parse_dump(
         comm_lib_version=str(raw.get("comm_lib_version") or "") or None,
         wrapped=bool(entries) and entries[0].record_id > 0,
         snapshot_time_ns=mtime_ns,
+        snapshot_time_from_file=mtime_ns is not None,
     )
     backends = {e.backend for e in entries if e.backend}
     dump.backend = ",".join(sorted(backends)) or None
@@ -441,6 +442,7 @@ def _apply_meta(dump: RankDump, meta: dict[str, Any], ctx: _Ctx) -> None:
     t = meta.get("snapshot_time_ns")
     if isinstance(t, int):
         dump.snapshot_time_ns = t
+        dump.snapshot_time_from_file = False
     kind = meta.get("kind")
     kinds: dict[object, SnapshotKind] = {"periodic": "periodic", "stall": "stall", "final": "final"}
     dump.kind = kinds.get(kind, "dump")

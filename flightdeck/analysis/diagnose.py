@@ -15,7 +15,9 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from flightdeck.analysis import evidence
 from flightdeck.analysis.config_skew import PeerJob, RankConfigRef, config_findings
+from flightdeck.analysis.evidence import ClockSource, Evidence
 from flightdeck.analysis.findings import (
     MISMATCH_KINDS,
     Finding,
@@ -50,6 +52,7 @@ def diagnose(
     peers: Sequence[PeerJob] = (),
     stragglers: bool = True,
     agreed: Mapping[str, tuple[int, int]] | None = None,
+    clock: ClockSource | None = None,
 ) -> Report:
     """Diagnose one job (one attempt) from the latest summary of each rank it has.
 
@@ -59,6 +62,9 @@ def diagnose(
     diagnosis costs what arrived since the last one, not the whole history held.
     `stragglers=False` skips the arrival-skew analysis (no straggler findings, no
     `arrival_skew_s`): the costliest part on large jobs, which a live server runs less often.
+    `clock`: where `now_ns` came from (see `evidence.ClockSource`); None infers "snapshot" or,
+    when every rank's time is only its file's mtime, "file": then elapsed times are unknown, and
+    what is claimed rests on what the dumps prove (`evidence`).
     """
     opts = options or Options()
     by_rank: dict[int, RankSummary] = {}
@@ -77,6 +83,12 @@ def diagnose(
         job=job if job is not None else next((s.job for s in by_rank.values() if s.job), None),
         now_s=now_ns / NS,
     )
+    ev = evidence.gather(by_rank, ((g.name, g.members) for g in groups), now_ns=now_ns, clock=clock)
+    report.clock = ev.clock
+    if not ev.elapsed_known:
+        # Elapsed times are measured to the newest moment the dumps themselves recorded, never
+        # to a copy's file time.
+        now_ns = ev.now_ns
     for s in by_rank.values():
         report.warnings.extend(f"rank {s.rank}: {w}" for w in s.warnings)
     if not by_rank:
@@ -89,12 +101,12 @@ def diagnose(
     for g in groups:
         f, report.agreed[g.name] = _mismatch(g, by_rank, (agreed or {}).get(g.name))
         if f is not None:
-            f.elapsed_s = _pending_for(g, f.collective_seq_id, by_rank, now_ns)
+            f.elapsed_s = _pending_for(g, f.collective_seq_id, by_rank, now_ns) if ev.elapsed_known else None
             findings.append(f)
         findings.extend(_p2p(g, by_rank, now_ns, opts))
     findings.extend(_per_host(_lost(by_rank, now_ns, opts), by_rank))
     for g in groups:
-        f = _hang(g, by_rank, without, now_ns, opts)
+        f = _hang(g, by_rank, without, now_ns, opts, ev)
         if f is not None:
             findings.append(f)
     if without:
@@ -692,8 +704,14 @@ def _hang(
     without: list[int],
     now_ns: int,
     opts: Options,
+    ev: Evidence | None = None,
 ) -> Finding | None:
-    """The oldest collective of the group that is not finished on every member rank."""
+    """The oldest collective of the group that is not finished on every member rank.
+
+    Never at or before the group's proven floor (`Evidence.floor`): every member entered those.
+    Under a file clock the hang must show in the positions alone (`_positional`)."""
+    ev = ev or Evidence("snapshot", now_ns)
+    floor = ev.floor(g.name)
     last: dict[int, int] = {}
     for r in g.members:
         s = by_rank.get(r)
@@ -712,68 +730,96 @@ def _hang(
     high = max(last.values())
     missing_members = [r for r in g.members if r in without]
     if low < high:
-        seq = low + 1
+        # Members behind the floor were dumped earlier: they entered everything up to it.
+        seq = max(low, floor) + 1
+        if seq > high:
+            return None
         culprits = sorted(r for r, v in last.items() if v < seq)
     else:
         seq = high
+        if seq <= floor:
+            return None
         culprits = list(missing_members)
-    entered, stuck = _stuck_at(g.name, seq, last, culprits, by_rank)
-    stale = False
-    if not stuck and low < high:
+    if ev.positions_only:
+        placed = _positional(g.name, seq, last, culprits, ev, by_rank, bool(missing_members))
+        if placed is None:
+            return None
+        entered, stuck = placed
+    else:
+        entered, stuck = _stuck_at(g.name, seq, last, culprits, by_rank)
+    # Members behind the floor took part in what lies between: what is stale is their data.
+    stale = not ev.positions_only and any(r in last and last[r] < floor for r in culprits)
+    if not stuck and low < high and not ev.positions_only:
         # Every rank holding `seq` finished it, so the members behind did take part in it: what is
         # stale is their data (snapshots stopped: a cut link, a stopped or killed process), not their
         # position. The others wait in their oldest collective still in flight, or the one they
         # failed in; the stale members are the ones not seen entering it.
-        later = _pending_seq(g.name, low, entered, by_rank)
+        later = _pending_seq(g.name, seq - 1, entered, by_rank)
         if later is not None:
             seq, stale = later, True
             culprits = sorted(r for r, v in last.items() if v < seq)
             entered, stuck = _stuck_at(g.name, seq, last, culprits, by_rank)
-    if not stuck:
+    if not stuck or (stale and not _stale_shown(culprits, stuck, by_rank, ev, opts)):
         return None
     first = min(stuck.values(), key=lambda e: e.time_created_ns)
     elapsed = (now_ns - first.time_created_ns) / NS
+    finished_here = [r for r in entered if r not in stuck]
+    # Finished on some, pending on others: gloo sets completion flags asynchronously, so a rank
+    # snapshotted right after the collective returned may still show it pending. Only a rank
+    # whose own data shows it pending for stall_after is evidence of a stall.
+    if (
+        not culprits
+        and finished_here
+        and max(ev.age_s(by_rank[r], e) for r, e in stuck.items()) < opts.stall_after_s
+    ):
+        return None
+    positional = bool(culprits) and not ev.elapsed_known
     # No need to wait out stall_after when a member already failed in it (exited with the error):
     # the collective cannot complete any more. But not before every culprit has been silent as
     # long as a lost rank: one merely between two snapshots would otherwise be named with the dead.
     failed = any(_failed_in(by_rank[r], e) for r, e in stuck.items()) and all(
         _silent(by_rank[c], now_ns, opts) for c in culprits if c in by_rank
     )
-    if elapsed < opts.stall_after_s and not (culprits and failed):
+    if elapsed < opts.stall_after_s and not (culprits and failed) and not positional:
         return None
     waiting = sorted(stuck)
     gone = _gone_quiet(culprits, waiting, by_rank, now_ns, opts)
     if gone:
         culprits = sorted([*culprits, *gone])
         waiting = [r for r in waiting if r not in gone]
-    finished_here = [r for r in entered if r not in stuck]
     label = _group_label(g)
+    if ev.elapsed_known:
+        waited = f"{elapsed:.1f} s"
+    elif positional:
+        waited = _UNKNOWN_WAIT
+    else:
+        waited = f"at least {elapsed:.1f} s (by the newest time recorded in the dumps)"
     what = f"{first.op} {_sizes(first.input_sizes)} {','.join(first.input_dtypes)}".rstrip()
     kind: FindingKind = "hang"
     if culprits and stale:
         one = len(culprits) == 1
         detail = (
             f"Hang in {label} at collective_seq_id {seq} ({what}): {_fmt_ranks(waiting)} "
-            f"{'has' if len(waiting) == 1 else 'have'} waited {elapsed:.1f} s; {_fmt_ranks(culprits, by_rank)} "
+            f"{'has' if len(waiting) == 1 else 'have'} waited {waited}; {_fmt_ranks(culprits, by_rank)} "
             f"{'was' if one else 'were'} not seen entering it: {'its' if one else 'their'} last snapshots "
             "predate it (the process stopped or died, or its host or link is down)."
         )
     elif culprits and low < high:
         detail = (
             f"Hang in {label} at collective_seq_id {seq} ({what}): {_fmt_ranks(culprits, by_rank)} never "
-            f"entered it; {_fmt_ranks(waiting)} {'has' if len(waiting) == 1 else 'have'} waited {elapsed:.1f} s."
+            f"entered it; {_fmt_ranks(waiting)} {'has' if len(waiting) == 1 else 'have'} waited {waited}."
         )
     elif culprits:
         detail = (
             f"Hang in {label} at collective_seq_id {seq} ({what}): every rank with a dump entered it and "
-            f"has waited {elapsed:.1f} s; {_fmt_ranks(culprits)} left no dump and must be the one missing."
+            f"has waited {waited}; {_fmt_ranks(culprits)} left no dump and must be the one missing."
         )
     elif finished_here:
         kind = "state_mismatch"
         culprits = waiting
         detail = (
             f"State mismatch in {label} at collective_seq_id {seq} ({what}): finished on "
-            f"{_fmt_ranks(finished_here)} but still pending on {_fmt_ranks(waiting)} after {elapsed:.1f} s."
+            f"{_fmt_ranks(finished_here)} but still pending on {_fmt_ranks(waiting)} after {waited}."
         )
     else:
         not_started = [r for r, e in stuck.items() if e.state == "scheduled"]
@@ -783,12 +829,12 @@ def _hang(
             detail = (
                 f"Hang in {label} at collective_seq_id {seq} ({what}): all member ranks entered it, but "
                 f"{_fmt_ranks(culprits, by_rank)} never started it on the device while the others did; "
-                f"waited {elapsed:.1f} s."
+                f"waited {waited}."
             )
         else:
             detail = (
                 f"Hang in {label} at collective_seq_id {seq} ({what}): all {len(waiting)} member ranks "
-                f"entered it and none finished in {elapsed:.1f} s. No rank is behind in this group: either "
+                f"entered it and none finished in {waited}. No rank is behind in this group: either "
                 "the ranks disagree on what this collective is, or the transport between them is stuck."
             )
     if gone:
@@ -807,7 +853,7 @@ def _hang(
         op=first.op,
         culprit_ranks=culprits,
         waiting_ranks=waiting,
-        elapsed_s=elapsed,
+        elapsed_s=elapsed if ev.elapsed_known else None,
         culprits=_refs(culprits, by_rank),
         expected={
             "op": first.op,
@@ -844,6 +890,68 @@ def _hang(
                 else " It then exited without an error."
             )
     return finding
+
+
+_UNKNOWN_WAIT = "an unknown time (only file times date the dumps)"
+
+
+def _stale_shown(
+    culprits: list[int], stuck: dict[int, Entry], by_rank: dict[int, RankSummary], ev: Evidence, opts: Options
+) -> bool:
+    """Whether culprits known only from older snapshots are shown to be missing, not merely
+    snapshotted earlier than the ranks that wait: a waiting rank failed in the collective, or
+    their snapshots stopped while the waiting ranks went on reporting (as long as makes a rank
+    lost), or the waiting ranks' own snapshots show them waiting for stall_after. Snapshots of a
+    healthy job taken at different moments show none of these, however late it is judged."""
+    if any(_failed_in(by_rank[r], e) for r, e in stuck.items()):
+        return True
+    if max(ev.age_s(by_rank[r], e) for r, e in stuck.items()) >= opts.stall_after_s:
+        return True
+    newest = max((evidence.trusted_time(by_rank[r]) or 0) for r in stuck)
+
+    def quiet(c: int) -> bool:
+        s = by_rank.get(c)
+        t = evidence.trusted_time(s) if s is not None else None
+        if s is None or s.kind == "final" or t is None:
+            return True
+        threshold = opts.lost_after_intervals * s.interval_s if s.interval_s else opts.lost_after_s
+        return (newest - t) / NS > threshold
+
+    return all(quiet(c) for c in culprits)
+
+
+def _positional(
+    group: str,
+    seq: int,
+    last: dict[int, int],
+    culprits: list[int],
+    ev: Evidence,
+    by_rank: dict[int, RankSummary],
+    missing: bool,
+) -> tuple[list[int], dict[int, Entry]] | None:
+    """Under a file clock: the members that entered (group, seq) and those blocked in it, when
+    the positions alone show a hang there; else None.
+
+    Positions show one only when they are not explained by dumps taken at different moments: no
+    rank's dump stops before the floor of one of its groups (it was dumped earlier, so the dumps
+    were not taken together), the members that entered recorded nothing after it (they are blocked in it, or
+    failed in it: gloo retires a failed collective too) and they are no fewer than the members
+    not in it. Without culprits (every member entered) only the age the dumps themselves record
+    can tell a stall, which the caller judges.
+    """
+    if culprits and ev.early:
+        return None
+    entered = sorted(r for r, v in last.items() if v >= seq)
+    stuck: dict[int, Entry] = {}
+    for r in entered:
+        e = by_rank[r].entry_at(group, seq)
+        if e is None:
+            continue
+        if not e.finished or (culprits and last[r] == seq and not evidence.went_on_after(by_rank[r], e)):
+            stuck[r] = e
+    if culprits and (len(stuck) < len(entered) or (len(stuck) < len(culprits) and not missing)):
+        return None
+    return entered, stuck
 
 
 def _gone_quiet(
@@ -885,6 +993,8 @@ def _stuck_at(
 
 def _newer_than(s: RankSummary, t_ns: int) -> bool:
     """Whether the rank's data shows its state after `t_ns` (its final state always does)."""
+    if s.snapshot_time_from_file:
+        return s.kind == "final"
     return s.kind == "final" or s.snapshot_time_ns is None or s.snapshot_time_ns >= t_ns
 
 
@@ -897,6 +1007,8 @@ def _silent(s: RankSummary, now_ns: int, opts: Options) -> bool:
     """Whether the rank has sent nothing for as long as makes a rank lost (or has exited)."""
     if s.kind == "final" or s.snapshot_time_ns is None:
         return True
+    if s.snapshot_time_from_file:
+        return False  # a file time says when the file was copied, not when the rank last spoke
     threshold = opts.lost_after_intervals * s.interval_s if s.interval_s else opts.lost_after_s
     return (now_ns - s.snapshot_time_ns) / NS > threshold
 

@@ -45,8 +45,17 @@ def run_job(
     agent: str = "launcher",
     extra_env: Mapping[str, str] | None = None,
 ) -> JobResult:
-    """Run every rank of `scenario` with the agent spooling into `spool_dir/<scenario>/0/`."""
+    """Run every rank of `scenario` with the agent spooling into `spool_dir/<scenario>/0/`.
+
+    A scenario with raw dumps (`dump_mode` "exit" / "timed") runs without the agent; its ranks write
+    PyTorch's own dumps into `spool_dir/<scenario>/raw/`, which is then the result's `spool`.
+    """
     port = free_port()
+    raw = scenario.dump_mode != "agent"
+    if raw:
+        agent = "none"
+    if scenario.pg_timeout_s is not None:
+        pg_timeout_s = scenario.pg_timeout_s
     base_env = {
         k: v for k, v in os.environ.items() if not k.startswith(("FLIGHTDECK_", "TORCHELASTIC_", "SLURM_"))
     }
@@ -62,6 +71,9 @@ def run_job(
         PYTHONPATH=str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
         OMP_NUM_THREADS="1",
     )
+    raw_dir = spool_dir / scenario.name / "raw"
+    if raw:
+        base_env["FDTEST_RAW_DIR"] = str(raw_dir)
     base_env.update(extra_env or {})
     worker = [
         "-m",
@@ -76,6 +88,7 @@ def run_job(
         str(compute_s),
         "--agent",
         agent,
+        *(["--pair-timeout-s", str(scenario.pair_timeout_s)] if scenario.pair_timeout_s else []),
     ]
     cmd = [sys.executable, *(["-m", "flightdeck.agent"] if agent == "launcher" else []), *worker]
     procs: dict[int, subprocess.Popen[bytes]] = {}
@@ -99,7 +112,8 @@ def run_job(
         for rank, log in logs.items():
             log.seek(0)
             stderr[rank] = log.read().decode(errors="replace")
-        return JobResult(codes, stderr, time.monotonic() - start, spool_dir / scenario.name / "0")
+        spool = raw_dir if raw else spool_dir / scenario.name / "0"
+        return JobResult(codes, stderr, time.monotonic() - start, spool)
     finally:
         for proc in procs.values():  # stragglers past the deadline: only the processes we started
             if proc.poll() is None:

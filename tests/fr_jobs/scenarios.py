@@ -12,7 +12,11 @@ from typing import Any, Literal
 OpKind = Literal["all_reduce", "broadcast", "all_gather", "barrier"]
 #: "world" is the default group; "pair" is the rank's own pair group (ranks {0,1} or {2,3}).
 GroupRef = Literal["world", "pair"]
-FaultAction = Literal["skip", "op", "numel", "dtype", "sigkill"]
+FaultAction = Literal["skip", "op", "numel", "dtype", "sigkill", "late", "kill_inside"]
+#: How the ranks' dumps are taken: by the Flightdeck agent (snapshots with sidecars), or raw by
+#: PyTorch's own dump call and nothing else, as a user without Flightdeck would bring them: "exit"
+#: right after the last collective returns, "timed" by a thread of each rank at its own moment.
+DumpMode = Literal["agent", "exit", "timed"]
 
 #: Subgroups created by `new_group` when a scenario asks for pairs, in creation order. Group names
 #: are handed out in creation order from "1" (the default group is "0") on every rank.
@@ -24,6 +28,7 @@ _FAULT_KIND: dict[FaultAction, str] = {
     "numel": "size_mismatch",
     "dtype": "dtype_mismatch",
     "sigkill": "rank_lost",
+    "kill_inside": "rank_lost",
 }
 
 
@@ -43,13 +48,17 @@ class Fault:
 
     skip: does not call it and leaves for a long non-collective phase (past the group timeout);
     op / numel / dtype: calls it with another op kind / element count / dtype (`value`);
-    sigkill: SIGKILLs itself instead of calling it.
+    sigkill: SIGKILLs itself instead of calling it;
+    late: sleeps `value` seconds, then calls it (not a fault by itself: a slow rank);
+    kill_inside: calls it and is SIGKILLed `value` seconds later, while still inside it when its
+    peers are not there yet (a thread of its own sends the signal, as a launcher or the OOM killer
+    would from outside).
     """
 
     at: int
     rank: int
     action: FaultAction
-    value: str | int | None = None
+    value: str | float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +74,16 @@ class Scenario:
     pairs: bool = False
     #: rank -> seconds slept before every collective.
     straggler_delay_s: dict[int, float] = field(default_factory=dict)
+    dump_mode: DumpMode = "agent"
+    #: "timed" dumps: rank -> seconds after its program started at which it dumps.
+    dump_at_s: dict[int, float] = field(default_factory=dict)
+    #: rank -> extra seconds of compute before every fourth op, a different op per rank (uneven
+    #: work that leaves no rank late to most collectives).
+    extra_compute_s: dict[int, float] = field(default_factory=dict)
+    #: Timeout of the default group (the runner's default when None) and of the pair groups (the
+    #: default group's when None).
+    pg_timeout_s: float | None = None
+    pair_timeout_s: float | None = None
 
     def group_name(self, ref: GroupRef, rank: int) -> str:
         """The `process_group[0]` name `ref` has on `rank`."""
@@ -77,8 +96,9 @@ class Scenario:
 
     def expected(self) -> dict[str, Any]:
         """The verdict implied by the definition (see scenario.json's `expected`)."""
-        if self.faults:
-            fault = self.faults[0]
+        faults = [f for f in self.faults if f.action in _FAULT_KIND]
+        if faults:
+            fault = faults[0]
             op = self.ops[fault.at]
             group = self.group_name(op.group, fault.rank)
             # collective_seq_id counts this group's collectives from 1; every op here records
@@ -87,7 +107,7 @@ class Scenario:
             return {
                 "healthy": False,
                 "kind": _FAULT_KIND[fault.action],
-                "culprit_ranks": sorted({f.rank for f in self.faults}),
+                "culprit_ranks": sorted({f.rank for f in faults}),
                 "process_group": group,
                 "collective_seq_id": seq,
                 "op": op.kind,
@@ -117,6 +137,7 @@ class Scenario:
             "description": self.description,
             "world_size": self.world_size,
             "fr_buffer_size": self.fr_buffer_size,
+            "dump_mode": self.dump_mode,
             "expected": self.expected(),
         }
 
@@ -147,6 +168,7 @@ _P8 = training_program(8)
 _P10 = training_program(10)
 _P30 = training_program(30)
 _PAIRS = training_program(7, pairs=True)
+_P40_PAIRS = training_program(40, pairs=True)
 
 _ALL: tuple[Scenario, ...] = (
     Scenario("healthy_2", "2 ranks, healthy training loop", 2, _P8),
@@ -225,6 +247,57 @@ _ALL: tuple[Scenario, ...] = (
         4,
         _P8,
         straggler_delay_s={3: 0.04},
+    ),
+    # Issue 26: dumps as users bring them (raw PyTorch dumps, no sidecars) and kills inside a subgroup.
+    Scenario(
+        "healthy_exit_raw",
+        "healthy, pairs, uneven work; each rank dumps with PyTorch's own call right after the last "
+        "barrier returns (raw pickle and JSON, no agent): gloo sets completion flags asynchronously, "
+        "so the barrier may be finished on some ranks and pending on others",
+        4,
+        _PAIRS,
+        pairs=True,
+        dump_mode="exit",
+        extra_compute_s={0: 0.02, 1: 0.04, 2: 0.06, 3: 0.03},
+    ),
+    Scenario(
+        "healthy_midtrain_raw",
+        "healthy, pairs, uneven work, TORCH_FR_BUFFER_SIZE=16 (ring wrapped); each rank dumps raw "
+        "from a thread at its own moment, 0.3 s apart (0.9 s first to last), mid-training",
+        4,
+        _P40_PAIRS,
+        fr_buffer_size=16,
+        pairs=True,
+        dump_mode="timed",
+        dump_at_s={0: 3.1, 1: 2.5, 2: 3.4, 3: 2.8},
+        extra_compute_s={0: 0.02, 1: 0.04, 2: 0.06, 3: 0.03},
+    ),
+    Scenario(
+        "kill_in_subgroup",
+        "pairs; rank 2 is 3 s late to a pair23 all_reduce; rank 3 enters it and is SIGKILLed 1 s later "
+        "while waiting inside it; its peers fail only after that",
+        4,
+        _PAIRS,
+        (
+            Fault(nth(_PAIRS, "all_reduce", 4, "pair"), 3, "kill_inside", 1.0),
+            Fault(nth(_PAIRS, "all_reduce", 4, "pair"), 2, "late", 3.0),
+        ),
+        pairs=True,
+    ),
+    Scenario(
+        "kill_in_subgroup_after_peers_failed",
+        "pairs, default-group timeout 2 s, pair timeout 12 s; rank 2 is 6 s late to a pair23 "
+        "all_reduce; ranks 0 and 1 time out in the next default-group collective and exit first; "
+        "then rank 3, waiting inside the pair23 all_reduce, is SIGKILLed (4 s in)",
+        4,
+        _PAIRS,
+        (
+            Fault(nth(_PAIRS, "all_reduce", 4, "pair"), 3, "kill_inside", 4.0),
+            Fault(nth(_PAIRS, "all_reduce", 4, "pair"), 2, "late", 6.0),
+        ),
+        pairs=True,
+        pg_timeout_s=2.0,
+        pair_timeout_s=12.0,
     ),
 )
 

@@ -12,8 +12,10 @@ import argparse
 import os
 import signal
 import sys
+import threading
 import time
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -37,12 +39,15 @@ class Job:
 
     # -- the "model" --
 
-    def forward_backward(self) -> None:
+    def forward_backward(self, index: int) -> None:
         """A little real compute, then a pause standing in for the rest of the step."""
         x = torch.randn(16, 32)
         for _ in range(4):
             x = torch.tanh(x @ self.weights)
-        time.sleep(self.compute_s)
+        # Uneven work: a rank's extra compute comes at every fourth op, a different one per rank
+        # (like batches of uneven length), so no rank is late to most collectives.
+        extra = self.scenario.extra_compute_s.get(self.rank, 0.0) if (index + self.rank) % 4 == 0 else 0.0
+        time.sleep(self.compute_s + extra)
 
     def group(self, op: Op) -> Any:
         """The process group an op runs in on this rank (None: the default group)."""
@@ -57,7 +62,7 @@ class Job:
 
     def train_step(self, index: int, op: Op) -> None:
         """One program op: compute, then the collective through a realistic call chain."""
-        self.forward_backward()
+        self.forward_backward(index)
         delay = self.scenario.straggler_delay_s.get(self.rank)
         if delay:
             time.sleep(delay)  # the straggler is late to every collective
@@ -116,6 +121,14 @@ class Job:
             return True
         if fault.action == "sigkill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if fault.action == "late":
+            time.sleep(float(fault.value or 0))
+        elif fault.action == "kill_inside":
+            # The main thread is about to block inside the collective; this one ends the process
+            # from there, as a launcher tearing the job down or the OOM killer would.
+            killer = threading.Timer(float(fault.value or 0), os.kill, (os.getpid(), signal.SIGKILL))
+            killer.daemon = True
+            killer.start()
         if fault.action == "op":
             op = Op(str(fault.value), op.group, op.numel, op.dtype)  # type: ignore[arg-type]
         elif fault.action == "numel":
@@ -131,6 +144,27 @@ def reduce_bucket(bucket: torch.Tensor, group: Any) -> None:
     dist.all_reduce(bucket, group=group)
 
 
+def write_raw_dump(rank: int) -> None:
+    """Dump the flight recorder the way a user without Flightdeck would: PyTorch's own dump calls,
+    pickle and JSON, into `$FDTEST_RAW_DIR/{pickle,json}/` under PyTorch's default file name."""
+    import torch._C._distributed_c10d as c10d
+
+    root = Path(os.environ["FDTEST_RAW_DIR"])
+    # Private functions without type stubs (as the agent reaches them, by name).
+    pickled: bytes = c10d._dump_fr_trace(True, True, False)  # type: ignore[attr-defined]
+    as_json: bytes = c10d._dump_fr_trace_json(True, False)  # type: ignore[attr-defined]
+    blobs = (
+        ("pickle", f"comm_lib_trace_rank_{rank}", pickled),
+        ("json", f"comm_lib_trace_rank_{rank}.json", as_json),
+    )
+    for sub, name, data in blobs:
+        (root / sub).mkdir(parents=True, exist_ok=True)
+        tmp = root / sub / f".{name}.tmp"
+        tmp.write_bytes(data)
+        tmp.rename(root / sub / name)
+    print(f"rank {rank}: raw dump written", file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Join the job (env://), create the scenario's groups, run its program."""
     parser = argparse.ArgumentParser(description=__doc__)
@@ -138,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compute-s", type=float, default=0.01)
     parser.add_argument("--leave-s", type=float, default=10.0)
     parser.add_argument("--pg-timeout-s", type=float, default=6.0)
+    parser.add_argument("--pair-timeout-s", type=float, default=None)
     parser.add_argument("--agent", choices=["launcher", "inject-failing", "none"], default="launcher")
     args = parser.parse_args(argv)
     scenario = get(args.scenario)
@@ -157,9 +192,19 @@ def main(argv: list[str] | None = None) -> int:
     if scenario.pairs:
         # Every rank creates every group, in the same order (new_group's contract); new_group does
         # not inherit the init_process_group timeout, so pass it.
+        pair_timeout = timedelta(seconds=args.pair_timeout_s) if args.pair_timeout_s else timeout
         for desc, members in PAIRS:
-            job.pairs[desc] = dist.new_group(list(members), timeout=timeout, group_desc=desc)
+            job.pairs[desc] = dist.new_group(list(members), timeout=pair_timeout, group_desc=desc)
+    if scenario.dump_mode == "timed":
+        at = scenario.dump_at_s[rank]
+        dumper = threading.Timer(at, write_raw_dump, (rank,))
+        dumper.daemon = True
+        dumper.start()
     finished = job.run()
+    if scenario.dump_mode == "exit" and finished:
+        write_raw_dump(rank)  # at once: the last collective has just returned
+    if scenario.dump_mode == "timed":
+        dumper.join()
     if args.agent == "inject-failing":
         print(f"rank {rank}: agent snapshots written: {agent.snapshots_written}", file=sys.stderr, flush=True)
     if finished:
