@@ -15,8 +15,9 @@ GroupRef = Literal["world", "pair"]
 FaultAction = Literal["skip", "op", "numel", "dtype", "sigkill", "late", "kill_inside"]
 #: How the ranks' dumps are taken: by the Flightdeck agent (snapshots with sidecars), or raw by
 #: PyTorch's own dump call and nothing else, as a user without Flightdeck would bring them: "exit"
-#: right after the last collective returns, "timed" by a thread of each rank at its own moment.
-DumpMode = Literal["agent", "exit", "timed"]
+#: right after the last collective returns, "timed" by a thread of each rank at its own moment,
+#: "periodic" by a thread every half second and once more when the rank leaves (or fails).
+DumpMode = Literal["agent", "exit", "timed", "periodic"]
 
 #: Subgroups created by `new_group` when a scenario asks for pairs, in creation order. Group names
 #: are handed out in creation order from "1" (the default group is "0") on every rank.
@@ -104,9 +105,14 @@ class Scenario:
             # collective_seq_id counts this group's collectives from 1; every op here records
             # exactly one entry in its group (checked against real dumps by `generate`).
             seq = sum(1 for o in self.ops[: fault.at + 1] if self.group_name(o.group, fault.rank) == group)
+            kind = _FAULT_KIND[fault.action]
+            if fault.action == "kill_inside" and self.dump_mode != "agent":
+                # Raw dumps hold no liveness: what they show is the killed rank still inside the
+                # collective its peer finished (failed) and left.
+                kind = "state_mismatch"
             return {
                 "healthy": False,
-                "kind": _FAULT_KIND[fault.action],
+                "kind": kind,
                 "culprit_ranks": sorted({f.rank for f in faults}),
                 "process_group": group,
                 "collective_seq_id": seq,
@@ -298,6 +304,19 @@ _ALL: tuple[Scenario, ...] = (
         pairs=True,
         pg_timeout_s=2.0,
         pair_timeout_s=12.0,
+    ),
+    Scenario(
+        "kill_in_subgroup_raw",
+        "as kill_in_subgroup, with raw PyTorch dumps only (no agent): each rank dumps every 0.5 s "
+        "and when it leaves or fails; rank 2 is 5 s late, rank 3 is SIGKILLed 3 s into the wait",
+        4,
+        _PAIRS,
+        (
+            Fault(nth(_PAIRS, "all_reduce", 4, "pair"), 3, "kill_inside", 3.0),
+            Fault(nth(_PAIRS, "all_reduce", 4, "pair"), 2, "late", 5.0),
+        ),
+        pairs=True,
+        dump_mode="periodic",
     ),
 )
 

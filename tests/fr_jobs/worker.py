@@ -144,6 +144,9 @@ def reduce_bucket(bucket: torch.Tensor, group: Any) -> None:
     dist.all_reduce(bucket, group=group)
 
 
+_DUMP_LOCK = threading.Lock()
+
+
 def write_raw_dump(rank: int) -> None:
     """Dump the flight recorder the way a user without Flightdeck would: PyTorch's own dump calls,
     pickle and JSON, into `$FDTEST_RAW_DIR/{pickle,json}/` under PyTorch's default file name."""
@@ -157,12 +160,20 @@ def write_raw_dump(rank: int) -> None:
         ("pickle", f"comm_lib_trace_rank_{rank}", pickled),
         ("json", f"comm_lib_trace_rank_{rank}.json", as_json),
     )
-    for sub, name, data in blobs:
-        (root / sub).mkdir(parents=True, exist_ok=True)
-        tmp = root / sub / f".{name}.tmp"
-        tmp.write_bytes(data)
-        tmp.rename(root / sub / name)
+    with _DUMP_LOCK:  # the periodic thread and the exit path write the same files
+        for sub, name, data in blobs:
+            (root / sub).mkdir(parents=True, exist_ok=True)
+            tmp = root / sub / f".{name}.tmp"
+            tmp.write_bytes(data)
+            tmp.rename(root / sub / name)
     print(f"rank {rank}: raw dump written", file=sys.stderr, flush=True)
+
+
+def _dump_every(rank: int, interval_s: float) -> None:
+    """Dump every `interval_s` (overwriting), as a user's periodic dump thread would."""
+    while True:
+        time.sleep(interval_s)
+        write_raw_dump(rank)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -200,7 +211,16 @@ def main(argv: list[str] | None = None) -> int:
         dumper = threading.Timer(at, write_raw_dump, (rank,))
         dumper.daemon = True
         dumper.start()
-    finished = job.run()
+    elif scenario.dump_mode == "periodic":
+        threading.Thread(target=_dump_every, args=(rank, 0.5), daemon=True).start()
+    try:
+        finished = job.run()
+    except Exception:
+        if scenario.dump_mode == "periodic":
+            write_raw_dump(rank)  # what a user's exception handler would keep
+        raise
+    if scenario.dump_mode == "periodic":
+        write_raw_dump(rank)
     if scenario.dump_mode == "exit" and finished:
         write_raw_dump(rank)  # at once: the last collective has just returned
     if scenario.dump_mode == "timed":
