@@ -305,3 +305,48 @@ def test_a_rank_killed_inside_a_subgroup_collective_is_named_with_group_and_seq(
     assert all(
         f["consequence_of"] is not None for f in verdict["findings"][1:] if f["kind"] not in ("config_skew",)
     )
+
+
+@pytest.mark.parametrize("skew", ["fresh", "over_a_minute"])
+@pytest.mark.parametrize("form", FORMS)
+def test_a_rank_killed_inside_a_subgroup_collective_is_named_from_raw_dumps_too(
+    form: str, skew: str, tmp_path: Path
+) -> None:
+    """Raw dumps (no agent, each rank dumping every 0.5 s and when it fails) hold no liveness: the
+    killed rank shows as the member that was inside the pair collective long before its late peer
+    came, after which it still did not finish."""
+    exp = _doc("kill_in_subgroup_raw")["expected"]
+    files = _copy_raw("kill_in_subgroup_raw", form, tmp_path)
+    SKEWS[skew](files)
+    code, verdict, _ = _analyze(str(tmp_path), "--world-size", "4")
+    assert code == 1
+    root = verdict["findings"][0]
+    got = (root["kind"], root["culprit_ranks"], root["process_group"], root["collective_seq_id"], root["op"])
+    assert got == (exp["kind"], [3], "2", exp["collective_seq_id"], "all_reduce")
+    assert root["consequence_of"] is None
+    assert root["waiting_ranks"] == [2]
+    # The default group's ranks wait for ranks 2 and 3: that follows from it.
+    later = [f for f in verdict["findings"][1:] if f["kind"] == "hang"]
+    assert later and all(f["consequence_of"] == 0 for f in later)
+
+
+@pytest.mark.parametrize("sidecars", [False, True])
+def test_a_barrier_pending_on_one_rank_at_exit_is_not_a_state_mismatch(
+    sidecars: bool, tmp_path: Path
+) -> None:
+    """The exit race in isolation, on a real job's final snapshots: rank 1's last barrier left
+    pending (as gloo's asynchronous completion flag leaves it when the dump wins the race), judged
+    with file times only, and with the agent's sidecars 30 hours later (`--now`)."""
+    for rank in range(4):
+        src = DATA / "healthy_4" / f"rank_{rank}.final.pkl"
+        raw = load_raw(src.read_bytes())
+        if rank == 1:
+            raw["entries"][-1]["retired"] = False
+        name = f"rank_{rank}.final.pkl" if sidecars else f"comm_lib_trace_rank_{rank}"
+        (tmp_path / name).write_bytes(pickle.dumps(raw))
+        if sidecars:
+            shutil.copy(src.with_name(src.name + ".meta.json"), tmp_path / (name + ".meta.json"))
+    args = ["--now", str(time.time() + 30 * 3600)] if sidecars else []
+    code, verdict, _ = _analyze(str(tmp_path), "--world-size", "4", *args)
+    assert verdict["healthy"], [f["detail"] for f in verdict["findings"]]
+    assert code == 0

@@ -834,6 +834,20 @@ def _hang(
                 f"{_fmt_ranks(culprits, by_rank)} never started it on the device while the others did; "
                 f"waited {waited}."
             )
+        elif left := _left_before_the_last(stuck, opts):
+            # A collective completes soon after its last member arrives. One still unfinished
+            # though its last member came stall_after later than some others: those others are no
+            # longer in it (a rank killed or stopped inside it, as a dump shows it).
+            late = [r for r in waiting if r not in left]
+            gap = (max(e.time_created_ns for e in stuck.values()) - stuck[left[0]].time_created_ns) / NS
+            culprits, waiting = left, late
+            one = len(left) == 1
+            detail = (
+                f"Hang in {label} at collective_seq_id {seq} ({what}): every member entered it, but "
+                f"{_fmt_ranks(late)} arrived {gap:.1f} s after {_fmt_ranks(left, by_rank)} and it still did "
+                f"not finish: {'it is' if one else 'they are'} no longer in it (stopped, died or killed "
+                f"inside it, or {'its' if one else 'their'} link is down)."
+            )
         else:
             detail = (
                 f"Hang in {label} at collective_seq_id {seq} ({what}): all {len(waiting)} member ranks "
@@ -957,6 +971,14 @@ def _positional(
     return entered, stuck
 
 
+def _left_before_the_last(stuck: dict[int, Entry], opts: Options) -> list[int]:
+    """The members of an unfinished collective that every member entered who had entered it
+    stall_after before its last member did (none when that is all of them or none)."""
+    last = max(e.time_created_ns for e in stuck.values())
+    left = sorted(r for r, e in stuck.items() if (last - e.time_created_ns) / NS >= opts.stall_after_s)
+    return left if len(left) < len(stuck) else []
+
+
 def _where_culprits_are(
     findings: list[Finding], groups: list[_Group], by_rank: dict[int, RankSummary]
 ) -> list[Finding]:
@@ -977,7 +999,8 @@ def _where_culprits_are(
         g = by_name.get(name)
         if g is None or name == f.process_group or (name, seq) in have:
             continue
-        inside, left = [], []
+        inside: list[int] = []
+        left: list[int] = []
         for r in g.members:
             s = by_rank.get(r)
             e = s.entry_at(name, seq) if s is not None else None

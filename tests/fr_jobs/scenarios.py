@@ -107,9 +107,9 @@ class Scenario:
             seq = sum(1 for o in self.ops[: fault.at + 1] if self.group_name(o.group, fault.rank) == group)
             kind = _FAULT_KIND[fault.action]
             if fault.action == "kill_inside" and self.dump_mode != "agent":
-                # Raw dumps hold no liveness: what they show is the killed rank still inside the
-                # collective its peer finished (failed) and left.
-                kind = "state_mismatch"
+                # Raw dumps hold no liveness: they show the killed rank as the member that was in
+                # the collective long before its late peer came, which then still did not finish.
+                kind = "hang"
             return {
                 "healthy": False,
                 "kind": kind,
@@ -308,15 +308,17 @@ _ALL: tuple[Scenario, ...] = (
     Scenario(
         "kill_in_subgroup_raw",
         "as kill_in_subgroup, with raw PyTorch dumps only (no agent): each rank dumps every 0.5 s "
-        "and when it leaves or fails; rank 2 is 5 s late, rank 3 is SIGKILLed 3 s into the wait",
+        "and when it leaves or fails; group timeouts 15 s; rank 2 is 9 s late, rank 3 is SIGKILLed 6 s "
+        "into the wait (its last dump shows it inside), then its peers fail",
         4,
         _PAIRS,
         (
-            Fault(nth(_PAIRS, "all_reduce", 4, "pair"), 3, "kill_inside", 3.0),
-            Fault(nth(_PAIRS, "all_reduce", 4, "pair"), 2, "late", 5.0),
+            Fault(nth(_PAIRS, "all_reduce", 4, "pair"), 3, "kill_inside", 6.0),
+            Fault(nth(_PAIRS, "all_reduce", 4, "pair"), 2, "late", 9.0),
         ),
         pairs=True,
         dump_mode="periodic",
+        pg_timeout_s=15.0,
     ),
 )
 

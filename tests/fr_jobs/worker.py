@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,8 @@ class Job:
         self.leave_s = leave_s
         self.weights = torch.randn(32, 32)
         self.pairs: dict[str, Any] = {}
+        #: Called once after the program's first op (raw periodic dumps start there).
+        self.after_first_op: Callable[[], None] | None = None
 
     # -- the "model" --
 
@@ -109,6 +112,8 @@ class Job:
                 self.train_step(index, op)
             elif self.commit(index, op, fault):
                 return False
+            if index == 0 and self.after_first_op is not None:
+                self.after_first_op()
         return True
 
     def commit(self, index: int, op: Op, fault: Fault) -> bool:
@@ -187,6 +192,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--agent", choices=["launcher", "inject-failing", "none"], default="launcher")
     args = parser.parse_args(argv)
     scenario = get(args.scenario)
+    if scenario.dump_mode == "exit":
+        # One CPU per rank (as ranks pinned to cores run): gloo's worker thread and the main
+        # thread then share it, and the main thread, woken when the last barrier completes, is
+        # often scheduled before the worker thread marks the barrier retired: the dump at exit
+        # then shows the race that gloo's asynchronous completion flag allows.
+        cpus = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cpus[int(os.environ.get("RANK", "0")) % len(cpus)]})
     torch.set_num_threads(1)
     timeout = timedelta(seconds=args.pg_timeout_s)
     dist.init_process_group("gloo", timeout=timeout)
@@ -212,7 +224,13 @@ def main(argv: list[str] | None = None) -> int:
         dumper.daemon = True
         dumper.start()
     elif scenario.dump_mode == "periodic":
-        threading.Thread(target=_dump_every, args=(rank, 0.5), daemon=True).start()
+        # The first dump with stacks symbolizes them (seconds, more on a loaded machine): taken
+        # after the first op, before the periodic thread starts, so that its dumps keep up.
+        def start_dumping() -> None:
+            write_raw_dump(rank)
+            threading.Thread(target=_dump_every, args=(rank, 0.5), daemon=True).start()
+
+        job.after_first_op = start_dumping
     try:
         finished = job.run()
     except Exception:
