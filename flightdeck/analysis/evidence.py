@@ -76,12 +76,12 @@ def _recorded_ns(s: RankSummary) -> int:
     return newest
 
 
-def _entered_floor(s: RankSummary, group: str) -> int:
-    """The highest seq of `group` this rank finished and then went on from (0 when none)."""
+def _entered_floor(s: RankSummary, group: str, top: int) -> int:
+    """The highest seq of `group` this rank finished and then went on from (0 when none);
+    `top` is the rank's `newest_record`."""
     track = s.tracks.get(group)
     if track is None or not track.seqs:
         return 0
-    top = newest_record(s)
     for e in reversed(track.tail):
         if e.finished and e.record_id < top:
             return e.collective_seq_id
@@ -106,6 +106,8 @@ class Evidence:
     #: Whether no rank's time is a snapshot time (all are file times, whatever `clock` says):
     #: who entered what is then told by positions alone (a `--now` dates the job, not each rank).
     positions_only: bool = False
+    #: The newest timestamp recorded in any dump (0 when none): a moment every dump reached.
+    recorded_ns: int = 0
 
     @property
     def elapsed_known(self) -> bool:
@@ -117,11 +119,15 @@ class Evidence:
         return self.floors.get(group, 0)
 
     def age_s(self, s: RankSummary, e: Entry) -> float:
-        """How long `e` had been in flight when the rank's data was taken: to its own snapshot
-        time when that is one, else to `now_ns`. A collective seen pending in a snapshot taken
-        right after it began proves nothing, however late the diagnosis runs."""
+        """How long `e` had been in flight when the rank's data was taken, at least: to its own
+        snapshot time when that is one, else to the newest time recorded in the dumps (a dump's
+        moment is unknown; a `--now` says when the job is judged, not when it was dumped). A
+        collective seen pending in a dump taken right after it began proves nothing, however
+        late the diagnosis runs."""
         at = trusted_time(s)
-        return max(0.0, ((at if at is not None else self.now_ns) - e.time_created_ns) / NS)
+        if at is None:
+            at = self.recorded_ns or self.now_ns
+        return max(0.0, (at - e.time_created_ns) / NS)
 
 
 def gather(
@@ -135,9 +141,10 @@ def gather(
     source = clock or infer_clock(by_rank.values())
     floors: dict[str, int] = {}
     early: set[int] = set()
+    tops = {r: newest_record(s) for r, s in by_rank.items()}
     for name, members in groups:
         held = [(r, s) for r in members if (s := by_rank.get(r)) is not None]
-        best = max((_entered_floor(s, name) for _, s in held), default=0)
+        best = max((_entered_floor(s, name, tops[r]) for r, s in held), default=0)
         floors[name] = best
         for r, s in held:
             track = s.tracks.get(name)
@@ -146,9 +153,7 @@ def gather(
                     early.add(r)
             elif not s.wrapped and best:
                 early.add(r)  # holds none of the group's collectives, though all members entered some
-    judged = now_ns
-    if source == "file":
-        recorded = max((_recorded_ns(s) for s in by_rank.values()), default=0)
-        judged = recorded or now_ns
+    recorded = max((_recorded_ns(s) for s in by_rank.values()), default=0)
+    judged = (recorded or now_ns) if source == "file" else now_ns
     positions_only = infer_clock(by_rank.values()) == "file"
-    return Evidence(source, judged, floors, frozenset(early), positions_only)
+    return Evidence(source, judged, floors, frozenset(early), positions_only, recorded)
