@@ -724,6 +724,10 @@ def _hang(
         if track is None or not track.seqs:
             if s.wrapped:
                 continue  # its ring no longer holds this group: position unknown
+            if floor and _nothing_compared({r: s}):
+                # Every member entered the floor's collectives, yet this ring holds none at all:
+                # recording is off there (TORCH_FR_BUFFER_SIZE=0) or the dump is empty.
+                continue
             last[r] = 0
         else:
             last[r] = track.last_seq
@@ -750,8 +754,16 @@ def _hang(
         entered, stuck = placed
     else:
         entered, stuck = _stuck_at(g.name, seq, last, culprits, by_rank)
-    # Members behind the floor took part in what lies between: what is stale is their data.
-    stale = not ev.positions_only and any(r in last and last[r] < floor for r in culprits)
+    # Members behind the floor took part in what lies between, and members dumped early in
+    # another group (or snapshotted before this collective began) were not seen since: what is
+    # stale is their data, not their position.
+    began = min((e.time_created_ns for e in stuck.values()), default=None)
+    stale = not ev.positions_only and any(
+        (r in last and last[r] < floor)
+        or r in ev.early
+        or (began is not None and r in by_rank and not _newer_than(by_rank[r], began))
+        for r in culprits
+    )
     if not stuck and low < high and not ev.positions_only:
         # Every rank holding `seq` finished it, so the members behind did take part in it: what is
         # stale is their data (snapshots stopped: a cut link, a stopped or killed process), not their
