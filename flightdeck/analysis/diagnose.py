@@ -724,9 +724,9 @@ def _hang(
         if track is None or not track.seqs:
             if s.wrapped:
                 continue  # its ring no longer holds this group: position unknown
-            if floor and _nothing_compared({r: s}):
-                # Every member entered the floor's collectives, yet this ring holds none at all:
-                # recording is off there (TORCH_FR_BUFFER_SIZE=0) or the dump is empty.
+            if floor and s.config is not None and s.config.fr_buffer_size == 0:
+                # Every member entered the floor's collectives, yet this rank records none:
+                # its flight recorder is off (TORCH_FR_BUFFER_SIZE=0), its position unknown.
                 continue
             last[r] = 0
         else:
@@ -753,7 +753,10 @@ def _hang(
             return None
         entered, stuck = placed
     else:
-        entered, stuck = _stuck_at(g.name, seq, last, culprits, by_rank)
+        # A culprit behind the floor (or dumped early in another group) was seen only before
+        # what every member did since: its snapshot's time says nothing about this collective.
+        behind = any((r in last and last[r] < floor) or r in ev.early for r in culprits)
+        entered, stuck = _stuck_at(g.name, seq, last, culprits, by_rank, seen=not behind)
     # Members behind the floor took part in what lies between, and members dumped early in
     # another group (or snapshotted before this collective began) were not seen since: what is
     # stale is their data, not their position.
@@ -773,7 +776,7 @@ def _hang(
         if later is not None:
             seq, stale = later, True
             culprits = sorted(r for r, v in last.items() if v < seq)
-            entered, stuck = _stuck_at(g.name, seq, last, culprits, by_rank)
+            entered, stuck = _stuck_at(g.name, seq, last, culprits, by_rank, seen=not behind)
     if not stuck or (stale and not _stale_shown(culprits, stuck, by_rank, ev, opts)):
         return None
     first = min(stuck.values(), key=lambda e: e.time_created_ns)
@@ -1069,9 +1072,18 @@ def _gone_quiet(
 
 
 def _stuck_at(
-    group: str, seq: int, last: dict[int, int], culprits: list[int], by_rank: dict[int, RankSummary]
+    group: str,
+    seq: int,
+    last: dict[int, int],
+    culprits: list[int],
+    by_rank: dict[int, RankSummary],
+    *,
+    seen: bool = True,
 ) -> tuple[list[int], dict[int, Entry]]:
-    """The members that entered (group, seq), and the entries of those still stuck in it."""
+    """The members that entered (group, seq), and the entries of those still stuck in it.
+
+    `seen=False`: the culprits' data is older than what every member did since (behind a floor),
+    so no snapshot of theirs shows them not entering it."""
     entered = sorted(r for r, v in last.items() if v >= seq)
     stuck: dict[int, Entry] = {}
     for r in entered:
@@ -1083,7 +1095,7 @@ def _stuck_at(
         # past it (async ops) are the exception. "Never entered" needs a culprit snapshot taken after
         # the collective began (or its final one); an older one only says it is not known to have
         # entered, so then only a rank that failed in it (exited with an error there) is stuck.
-        fresh = all(_newer_than(by_rank[c], e.time_created_ns) for c in culprits if c in by_rank)
+        fresh = seen and all(_newer_than(by_rank[c], e.time_created_ns) for c in culprits if c in by_rank)
         if not e.finished or (culprits and last[r] == seq and (fresh or _failed_in(by_rank[r], e))):
             stuck[r] = e
     return entered, stuck
