@@ -657,6 +657,7 @@ def _parse_dump(
         wrapped=bool(entries) and entries[0].record_id > 0,
         snapshot_time_ns=mtime_ns,
         pg_status=_pg_status(raw, raw_entries),
+        snapshot_time_from_file=mtime_ns is not None,
     )
     backends = {e.backend for e in entries if e.backend}
     dump.backend = ",".join(sorted(backends)) or None
@@ -683,6 +684,7 @@ def _apply_meta(dump: RankDump, meta: dict[str, Any], ctx: _Ctx) -> None:
     t = meta.get("snapshot_time_ns")
     if isinstance(t, int):
         dump.snapshot_time_ns = t
+        dump.snapshot_time_from_file = False
     kind = meta.get("kind")
     kinds: dict[object, SnapshotKind] = {"periodic": "periodic", "stall": "stall", "final": "final"}
     dump.kind = kinds.get(kind, "dump") if isinstance(kind, str) else "dump"

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TextIO
 
 from flightdeck.analysis import Options, RankSummary, Report, diagnose, summarize
+from flightdeck.analysis.evidence import CLOCK_WORDS, ClockSource
 from flightdeck.analysis.findings import CONFIG_KINDS, Finding
 from flightdeck.analysis.frames import LIBRARY_MARKERS
 from flightdeck.collector.frdump import DumpError, discover, merge, rank_from_name, read_dump_file, read_meta
@@ -38,7 +39,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--now",
         type=float,
         default=None,
-        help="the moment to judge elapsed times at (epoch seconds); default: the newest snapshot's time",
+        help="the moment to judge elapsed times at (epoch seconds); default: the newest snapshot time "
+        "from the agent's sidecars, else the newest time recorded inside the dumps (file times, which "
+        "a copy resets, are never used to time a hang)",
     )
     parser.add_argument(
         "--stall-after",
@@ -179,12 +182,15 @@ def run(args: argparse.Namespace) -> int:
     summaries = by_job[(job, attempt)]
     older = sorted(a for j, a in by_job if j == job and a != attempt)
     now_ns = int(args.now * 1e9) if args.now is not None else _newest(summaries)
+    clock: ClockSource | None = "given" if args.now is not None else None
     try:
         options = Options(stall_after_s=args.stall_after)
     except ValueError as exc:
         print(f"flightdeck: {exc}", file=sys.stderr)
         return 2
-    report = diagnose(summaries, now_ns=now_ns, options=options, world_size=args.world_size, job=job)
+    report = diagnose(
+        summaries, now_ns=now_ns, options=options, world_size=args.world_size, job=job, clock=clock
+    )
     if older:
         report.warnings.append(f"dumps of earlier attempts {older} ignored; analyzed attempt {attempt}")
     if args.format == "json":
@@ -234,6 +240,7 @@ def render_text(report: Report, *, attempt: int = 0, seconds: float | None = Non
             if report.without_dump
             else ""
         )
+        + f"; clock: {CLOCK_WORDS.get(report.clock, report.clock)}"
     )
     if report.healthy:
         lines.append("HEALTHY: every group's collectives agree across ranks and none is stuck.")

@@ -220,6 +220,9 @@ class RankDump:
     comm_lib_version: str | None = None
     #: When the snapshot was taken (epoch ns); from metadata, else the file's mtime.
     snapshot_time_ns: int | None = None
+    #: Whether `snapshot_time_ns` is only the file's mtime (no sidecar said when the dump was
+    #: taken): a copy sets it to when it was copied, so the diagnosis does not trust it.
+    snapshot_time_from_file: bool = False
     kind: SnapshotKind = "dump"
     #: Seconds between periodic snapshots, when an agent took them.
     interval_s: float | None = None

@@ -57,9 +57,15 @@ def _check(verdict: dict[str, Any], code: int, exp: dict[str, Any]) -> None:
     assert root["detail"]
 
 
+def _skip_raw(doc: dict[str, Any]) -> None:
+    if doc.get("dump_mode", "agent") != "agent":
+        pytest.skip("raw PyTorch dumps (no agent): tests/test_analyze_evidence.py")
+
+
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_verdict_with_agent_metadata(scenario: str) -> None:
     exp = _expected(scenario)
+    _skip_raw(exp)
     code, verdict, err = _analyze(str(DATA / scenario))
     assert err == ""
     assert verdict["ranks"]["expected"] == exp["world_size"]
@@ -69,6 +75,7 @@ def test_verdict_with_agent_metadata(scenario: str) -> None:
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_verdict_from_bare_pytorch_dumps(scenario: str, tmp_path: Path) -> None:
     exp = _expected(scenario)
+    _skip_raw(exp)
     if exp["expected"]["kind"] in NEEDS_METADATA:
         pytest.skip("a lost rank is told by snapshot times and final snapshots, which only the agent writes")
     # The newest dump of each rank, named like PyTorch's own dump files, without metadata.

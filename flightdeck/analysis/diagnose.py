@@ -16,7 +16,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import islice
 
+from flightdeck.analysis import evidence
 from flightdeck.analysis.config_skew import PeerJob, RankConfigRef, config_findings
+from flightdeck.analysis.evidence import ClockSource, Evidence
 from flightdeck.analysis.findings import (
     MISMATCH_KINDS,
     Finding,
@@ -61,6 +63,7 @@ def diagnose(
     peers: Sequence[PeerJob] = (),
     stragglers: bool = True,
     agreed: Mapping[str, tuple[int, int]] | None = None,
+    clock: ClockSource | None = None,
 ) -> Report:
     """Diagnose one job (one attempt) from the latest summary of each rank it has.
 
@@ -70,6 +73,9 @@ def diagnose(
     diagnosis costs what arrived since the last one, not the whole history held.
     `stragglers=False` skips the arrival-skew analysis (no straggler findings, no
     `arrival_skew_s`): the costliest part on large jobs, which a live server runs less often.
+    `clock`: where `now_ns` came from (see `evidence.ClockSource`); None infers "snapshot" or,
+    when every rank's time is only its file's mtime, "file": then elapsed times are unknown, and
+    what is claimed rests on what the dumps prove (`evidence`).
     """
     opts = options or Options()
     by_rank: dict[int, RankSummary] = {}
@@ -89,6 +95,12 @@ def diagnose(
         job=job if job is not None else next((s.job for s in by_rank.values() if s.job), None),
         now_s=now_ns / NS,
     )
+    ev = evidence.gather(by_rank, ((g.name, g.members) for g in groups), now_ns=now_ns, clock=clock)
+    report.clock = ev.clock
+    if not ev.elapsed_known:
+        # Elapsed times are measured to the newest moment the dumps themselves recorded, never
+        # to a copy's file time.
+        now_ns = ev.now_ns
     for s in by_rank.values():
         report.warnings.extend(f"rank {s.rank}: {w}" for w in s.warnings)
     if not by_rank:
@@ -103,14 +115,16 @@ def diagnose(
         if f is None:
             f = all_to_all_balance(g.name, g.desc, g.members, by_rank)
         if f is not None:
-            f.elapsed_s = _pending_for(g, f.collective_seq_id, by_rank, now_ns)
+            f.elapsed_s = _pending_for(g, f.collective_seq_id, by_rank, now_ns) if ev.elapsed_known else None
             findings.append(f)
         findings.extend(_p2p(g, by_rank, now_ns, opts))
     findings.extend(_per_host(_lost(by_rank, now_ns, opts), by_rank))
     for g in groups:
-        f = _hang(g, by_rank, without, missing, now_ns, opts)
+        f = _hang(g, by_rank, without, missing, now_ns, opts, ev)
         if f is not None:
             findings.append(blame_p2p_gap(f, g.name, g.members, by_rank))
+    if ev.positions_only:
+        findings.extend(_where_culprits_are(findings, groups, by_rank))
     if without:
         findings.append(_missing(without, missing))
     roots = _link_consequences(findings)
@@ -699,7 +713,8 @@ def _sizes(sizes: tuple[tuple[int, ...], ...]) -> str:
 
 def _lost(by_rank: dict[int, RankSummary], now_ns: int, opts: Options) -> list[Finding]:
     """Ranks that stopped reporting while others went on, or died without a final snapshot."""
-    times = {r: s.snapshot_time_ns for r, s in by_rank.items() if s.snapshot_time_ns is not None}
+    # File times say when a copy was made, not when a rank last reported: not evidence here.
+    times = {r: t for r, s in by_rank.items() if (t := evidence.trusted_time(s)) is not None}
     if len(times) < 2:
         return []
     finals = {r for r, s in by_rank.items() if s.kind == "final"}
@@ -868,10 +883,15 @@ def _hang(
     missing: int,
     now_ns: int,
     opts: Options,
+    ev: Evidence | None = None,
 ) -> Finding | None:
     """The oldest collective of the group that is not finished on every member rank.
 
-    `without`: the ranks without a dump (bounded: see `missing_ranks`), `missing` how many in all."""
+    `without`: the ranks without a dump (bounded: see `missing_ranks`), `missing` how many in all.
+    Never at or before the group's proven floor (`Evidence.floor`): every member entered those.
+    Under a file clock the hang must show in the positions alone (`_positional`)."""
+    ev = ev or Evidence("snapshot", now_ns)
+    floor = ev.floor(g.name)
     last: dict[int, int] = {}
     for r in _present(g.members, by_rank):
         s = by_rank.get(r)
@@ -881,6 +901,10 @@ def _hang(
         if track is None or not track.seqs:
             if s.wrapped:
                 continue  # its ring no longer holds this group: position unknown
+            if floor and s.config is not None and s.config.fr_buffer_size == 0:
+                # Every member entered the floor's collectives, yet this rank records none:
+                # its flight recorder is off (TORCH_FR_BUFFER_SIZE=0), its position unknown.
+                continue
             last[r] = 0
         else:
             last[r] = track.last_seq
@@ -897,61 +921,100 @@ def _hang(
         missing_members = [r for r in g.members if r in absent]
         missing_total = len(missing_members)
     if low < high:
-        seq = low + 1
+        # Members behind the floor were dumped earlier: they entered everything up to it.
+        seq = max(low, floor) + 1
+        if seq > high:
+            return None
         culprits = sorted(r for r, v in last.items() if v < seq)
     else:
         seq = high
+        if seq <= floor:
+            return None
         culprits = list(missing_members)
-    entered, stuck = _stuck_at(g.name, seq, last, culprits, by_rank)
-    stale = False
-    if not stuck and low < high:
+    if ev.positions_only:
+        placed = _positional(g.name, seq, last, culprits, ev, by_rank, bool(missing_members))
+        if placed is None:
+            return None
+        entered, stuck = placed
+    else:
+        # A culprit behind the floor (or dumped early in another group) was seen only before
+        # what every member did since: its snapshot's time says nothing about this collective.
+        behind = any((r in last and last[r] < floor) or r in ev.early for r in culprits)
+        entered, stuck = _stuck_at(g.name, seq, last, culprits, by_rank, seen=not behind)
+    # Members behind the floor took part in what lies between, and members dumped early in
+    # another group (or snapshotted before this collective began) were not seen since: what is
+    # stale is their data, not their position.
+    began = min((e.time_created_ns for e in stuck.values()), default=None)
+    stale = not ev.positions_only and any(
+        (r in last and last[r] < floor)
+        or r in ev.early
+        or (began is not None and r in by_rank and not _newer_than(by_rank[r], began))
+        for r in culprits
+    )
+    if not stuck and low < high and not ev.positions_only:
         # Every rank holding `seq` finished it, so the members behind did take part in it: what is
         # stale is their data (snapshots stopped: a cut link, a stopped or killed process), not their
         # position. The others wait in their oldest collective still in flight, or the one they
         # failed in; the stale members are the ones not seen entering it.
-        later = _pending_seq(g.name, low, entered, by_rank)
+        later = _pending_seq(g.name, seq - 1, entered, by_rank)
         if later is not None:
             seq, stale = later, True
             culprits = sorted(r for r, v in last.items() if v < seq)
-            entered, stuck = _stuck_at(g.name, seq, last, culprits, by_rank)
-    if not stuck:
+            entered, stuck = _stuck_at(g.name, seq, last, culprits, by_rank, seen=not behind)
+    if not stuck or (stale and not _stale_shown(culprits, stuck, by_rank, ev, opts)):
         return None
     first = min(stuck.values(), key=lambda e: e.time_created_ns)
     elapsed = (now_ns - first.time_created_ns) / NS
+    finished_here = [r for r in entered if r not in stuck]
+    # Finished on some, pending on others: gloo sets completion flags asynchronously, so a rank
+    # snapshotted right after the collective returned may still show it pending. Only a rank
+    # whose own data shows it pending for stall_after is evidence of a stall.
+    if (
+        not culprits
+        and finished_here
+        and max(ev.age_s(by_rank[r], e) for r, e in stuck.items()) < opts.stall_after_s
+    ):
+        return None
+    positional = bool(culprits) and not ev.elapsed_known
     # No need to wait out stall_after when a member already failed in it (exited with the error):
     # the collective cannot complete any more. But not before every culprit has been silent as
     # long as a lost rank: one merely between two snapshots would otherwise be named with the dead.
     failed = any(_failed_in(by_rank[r], e) for r, e in stuck.items()) and all(
         _silent(by_rank[c], now_ns, opts) for c in culprits if c in by_rank
     )
-    if elapsed < opts.stall_after_s and not (culprits and failed):
+    if elapsed < opts.stall_after_s and not (culprits and failed) and not positional:
         return None
     waiting = sorted(stuck)
     gone = _gone_quiet(culprits, waiting, by_rank, now_ns, opts)
     if gone:
         culprits = sorted([*culprits, *gone])
         waiting = [r for r in waiting if r not in gone]
-    finished_here = [r for r in entered if r not in stuck]
     label = _group_label(g)
+    if ev.elapsed_known:
+        waited = f"{elapsed:.1f} s"
+    elif positional:
+        waited = _UNKNOWN_WAIT
+    else:
+        waited = f"at least {elapsed:.1f} s (by the newest time recorded in the dumps)"
     what = f"{first.op} {_sizes(first.input_sizes)} {','.join(first.input_dtypes)}".rstrip()
     kind: FindingKind = "hang"
     if culprits and stale:
         one = len(culprits) == 1
         detail = (
             f"Hang in {label} at collective_seq_id {seq} ({what}): {_fmt_ranks(waiting)} "
-            f"{'has' if len(waiting) == 1 else 'have'} waited {elapsed:.1f} s; {_fmt_ranks(culprits, by_rank)} "
+            f"{'has' if len(waiting) == 1 else 'have'} waited {waited}; {_fmt_ranks(culprits, by_rank)} "
             f"{'was' if one else 'were'} not seen entering it: {'its' if one else 'their'} last snapshots "
             "predate it (the process stopped or died, or its host or link is down)."
         )
     elif culprits and low < high:
         detail = (
             f"Hang in {label} at collective_seq_id {seq} ({what}): {_fmt_ranks(culprits, by_rank)} never "
-            f"entered it; {_fmt_ranks(waiting)} {'has' if len(waiting) == 1 else 'have'} waited {elapsed:.1f} s."
+            f"entered it; {_fmt_ranks(waiting)} {'has' if len(waiting) == 1 else 'have'} waited {waited}."
         )
     elif culprits:
         detail = (
             f"Hang in {label} at collective_seq_id {seq} ({what}): every rank with a dump entered it and "
-            f"has waited {elapsed:.1f} s; {_fmt_ranks(culprits, total=missing_total)} left no dump and must be "
+            f"has waited {waited}; {_fmt_ranks(culprits, total=missing_total)} left no dump and must be "
             "the one missing."
         )
     elif finished_here:
@@ -959,7 +1022,7 @@ def _hang(
         culprits = waiting
         detail = (
             f"State mismatch in {label} at collective_seq_id {seq} ({what}): finished on "
-            f"{_fmt_ranks(finished_here)} but still pending on {_fmt_ranks(waiting)} after {elapsed:.1f} s."
+            f"{_fmt_ranks(finished_here)} but still pending on {_fmt_ranks(waiting)} after {waited}."
         )
     else:
         not_started = [r for r, e in stuck.items() if e.state == "scheduled"]
@@ -969,12 +1032,26 @@ def _hang(
             detail = (
                 f"Hang in {label} at collective_seq_id {seq} ({what}): all member ranks entered it, but "
                 f"{_fmt_ranks(culprits, by_rank)} never started it on the device while the others did; "
-                f"waited {elapsed:.1f} s."
+                f"waited {waited}."
+            )
+        elif left := _left_before_the_last(stuck, opts):
+            # A collective completes soon after its last member arrives. One still unfinished
+            # though its last member came stall_after later than some others: those others are no
+            # longer in it (a rank killed or stopped inside it, as a dump shows it).
+            late = [r for r in waiting if r not in left]
+            gap = (max(e.time_created_ns for e in stuck.values()) - stuck[left[0]].time_created_ns) / NS
+            culprits, waiting = left, late
+            one = len(left) == 1
+            detail = (
+                f"Hang in {label} at collective_seq_id {seq} ({what}): every member entered it, but "
+                f"{_fmt_ranks(late)} arrived {gap:.1f} s after {_fmt_ranks(left, by_rank)} and it still did "
+                f"not finish: {'it is' if one else 'they are'} no longer in it (stopped, died or killed "
+                f"inside it, or {'its' if one else 'their'} link is down)."
             )
         else:
             detail = (
                 f"Hang in {label} at collective_seq_id {seq} ({what}): all {len(waiting)} member ranks "
-                f"entered it and none finished in {elapsed:.1f} s. No rank is behind in this group: either "
+                f"entered it and none finished in {waited}. No rank is behind in this group: either "
                 "the ranks disagree on what this collective is, or the transport between them is stuck."
             )
     if gone:
@@ -993,7 +1070,7 @@ def _hang(
         op=first.op,
         culprit_ranks=culprits,
         waiting_ranks=waiting,
-        elapsed_s=elapsed,
+        elapsed_s=elapsed if ev.elapsed_known else None,
         culprits=_refs(culprits, by_rank),
         expected={
             "op": first.op,
@@ -1040,6 +1117,137 @@ def _hang(
     return judge_progress(finding, by_rank, now_ns, opts, failed=failed)
 
 
+_UNKNOWN_WAIT = "an unknown time (only file times date the dumps)"
+
+
+def _stale_shown(
+    culprits: list[int], stuck: dict[int, Entry], by_rank: dict[int, RankSummary], ev: Evidence, opts: Options
+) -> bool:
+    """Whether culprits known only from older snapshots are shown to be missing, not merely
+    snapshotted earlier than the ranks that wait: a waiting rank failed in the collective, or
+    their snapshots stopped while the waiting ranks went on reporting (as long as makes a rank
+    lost), or the waiting ranks' own snapshots show them waiting for stall_after. Snapshots of a
+    healthy job taken at different moments show none of these, however late it is judged."""
+    if any(_failed_in(by_rank[r], e) for r, e in stuck.items()):
+        return True
+    if max(ev.age_s(by_rank[r], e) for r, e in stuck.items()) >= opts.stall_after_s:
+        return True
+    newest = max((evidence.trusted_time(by_rank[r]) or 0) for r in stuck)
+
+    def quiet(c: int) -> bool:
+        s = by_rank.get(c)
+        t = evidence.trusted_time(s) if s is not None else None
+        if s is None or s.kind == "final" or t is None:
+            return True
+        threshold = opts.lost_after_intervals * s.interval_s if s.interval_s else opts.lost_after_s
+        return (newest - t) / NS > threshold
+
+    return all(quiet(c) for c in culprits)
+
+
+def _positional(
+    group: str,
+    seq: int,
+    last: dict[int, int],
+    culprits: list[int],
+    ev: Evidence,
+    by_rank: dict[int, RankSummary],
+    missing: bool,
+) -> tuple[list[int], dict[int, Entry]] | None:
+    """Under a file clock: the members that entered (group, seq) and those blocked in it, when
+    the positions alone show a hang there; else None.
+
+    Positions show one only when they are not explained by dumps taken at different moments: no
+    rank's dump stops before the floor of one of its groups (it was dumped earlier, so the dumps
+    were not taken together), the members that entered recorded nothing after it (they are blocked in it, or
+    failed in it: gloo retires a failed collective too) and they are no fewer than the members
+    not in it. Without culprits (every member entered) only the age the dumps themselves record
+    can tell a stall, which the caller judges.
+    """
+    if culprits and ev.early:
+        return None
+    entered = sorted(r for r, v in last.items() if v >= seq)
+    stuck: dict[int, Entry] = {}
+    for r in entered:
+        e = by_rank[r].entry_at(group, seq)
+        if e is None:
+            continue
+        if not e.finished or (culprits and last[r] == seq and not evidence.went_on_after(by_rank[r], e)):
+            stuck[r] = e
+    if culprits and (len(stuck) < len(entered) or (len(stuck) < len(culprits) and not missing)):
+        return None
+    return entered, stuck
+
+
+def _left_before_the_last(stuck: dict[int, Entry], opts: Options) -> list[int]:
+    """The members of an unfinished collective that every member entered who had entered it
+    stall_after before its last member did (none when that is all of them or none)."""
+    last = max(e.time_created_ns for e in stuck.values())
+    left = sorted(r for r, e in stuck.items() if (last - e.time_created_ns) / NS >= opts.stall_after_s)
+    return left if len(left) < len(stuck) else []
+
+
+def _where_culprits_are(
+    findings: list[Finding], groups: list[_Group], by_rank: dict[int, RankSummary]
+) -> list[Finding]:
+    """Under file times only: where the culprits of a hang are, when they all stopped in one
+    collective of another group that some of them finished (or failed) and the others are still
+    inside. Raw dumps hold no liveness, so a rank killed or stopped there shows only as this: the
+    hang follows from it, and the ranks still inside it are named, with its group and seq."""
+    by_name = {g.name: g for g in groups}
+    have = {(f.process_group, f.collective_seq_id) for f in findings}
+    out: list[Finding] = []
+    for f in list(findings):
+        if f.kind != "hang" or not f.culprit_ranks or any(c not in by_rank for c in f.culprit_ranks):
+            continue
+        tips = {(e.group, e.collective_seq_id) for c in f.culprit_ranks if (e := _last_entry(by_rank[c]))}
+        if len(tips) != 1:
+            continue
+        ((name, seq),) = tips
+        g = by_name.get(name)
+        if g is None or name == f.process_group or (name, seq) in have:
+            continue
+        inside: list[int] = []
+        left: list[int] = []
+        for r in g.members:
+            s = by_rank.get(r)
+            e = s.entry_at(name, seq) if s is not None else None
+            if s is None or e is None or evidence.went_on_after(s, e):
+                continue
+            (left if e.finished else inside).append(r)
+        if not inside or not left:
+            continue
+        e0 = by_rank[inside[0]].entry_at(name, seq)
+        assert e0 is not None
+        one = len(inside) == 1
+        what = f"{e0.op} {_sizes(e0.input_sizes)} {','.join(e0.input_dtypes)}".rstrip()
+        have.add((name, seq))
+        out.append(
+            Finding(
+                kind="state_mismatch",
+                detail=(
+                    f"State mismatch in {_group_label(g)} at collective_seq_id {seq} ({what}): "
+                    f"{_fmt_ranks(left)} finished it (gloo retires a failed collective too) and recorded "
+                    f"nothing after it, while {_fmt_ranks(inside, by_rank)} {'is' if one else 'are'} still "
+                    f"inside it: {'it' if one else 'they'} stopped, died or {'was' if one else 'were'} killed "
+                    f"in it (a dump cannot tell which, nor how long ago). The ranks of group "
+                    f"{f.process_group} wait for {_fmt_ranks(f.culprit_ranks)} at collective_seq_id "
+                    f"{f.collective_seq_id}."
+                ),
+                process_group=name,
+                process_group_desc=g.desc,
+                collective_seq_id=seq,
+                op=e0.op,
+                culprit_ranks=inside,
+                waiting_ranks=inside,
+                culprits=_refs(inside, by_rank),
+                waiting_frames=e0.frames,
+                culprit_last_entry=entry_json(e0),
+            )
+        )
+    return out
+
+
 def _gone_quiet(
     culprits: list[int], waiting: list[int], by_rank: dict[int, RankSummary], now_ns: int, opts: Options
 ) -> list[int]:
@@ -1057,9 +1265,18 @@ def _gone_quiet(
 
 
 def _stuck_at(
-    group: str, seq: int, last: dict[int, int], culprits: list[int], by_rank: dict[int, RankSummary]
+    group: str,
+    seq: int,
+    last: dict[int, int],
+    culprits: list[int],
+    by_rank: dict[int, RankSummary],
+    *,
+    seen: bool = True,
 ) -> tuple[list[int], dict[int, Entry]]:
-    """The members that entered (group, seq), and the entries of those still stuck in it."""
+    """The members that entered (group, seq), and the entries of those still stuck in it.
+
+    `seen=False`: the culprits' data is older than what every member did since (behind a floor),
+    so no snapshot of theirs shows them not entering it."""
     entered = sorted(r for r, v in last.items() if v >= seq)
     stuck: dict[int, Entry] = {}
     for r in entered:
@@ -1071,7 +1288,7 @@ def _stuck_at(
         # past it (async ops) are the exception. "Never entered" needs a culprit snapshot taken after
         # the collective began (or its final one); an older one only says it is not known to have
         # entered, so then only a rank that failed in it (exited with an error there) is stuck.
-        fresh = all(_newer_than(by_rank[c], e.time_created_ns) for c in culprits if c in by_rank)
+        fresh = seen and all(_newer_than(by_rank[c], e.time_created_ns) for c in culprits if c in by_rank)
         if not e.finished or (culprits and last[r] == seq and (fresh or _failed_in(by_rank[r], e))):
             stuck[r] = e
     return entered, stuck
@@ -1079,6 +1296,8 @@ def _stuck_at(
 
 def _newer_than(s: RankSummary, t_ns: int) -> bool:
     """Whether the rank's data shows its state after `t_ns` (its final state always does)."""
+    if s.snapshot_time_from_file:
+        return s.kind == "final"
     return s.kind == "final" or s.snapshot_time_ns is None or s.snapshot_time_ns >= t_ns
 
 
@@ -1091,6 +1310,8 @@ def _silent(s: RankSummary, now_ns: int, opts: Options) -> bool:
     """Whether the rank has sent nothing for as long as makes a rank lost (or has exited)."""
     if s.kind == "final" or s.snapshot_time_ns is None:
         return True
+    if s.snapshot_time_from_file:
+        return False  # a file time says when the file was copied, not when the rank last spoke
     threshold = opts.lost_after_intervals * s.interval_s if s.interval_s else opts.lost_after_s
     return (now_ns - s.snapshot_time_ns) / NS > threshold
 

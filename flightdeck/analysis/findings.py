@@ -166,6 +166,9 @@ class Report:
     job: str | None = None
     #: The moment the diagnosis was made for (epoch seconds).
     now_s: float = 0.0
+    #: Where `now_s` came from: "snapshot" (snapshot times), "given" (the caller's, `--now`) or
+    #: "file" (file times only: elapsed times are then unknown, `elapsed_s` null).
+    clock: str = "snapshot"
     #: Arrival skew (last minus first enqueue, seconds) of the compared collectives, per group.
     arrival_skew_s: dict[str, list[float]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
@@ -187,6 +190,7 @@ class Report:
             "healthy": self.healthy,
             "job": self.job,
             "now_s": round(self.now_s, 3),
+            "clock": {"source": self.clock, "elapsed_known": self.clock != "file"},
             "ranks": {
                 "expected": self.expected_ranks,
                 "with_dump": self.with_dump,

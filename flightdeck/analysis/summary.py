@@ -142,6 +142,8 @@ class RankSummary:
     backend: str | None = None
     version: str = ""
     snapshot_time_ns: int | None = None
+    #: Whether `snapshot_time_ns` is only a file's mtime (see `RankDump`).
+    snapshot_time_from_file: bool = False
     kind: str = "dump"
     interval_s: float | None = None
     exception: str | None = None
@@ -190,6 +192,7 @@ def summarize(dump: RankDump) -> RankSummary:
         backend=dump.backend,
         version=dump.version,
         snapshot_time_ns=dump.snapshot_time_ns,
+        snapshot_time_from_file=dump.snapshot_time_from_file,
         kind=dump.kind,
         interval_s=dump.interval_s,
         exception=dump.exception,
@@ -381,6 +384,7 @@ def summary_to_dict(s: RankSummary) -> dict[str, Any]:
         "backend": s.backend,
         "version": s.version,
         "snapshot_time_ns": s.snapshot_time_ns,
+        "snapshot_time_from_file": s.snapshot_time_from_file,
         "kind": s.kind,
         "interval_s": s.interval_s,
         "exception": s.exception,
@@ -455,6 +459,7 @@ def summary_from_dict(d: dict[str, Any]) -> RankSummary:
         backend=d.get("backend"),
         version=str(d.get("version") or ""),
         snapshot_time_ns=d.get("snapshot_time_ns"),
+        snapshot_time_from_file=bool(d.get("snapshot_time_from_file")),
         kind=str(d.get("kind") or "dump"),
         interval_s=d.get("interval_s"),
         exception=d.get("exception"),

@@ -48,12 +48,17 @@ def run_job(
 
     Each rank also writes PyTorch's own JSON dump on its way out to `spool_dir/<scenario>.json/`.
     A scenario's own `pg_timeout_s` / `deadline_s` replace the defaults (big jobs on small machines).
+    A scenario with raw dumps (`dump_mode` "exit" / "timed") runs without the agent; its ranks write
+    PyTorch's own dumps into `spool_dir/<scenario>/raw/`, which is then the result's `spool`.
     """
     if scenario.pg_timeout_s is not None:
         pg_timeout_s = scenario.pg_timeout_s
     if scenario.deadline_s is not None:
         deadline_s = max(deadline_s, scenario.deadline_s)
     port = free_port()
+    raw = scenario.dump_mode != "agent"
+    if raw:
+        agent = "none"
     base_env = {
         k: v for k, v in os.environ.items() if not k.startswith(("FLIGHTDECK_", "TORCHELASTIC_", "SLURM_"))
     }
@@ -69,6 +74,9 @@ def run_job(
         OMP_NUM_THREADS="1",
         FDTEST_JSON_DIR=str(spool_dir / f"{scenario.name}.json"),
     )
+    raw_dir = spool_dir / scenario.name / "raw"
+    if raw:
+        base_env["FDTEST_RAW_DIR"] = str(raw_dir)
     base_env.update(extra_env or {})
     worker = [
         "-m",
@@ -83,6 +91,7 @@ def run_job(
         str(compute_s),
         "--agent",
         agent,
+        *(["--pair-timeout-s", str(scenario.pair_timeout_s)] if scenario.pair_timeout_s else []),
     ]
     cmd = [sys.executable, *(["-m", "flightdeck.agent"] if agent == "launcher" else []), *worker]
     procs: dict[int, subprocess.Popen[bytes]] = {}
@@ -106,7 +115,8 @@ def run_job(
         for rank, log in logs.items():
             log.seek(0)
             stderr[rank] = log.read().decode(errors="replace")
-        return JobResult(codes, stderr, time.monotonic() - start, spool_dir / scenario.name / "0")
+        spool = raw_dir if raw else spool_dir / scenario.name / "0"
+        return JobResult(codes, stderr, time.monotonic() - start, spool)
     finally:
         for proc in procs.values():  # stragglers past the deadline: only the processes we started
             if proc.poll() is None:

@@ -34,7 +34,9 @@ OpKind = Literal[
 #: "world" is the default group; "pair" is the rank's own pair group (ranks {0,1} or {2,3});
 #: "tp", "pp", "dp" are the rank's groups of a scenario's `layout` (tensor, pipeline, data parallel).
 GroupRef = Literal["world", "pair", "tp", "pp", "dp"]
-FaultAction = Literal["skip", "op", "numel", "dtype", "sigkill", "skip_send", "wrong_peer", "short_send"]
+FaultAction = Literal[
+    "skip", "op", "numel", "dtype", "sigkill", "skip_send", "wrong_peer", "short_send", "late", "kill_inside"
+]
 
 #: Ops that write no flight-recorder entry on gloo.
 P2P_KINDS = frozenset({"p2p_ring", "p2p_chain"})
@@ -45,6 +47,11 @@ RECORDED_AS: dict[str, str] = {
     "coalesced_all_gather": "all_gather",
     "all_reduce_coalesced": "all_reduce",
 }
+#: How the ranks' dumps are taken: by the Flightdeck agent (snapshots with sidecars), or raw by
+#: PyTorch's own dump call and nothing else, as a user without Flightdeck would bring them: "exit"
+#: right after the last collective returns, "timed" by a thread of each rank at its own moment,
+#: "periodic" by a thread every half second and once more when the rank leaves (or fails).
+DumpMode = Literal["agent", "exit", "timed", "periodic"]
 
 #: Subgroups created by `new_group` when a scenario asks for pairs, in creation order. Group names
 #: are handed out in creation order from "1" (the default group is "0") on every rank.
@@ -59,6 +66,7 @@ _FAULT_KIND: dict[FaultAction, str] = {
     "skip_send": "hang",
     "wrong_peer": "hang",
     "short_send": "size_mismatch",
+    "kill_inside": "rank_lost",
 }
 
 
@@ -82,12 +90,16 @@ class Fault:
     skip_send (p2p op): posts its receive but not its send, and goes on to the next collective;
     wrong_peer (p2p op): sends to the member after the intended one (the others do not expect it);
     short_send (all_to_all): sends `value` fewer elements to the next member than that member expects.
+    late: sleeps `value` seconds, then calls it (not a fault by itself: a slow rank);
+    kill_inside: calls it and is SIGKILLed `value` seconds later, while still inside it when its
+    peers are not there yet (a thread of its own sends the signal, as a launcher or the OOM killer
+    would from outside).
     """
 
     at: int
     rank: int
     action: FaultAction
-    value: str | int | None = None
+    value: str | float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +124,14 @@ class Scenario:
     #: Seconds a rank waits after its last op before it leaves (lets gloo's async completion flags
     #: settle, so that a healthy job's last collective reads finished everywhere).
     settle_s: float = 0.0
+    dump_mode: DumpMode = "agent"
+    #: "timed" dumps: rank -> seconds after its program started at which it dumps.
+    dump_at_s: dict[int, float] = field(default_factory=dict)
+    #: rank -> extra seconds of compute before every fourth op, a different op per rank (uneven
+    #: work that leaves no rank late to most collectives).
+    extra_compute_s: dict[int, float] = field(default_factory=dict)
+    #: Timeout of the pair groups (the default group's, `pg_timeout_s`, when None).
+    pair_timeout_s: float | None = None
 
     def group_name(self, ref: GroupRef, rank: int) -> str:
         """The `process_group[0]` name `ref` has on `rank`."""
@@ -141,8 +161,9 @@ class Scenario:
         """The verdict implied by the definition (see scenario.json's `expected`)."""
         if self.faults and self.faults[0].action in ("skip_send", "wrong_peer"):
             return self._expected_p2p(self.faults[0])
-        if self.faults:
-            fault = self.faults[0]
+        faults = [f for f in self.faults if f.action in _FAULT_KIND]
+        if faults:
+            fault = faults[0]
             op = self.ops[fault.at]
             group = self.group_name(op.group, fault.rank)
             # collective_seq_id counts this group's collectives from 1; every op here records
@@ -152,10 +173,15 @@ class Scenario:
                 for o in self.ops[: fault.at + 1]
                 if o.kind not in P2P_KINDS and self.group_name(o.group, fault.rank) == group
             )
+            kind = _FAULT_KIND[fault.action]
+            if fault.action == "kill_inside" and self.dump_mode != "agent":
+                # Raw dumps hold no liveness: they show the killed rank as the member that was in
+                # the collective long before its late peer came, which then still did not finish.
+                kind = "hang"
             return {
                 "healthy": False,
-                "kind": _FAULT_KIND[fault.action],
-                "culprit_ranks": sorted({f.rank for f in self.faults}),
+                "kind": kind,
+                "culprit_ranks": sorted({f.rank for f in faults}),
                 "process_group": group,
                 "collective_seq_id": seq,
                 "op": RECORDED_AS.get(op.kind, op.kind),
@@ -221,6 +247,7 @@ class Scenario:
             "description": self.description,
             "world_size": self.world_size,
             "fr_buffer_size": self.fr_buffer_size,
+            "dump_mode": self.dump_mode,
             "expected": self.expected(),
         }
 
@@ -251,6 +278,7 @@ _P8 = training_program(8)
 _P10 = training_program(10)
 _P30 = training_program(30)
 _PAIRS = training_program(7, pairs=True)
+_P40_PAIRS = training_program(40, pairs=True)
 
 _ALL: tuple[Scenario, ...] = (
     Scenario("healthy_2", "2 ranks, healthy training loop", 2, _P8),
@@ -329,6 +357,72 @@ _ALL: tuple[Scenario, ...] = (
         4,
         _P8,
         straggler_delay_s={3: 0.04},
+    ),
+    # Issue 26: dumps as users bring them (raw PyTorch dumps, no sidecars) and kills inside a subgroup.
+    Scenario(
+        "healthy_exit_raw",
+        "healthy, pairs, uneven work; each rank dumps with PyTorch's own call right after the last "
+        "barrier returns (raw pickle and JSON, no agent): gloo sets completion flags asynchronously, "
+        "so the barrier may be finished on some ranks and pending on others",
+        4,
+        _PAIRS,
+        pairs=True,
+        dump_mode="exit",
+        extra_compute_s={0: 0.02, 1: 0.04, 2: 0.06, 3: 0.03},
+    ),
+    Scenario(
+        "healthy_midtrain_raw",
+        "healthy, pairs, uneven work, TORCH_FR_BUFFER_SIZE=16 (ring wrapped); each rank dumps raw "
+        "from a thread at its own moment, 0.3 s apart (0.9 s first to last), mid-training",
+        4,
+        _P40_PAIRS,
+        fr_buffer_size=16,
+        pairs=True,
+        dump_mode="timed",
+        dump_at_s={0: 3.1, 1: 2.5, 2: 3.4, 3: 2.8},
+        extra_compute_s={0: 0.02, 1: 0.04, 2: 0.06, 3: 0.03},
+    ),
+    Scenario(
+        "kill_in_subgroup",
+        "pairs; rank 2 is 3 s late to a pair23 all_reduce; rank 3 enters it and is SIGKILLed 1 s later "
+        "while waiting inside it; its peers fail only after that",
+        4,
+        _PAIRS,
+        (
+            Fault(nth(_PAIRS, "all_reduce", 4, "pair"), 3, "kill_inside", 1.0),
+            Fault(nth(_PAIRS, "all_reduce", 4, "pair"), 2, "late", 3.0),
+        ),
+        pairs=True,
+    ),
+    Scenario(
+        "kill_in_subgroup_after_peers_failed",
+        "pairs, default-group timeout 2 s, pair timeout 12 s; rank 2 is 6 s late to a pair23 "
+        "all_reduce; ranks 0 and 1 time out in the next default-group collective and exit first; "
+        "then rank 3, waiting inside the pair23 all_reduce, is SIGKILLed (4 s in)",
+        4,
+        _PAIRS,
+        (
+            Fault(nth(_PAIRS, "all_reduce", 4, "pair"), 3, "kill_inside", 4.0),
+            Fault(nth(_PAIRS, "all_reduce", 4, "pair"), 2, "late", 6.0),
+        ),
+        pairs=True,
+        pg_timeout_s=2.0,
+        pair_timeout_s=12.0,
+    ),
+    Scenario(
+        "kill_in_subgroup_raw",
+        "as kill_in_subgroup, with raw PyTorch dumps only (no agent): each rank dumps every 0.5 s "
+        "and when it leaves or fails; group timeouts 15 s; rank 2 is 9 s late, rank 3 is SIGKILLed 6 s "
+        "into the wait (its last dump shows it inside), then its peers fail",
+        4,
+        _PAIRS,
+        (
+            Fault(nth(_PAIRS, "all_reduce", 4, "pair"), 3, "kill_inside", 6.0),
+            Fault(nth(_PAIRS, "all_reduce", 4, "pair"), 2, "late", 9.0),
+        ),
+        pairs=True,
+        dump_mode="periodic",
+        pg_timeout_s=15.0,
     ),
 )
 

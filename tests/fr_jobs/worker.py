@@ -12,8 +12,11 @@ import argparse
 import os
 import signal
 import sys
+import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -36,15 +39,20 @@ class Job:
         self.pairs: dict[str, Any] = {}
         #: The scenario layout's groups this rank is in, by desc prefix ("tp", "pp", "dp").
         self.layout: dict[str, Any] = {}
+        #: Called once after the program's first op (raw periodic dumps start there).
+        self.after_first_op: Callable[[], None] | None = None
 
     # -- the "model" --
 
-    def forward_backward(self) -> None:
+    def forward_backward(self, index: int) -> None:
         """A little real compute, then a pause standing in for the rest of the step."""
         x = torch.randn(16, 32)
         for _ in range(4):
             x = torch.tanh(x @ self.weights)
-        time.sleep(self.compute_s)
+        # Uneven work: a rank's extra compute comes at every fourth op, a different one per rank
+        # (like batches of uneven length), so no rank is late to most collectives.
+        extra = self.scenario.extra_compute_s.get(self.rank, 0.0) if (index + self.rank) % 4 == 0 else 0.0
+        time.sleep(self.compute_s + extra)
 
     def group(self, op: Op) -> Any:
         """The process group an op runs in on this rank (None: the default group)."""
@@ -61,7 +69,7 @@ class Job:
 
     def train_step(self, index: int, op: Op, fault: Fault | None = None) -> None:
         """One program op: compute, then the collective through a realistic call chain."""
-        self.forward_backward()
+        self.forward_backward(index)
         delay = self.scenario.straggler_delay_s.get(self.rank)
         if delay:
             time.sleep(delay)  # the straggler is late to every collective
@@ -172,6 +180,8 @@ class Job:
                 self.train_step(index, op)
             elif self.commit(index, op, fault):
                 return False
+            if index == 0 and self.after_first_op is not None:
+                self.after_first_op()
         return True
 
     def commit(self, index: int, op: Op, fault: Fault) -> bool:
@@ -184,6 +194,14 @@ class Job:
             return True
         if fault.action == "sigkill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if fault.action == "late":
+            time.sleep(float(fault.value or 0))
+        elif fault.action == "kill_inside":
+            # The main thread is about to block inside the collective; this one ends the process
+            # from there, as a launcher tearing the job down or the OOM killer would.
+            killer = threading.Timer(float(fault.value or 0), os.kill, (os.getpid(), signal.SIGKILL))
+            killer.daemon = True
+            killer.start()
         if fault.action == "op":
             op = Op(str(fault.value), op.group, op.numel, op.dtype)  # type: ignore[arg-type]
         elif fault.action == "numel":
@@ -199,6 +217,38 @@ def reduce_bucket(bucket: torch.Tensor, group: Any) -> None:
     dist.all_reduce(bucket, group=group)
 
 
+_DUMP_LOCK = threading.Lock()
+
+
+def write_raw_dump(rank: int) -> None:
+    """Dump the flight recorder the way a user without Flightdeck would: PyTorch's own dump calls,
+    pickle and JSON, into `$FDTEST_RAW_DIR/{pickle,json}/` under PyTorch's default file name."""
+    import torch._C._distributed_c10d as c10d
+
+    root = Path(os.environ["FDTEST_RAW_DIR"])
+    # Private functions without type stubs (as the agent reaches them, by name).
+    pickled: bytes = c10d._dump_fr_trace(True, True, False)  # type: ignore[attr-defined]
+    as_json: bytes = c10d._dump_fr_trace_json(True, False)  # type: ignore[attr-defined]
+    blobs = (
+        ("pickle", f"comm_lib_trace_rank_{rank}", pickled),
+        ("json", f"comm_lib_trace_rank_{rank}.json", as_json),
+    )
+    with _DUMP_LOCK:  # the periodic thread and the exit path write the same files
+        for sub, name, data in blobs:
+            (root / sub).mkdir(parents=True, exist_ok=True)
+            tmp = root / sub / f".{name}.tmp"
+            tmp.write_bytes(data)
+            tmp.rename(root / sub / name)
+    print(f"rank {rank}: raw dump written", file=sys.stderr, flush=True)
+
+
+def _dump_every(rank: int, interval_s: float) -> None:
+    """Dump every `interval_s` (overwriting), as a user's periodic dump thread would."""
+    while True:
+        time.sleep(interval_s)
+        write_raw_dump(rank)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Join the job (env://), create the scenario's groups, run its program."""
     parser = argparse.ArgumentParser(description=__doc__)
@@ -206,9 +256,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compute-s", type=float, default=0.01)
     parser.add_argument("--leave-s", type=float, default=10.0)
     parser.add_argument("--pg-timeout-s", type=float, default=6.0)
+    parser.add_argument("--pair-timeout-s", type=float, default=None)
     parser.add_argument("--agent", choices=["launcher", "inject-failing", "none"], default="launcher")
     args = parser.parse_args(argv)
     scenario = get(args.scenario)
+    if scenario.dump_mode == "exit":
+        # One CPU per rank (as ranks pinned to cores run): gloo's worker thread and the main
+        # thread then share it, and the main thread, woken when the last barrier completes, is
+        # often scheduled before the worker thread marks the barrier retired: the dump at exit
+        # then shows the race that gloo's asynchronous completion flag allows.
+        cpus = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cpus[int(os.environ.get("RANK", "0")) % len(cpus)]})
     torch.set_num_threads(1)
     timeout = timedelta(seconds=args.pg_timeout_s)
     dist.init_process_group("gloo", timeout=timeout)
@@ -225,23 +283,47 @@ def main(argv: list[str] | None = None) -> int:
     if scenario.pairs:
         # Every rank creates every group, in the same order (new_group's contract); new_group does
         # not inherit the init_process_group timeout, so pass it.
+        pair_timeout = timedelta(seconds=args.pair_timeout_s) if args.pair_timeout_s else timeout
         for desc, members in PAIRS:
-            job.pairs[desc] = dist.new_group(list(members), timeout=timeout, group_desc=desc)
+            job.pairs[desc] = dist.new_group(list(members), timeout=pair_timeout, group_desc=desc)
     for desc, members in scenario.layout:
         made = dist.new_group(list(members), timeout=timeout, group_desc=desc)
         if rank in members:
             job.layout[desc[:2]] = made
     json_dir = os.environ.get("FDTEST_JSON_DIR")
+    if scenario.dump_mode == "timed":
+        at = scenario.dump_at_s[rank]
+        dumper = threading.Timer(at, write_raw_dump, (rank,))
+        dumper.daemon = True
+        dumper.start()
+    elif scenario.dump_mode == "periodic":
+        # The first dump with stacks symbolizes them (seconds, more on a loaded machine): taken
+        # after the first op, before the periodic thread starts, so that its dumps keep up.
+        def start_dumping() -> None:
+            write_raw_dump(rank)
+            threading.Thread(target=_dump_every, args=(rank, 0.5), daemon=True).start()
+
+        job.after_first_op = start_dumping
     try:
         finished = job.run()
         time.sleep(scenario.settle_s)
+    except Exception:
+        if scenario.dump_mode == "periodic":
+            write_raw_dump(rank)  # what a user's exception handler would keep
+        raise
     finally:
-        if json_dir:
+        if json_dir and scenario.dump_mode == "agent":
             # PyTorch's JSON dump of the same ring, at the moment the agent takes its final snapshot.
             data = getattr(torch._C._distributed_c10d, "_dump_fr_trace_json")(True, False)  # noqa: B009 (not in the stubs)
             os.makedirs(json_dir, exist_ok=True)
             with open(os.path.join(json_dir, f"r{rank}.json"), "wb") as f:
                 f.write(data)
+    if scenario.dump_mode == "periodic":
+        write_raw_dump(rank)
+    if scenario.dump_mode == "exit" and finished:
+        write_raw_dump(rank)  # at once: the last collective has just returned
+    if scenario.dump_mode == "timed":
+        dumper.join()
     if args.agent == "inject-failing":
         print(f"rank {rank}: agent snapshots written: {agent.snapshots_written}", file=sys.stderr, flush=True)
     if finished:
