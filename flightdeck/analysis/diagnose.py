@@ -115,9 +115,9 @@ def diagnose(
         if f is None:
             f = all_to_all_balance(g.name, g.desc, g.members, by_rank)
         if f is not None:
-            f.elapsed_s = _pending_for(g, f.collective_seq_id, by_rank, now_ns) if ev.elapsed_known else None
+            f.elapsed_s = _pending_for(g, f.collective_seq_id, by_rank, now_ns)
             findings.append(f)
-        findings.extend(_p2p(g, by_rank, now_ns, opts))
+        findings.extend(_p2p(g, by_rank, now_ns, opts, ev.elapsed_known))
     findings.extend(_per_host(_lost(by_rank, now_ns, opts), by_rank))
     for g in groups:
         f = _hang(g, by_rank, without, missing, now_ns, opts, ev)
@@ -135,6 +135,12 @@ def diagnose(
             # A straggler is worth a finding on an otherwise healthy job; beside a fault it is noise.
             findings.extend(slow)
     _order(findings, roots)
+    if not ev.elapsed_known:
+        # Under file times only, elapsed times were measured to the newest moment the dumps
+        # recorded: a lower bound that orders the findings (the older wait is the root cause),
+        # never reported as how long anything waited.
+        for f in findings:
+            f.elapsed_s = None
     report.findings = findings
     if not report.findings and _nothing_compared(by_rank):
         report.findings.append(
@@ -489,7 +495,9 @@ def _describe(sig: Signature) -> str:
 # --- point-to-point ------------------------------------------------------------------------------
 
 
-def _p2p(g: _Group, by_rank: dict[int, RankSummary], now_ns: int, opts: Options) -> list[Finding]:
+def _p2p(
+    g: _Group, by_rank: dict[int, RankSummary], now_ns: int, opts: Options, elapsed_known: bool = True
+) -> list[Finding]:
     """Point-to-point faults from the send/recv entries NCCL records (gloo records none).
 
     Between two ranks NCCL delivers in order, so the k-th send src->dst pairs with the k-th recv
@@ -500,6 +508,9 @@ def _p2p(g: _Group, by_rank: dict[int, RankSummary], now_ns: int, opts: Options)
     for a message from the same rank (a send src->X unpaired, a recv Y<-src unpaired), src sent to
     the wrong peer (or, mirrored, a receiver named the wrong source); otherwise the peer that
     never posted the matching op is the culprit.
+
+    Under file times only (`elapsed_known` False) an op counts as stuck by position instead: it is
+    the newest thing its rank recorded, and another member of the group recorded something later.
     """
     sends: dict[tuple[int, int], list[Entry]] = {}
     recvs: dict[tuple[int, int], list[Entry]] = {}
@@ -537,7 +548,13 @@ def _p2p(g: _Group, by_rank: dict[int, RankSummary], now_ns: int, opts: Options)
                 continue
             lone = se or re_
             assert lone is not None
-            if not lone.finished and (now_ns - lone.time_created_ns) / NS >= opts.stall_after_s:
+            owner = src if se is not None else dst
+            stuck = (
+                (now_ns - lone.time_created_ns) / NS >= opts.stall_after_s
+                if elapsed_known
+                else _stuck_by_position(lone, owner, g, by_rank)
+            )
+            if not lone.finished and stuck:
                 (lone_sends if se is not None else lone_recvs)[pair] = (lone, k)
             break
     # Wrong peer: src's unpaired send is the first transfer ever seen between src and X, while Y,
@@ -554,7 +571,11 @@ def _p2p(g: _Group, by_rank: dict[int, RankSummary], now_ns: int, opts: Options)
             continue
         y, (re_, k) = other
         blamed.update({(src, x), (src, y)})
-        out.append(_wrong_peer(g, src, se, re_, k, by_rank, now_ns, sender=True, named=x, expected_by=y))
+        out.append(
+            _wrong_peer(
+                g, src, se, re_, k, by_rank, now_ns, elapsed_known, sender=True, named=x, expected_by=y
+            )
+        )
     for (x, dst), (re_, k_r) in sorted(lone_recvs.items()):
         if (x, dst) in blamed or k_r > 0:
             continue
@@ -566,7 +587,11 @@ def _p2p(g: _Group, by_rank: dict[int, RankSummary], now_ns: int, opts: Options)
             continue
         y, (se, k) = other
         blamed.update({(x, dst), (y, dst)})
-        out.append(_wrong_peer(g, dst, re_, se, k, by_rank, now_ns, sender=False, named=x, expected_by=y))
+        out.append(
+            _wrong_peer(
+                g, dst, re_, se, k, by_rank, now_ns, elapsed_known, sender=False, named=x, expected_by=y
+            )
+        )
     lone_ops = [(pair, v, True) for pair, v in lone_sends.items()] + [
         (pair, v, False) for pair, v in lone_recvs.items()
     ]
@@ -581,7 +606,8 @@ def _p2p(g: _Group, by_rank: dict[int, RankSummary], now_ns: int, opts: Options)
             Finding(
                 kind="hang",
                 detail=(
-                    f"Point-to-point hang in {_group_label(g)}: rank {waiting} has waited {elapsed:.1f} s "
+                    f"Point-to-point hang in {_group_label(g)}: rank {waiting} has waited "
+                    f"{_waited(elapsed, elapsed_known)} "
                     f"in {lone.op} #{k + 1} with rank {missing} (p2p_seq_id {lone.p2p_seq_id}), which never "
                     f"posted the matching {verb} rank {waiting}."
                 ),
@@ -658,6 +684,32 @@ def _p2p_view(e: Entry, *, recv: bool) -> dict[str, object]:
     return {"op": e.op, "sizes": [list(x) for x in sizes], "dtypes": list(dtypes), "p2p_seq_id": e.p2p_seq_id}
 
 
+def _waited(elapsed: float, known: bool) -> str:
+    """How long an op has waited, in words (unknown under file times only)."""
+    return f"{elapsed:.1f} s" if known else "an unknown time (only file times date the dumps)"
+
+
+def _stuck_by_position(op: Entry, owner: int, g: _Group, by_rank: dict[int, RankSummary]) -> bool:
+    """Whether `op` is stuck as the dumps alone show it: its rank recorded nothing after it, while
+    another member of the group went on: it reached a later collective of the group, or recorded
+    something later."""
+    s = by_rank.get(owner)
+    if s is None or evidence.went_on_after(s, op):
+        return False
+    mine = s.tracks.get(g.name)
+    my_last = mine.last_seq if mine is not None and mine.seqs else 0
+    for r in _present(g.members, by_rank):
+        o = by_rank.get(r)
+        if r == owner or o is None:
+            continue
+        theirs = o.tracks.get(g.name)
+        if theirs is not None and theirs.seqs and theirs.last_seq > my_last:
+            return True
+        if evidence.recorded_ns(o) > op.time_created_ns:
+            return True
+    return False
+
+
 def _wrong_peer(
     g: _Group,
     culprit: int,
@@ -666,6 +718,7 @@ def _wrong_peer(
     k: int,
     by_rank: dict[int, RankSummary],
     now_ns: int,
+    elapsed_known: bool,
     *,
     sender: bool,
     named: int,
@@ -678,14 +731,15 @@ def _wrong_peer(
         detail = (
             f"Point-to-point mismatch in {_group_label(g)}: rank {culprit} sent to rank {named} (p2p_seq_id "
             f"{mine.p2p_seq_id}), which posted no recv from it, while rank {expected_by} waits in recv #{k + 1} "
-            f"from rank {culprit}: rank {culprit} sent to the wrong peer. Both have waited {elapsed:.1f} s."
+            f"from rank {culprit}: rank {culprit} sent to the wrong peer. Both have waited "
+            f"{_waited(elapsed, elapsed_known)}."
         )
     else:
         detail = (
             f"Point-to-point mismatch in {_group_label(g)}: rank {culprit} waits to receive from rank {named} "
             f"(p2p_seq_id {mine.p2p_seq_id}), which sent it nothing, while rank {expected_by} waits in send "
             f"#{k + 1} to rank {culprit}: rank {culprit} receives from the wrong peer. Both have waited "
-            f"{elapsed:.1f} s."
+            f"{_waited(elapsed, elapsed_known)}."
         )
     return Finding(
         kind="p2p_mismatch",
@@ -1070,7 +1124,7 @@ def _hang(
         op=first.op,
         culprit_ranks=culprits,
         waiting_ranks=waiting,
-        elapsed_s=elapsed if ev.elapsed_known else None,
+        elapsed_s=elapsed,  # reported only when known: see `diagnose`
         culprits=_refs(culprits, by_rank),
         expected={
             "op": first.op,

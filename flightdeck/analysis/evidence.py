@@ -66,7 +66,8 @@ def went_on_after(s: RankSummary, e: Entry) -> bool:
     return newest_record(s) > e.record_id
 
 
-def _recorded_ns(s: RankSummary) -> int:
+def recorded_ns(s: RankSummary) -> int:
+    """The newest time the rank's own entries record (created, started or completed)."""
     newest = 0
     for t in s.tracks.values():
         if t.created_ns:
@@ -153,7 +154,7 @@ def gather(
                     early.add(r)
             elif not s.wrapped and best:
                 early.add(r)  # holds none of the group's collectives, though all members entered some
-    recorded = max((_recorded_ns(s) for s in by_rank.values()), default=0)
+    recorded = max((recorded_ns(s) for s in by_rank.values()), default=0)
     judged = (recorded or now_ns) if source == "file" else now_ns
     positions_only = infer_clock(by_rank.values()) == "file"
     return Evidence(source, judged, floors, frozenset(early), positions_only, recorded)
