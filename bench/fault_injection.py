@@ -95,6 +95,18 @@ def await_page(ops: OpsStack, run: FaultRun, timeout_s: float) -> Delivery:
     return ops.webhook.wait_for(match, timeout_s)
 
 
+def culprit_line(finding: dict[str, Any]) -> str | None:
+    """The culprit's innermost user frame (`file:line in name`), else its innermost frame, or None."""
+    from flightdeck.analysis.frames import innermost_user_frame
+    from flightdeck.records import Frame
+
+    frames = [
+        Frame(str(f["name"]), str(f["filename"]), int(f["line"])) for f in finding.get("culprit_frames") or []
+    ]
+    f = innermost_user_frame(frames) or (frames[0] if frames else None)
+    return None if f is None else f"{Path(f.filename).name}:{f.line} in {f.name}"
+
+
 def run_fault(cluster: NetnsCluster, ops: OpsStack, fault: str) -> dict[str, Any]:
     """One true fault on a fresh job: finding, first culprit finding, page (seconds from the fault)."""
     run = inject_fault(cluster, fault, f"bench-{fault}-{uuid.uuid4().hex[:6]}")
@@ -113,6 +125,7 @@ def run_fault(cluster: NetnsCluster, ops: OpsStack, fault: str) -> dict[str, Any
         "kind": run.finding["kind"],
         "culprits": run.finding["culprit_ranks"],
         "frames": bool(run.finding.get("culprit_frames")),
+        "line": culprit_line(run.finding),
     }
 
 
