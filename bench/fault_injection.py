@@ -4,8 +4,8 @@
 
 Builds the cluster of tests/netns_cluster.py (two namespace hosts, two ranks of one 4-rank gloo job
 each, a collector per host, the server on the bridge) with `shipped_defaults`: no threshold or
-interval is set anywhere, so the server (stall_after 5 s), the collectors (push every 2 s) and the
-agents (snapshot every 2 s) run with their defaults. Prometheus and Alertmanager run the shipped
+interval is set anywhere, so the server (stall_after 5 s), the collectors (push every 1 s) and the
+agents (snapshot every 1 s) run with their defaults. Prometheus and Alertmanager run the shipped
 configuration (tests/ops_stack.py `render_shipped`: dashboards/prometheus, dashboards/alerts,
 dashboards/alertmanager with only the addresses made local). For each fault and repetition it
 starts a fresh job, commits the fault on rank 3 (host 1) and measures, from the injection:
@@ -148,12 +148,17 @@ def run_busy(cluster: NetnsCluster, ops: OpsStack, busy_s: float) -> dict[str, A
     for row in rows:
         t = float(row["opened_at_s"]) - (run.injected_at + offset)
         kinds[row["finding"]["kind"]] = min(t, kinds.get(row["finding"]["kind"], t))
+    slow = [row["finding"] for row in rows if row["finding"]["kind"] == "slow_rank"]
     return {
         "busy": done,
         "pages": len(pages(ops.webhook.deliveries, job.spec.job)),
         "hangs": sum(1 for row in rows if row["finding"]["kind"] == "hang"),
-        "slow": sum(1 for row in rows if row["finding"]["kind"] == "slow_rank"),
+        "lost": sum(1 for row in rows if row["finding"]["kind"] == "rank_lost"),
+        "slow": len(slow),
         "kinds": kinds,
+        "slow_culprits": slow[0]["culprit_ranks"] if slow else None,
+        "slow_line": culprit_line(slow[0]) if slow else None,
+        "slow_detail": slow[0]["detail"] if slow else None,
     }
 
 
