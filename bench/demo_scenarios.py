@@ -3,7 +3,7 @@
     python -m bench.demo_scenarios [--repeat 3] [--scenario stall crash mismatch partition busy]
 
 Each run is a fresh demo with its defaults (own server on SQLite with stall_after 5 s, one collector
-per "host" pushing every 2 s, a 4-rank gloo job with the agent snapshotting every 2 s). One real
+per "host" pushing every 1 s, a 4-rank gloo job with the agent snapshotting every 1 s). One real
 Prometheus + Alertmanager with the shipped configuration (tests/ops_stack.py `render_shipped`)
 scrapes the demo's server throughout. Per run: fault -> finding in the API (the demo's own figure)
 and fault -> page (the fault's firing alert at the paging receiver, /flightdeck/critical). `busy`
@@ -115,7 +115,13 @@ def run_once(ops: OpsStack, scenario: str, port: int, busy_s: float) -> dict[str
             hangs = int(demo.find(_HANGS, busy_s + 300)[1])
             time.sleep(BUSY_SETTLE_S)
             kinds = [(m[1], float(m[2])) for line in demo.lines if (m := _BUSY_KIND.match(line))]
-            return {"pages": len(pages(ops.webhook.deliveries, job)), "hangs": hangs, "kinds": kinds}
+            slow = [line.strip() for line in demo.lines if line.startswith("  slow_rank after")]
+            return {
+                "pages": len(pages(ops.webhook.deliveries, job)),
+                "hangs": hangs,
+                "kinds": kinds,
+                "slow": slow[:1],
+            }
         m = demo.find(_FINDING, 300)
         name = ALERT[scenario]
 

@@ -4,8 +4,8 @@
 
 Builds the cluster of tests/netns_cluster.py (two namespace hosts, two ranks of one 4-rank gloo job
 each, a collector per host, the server on the bridge) with `shipped_defaults`: no threshold or
-interval is set anywhere, so the server (stall_after 5 s), the collectors (push every 2 s) and the
-agents (snapshot every 2 s) run with their defaults. Prometheus and Alertmanager run the shipped
+interval is set anywhere, so the server (stall_after 5 s), the collectors (push every 1 s) and the
+agents (snapshot every 1 s) run with their defaults. Prometheus and Alertmanager run the shipped
 configuration (tests/ops_stack.py `render_shipped`: dashboards/prometheus, dashboards/alerts,
 dashboards/alertmanager with only the addresses made local). For each fault and repetition it
 starts a fresh job, commits the fault on rank 3 (host 1) and measures, from the injection:
@@ -95,6 +95,18 @@ def await_page(ops: OpsStack, run: FaultRun, timeout_s: float) -> Delivery:
     return ops.webhook.wait_for(match, timeout_s)
 
 
+def culprit_line(finding: dict[str, Any]) -> str | None:
+    """The culprit's innermost user frame (`file:line in name`), else its innermost frame, or None."""
+    from flightdeck.analysis.frames import innermost_user_frame
+    from flightdeck.records import Frame
+
+    frames = [
+        Frame(str(f["name"]), str(f["filename"]), int(f["line"])) for f in finding.get("culprit_frames") or []
+    ]
+    f = innermost_user_frame(frames) or (frames[0] if frames else None)
+    return None if f is None else f"{Path(f.filename).name}:{f.line} in {f.name}"
+
+
 def run_fault(cluster: NetnsCluster, ops: OpsStack, fault: str) -> dict[str, Any]:
     """One true fault on a fresh job: finding, first culprit finding, page (seconds from the fault)."""
     run = inject_fault(cluster, fault, f"bench-{fault}-{uuid.uuid4().hex[:6]}")
@@ -113,6 +125,7 @@ def run_fault(cluster: NetnsCluster, ops: OpsStack, fault: str) -> dict[str, Any
         "kind": run.finding["kind"],
         "culprits": run.finding["culprit_ranks"],
         "frames": bool(run.finding.get("culprit_frames")),
+        "line": culprit_line(run.finding),
     }
 
 
@@ -135,12 +148,17 @@ def run_busy(cluster: NetnsCluster, ops: OpsStack, busy_s: float) -> dict[str, A
     for row in rows:
         t = float(row["opened_at_s"]) - (run.injected_at + offset)
         kinds[row["finding"]["kind"]] = min(t, kinds.get(row["finding"]["kind"], t))
+    slow = [row["finding"] for row in rows if row["finding"]["kind"] == "slow_rank"]
     return {
         "busy": done,
         "pages": len(pages(ops.webhook.deliveries, job.spec.job)),
         "hangs": sum(1 for row in rows if row["finding"]["kind"] == "hang"),
-        "slow": sum(1 for row in rows if row["finding"]["kind"] == "slow_rank"),
+        "lost": sum(1 for row in rows if row["finding"]["kind"] == "rank_lost"),
+        "slow": len(slow),
         "kinds": kinds,
+        "slow_culprits": slow[0]["culprit_ranks"] if slow else None,
+        "slow_line": culprit_line(slow[0]) if slow else None,
+        "slow_detail": slow[0]["detail"] if slow else None,
     }
 
 

@@ -8,8 +8,9 @@
                      and its own `flightdeck collector`, pushing to the server over the bridge.
 
 `shipped_defaults=True` sets no threshold or interval anywhere: the server, the collectors and the
-agents run with their defaults (for the benchmarks); otherwise `stall_after_s` goes to the server and
-the agents, agents snapshot every 1 s and collectors push every 0.5 s (for the tests).
+agents run with their defaults (for the benchmarks); otherwise `stall_after_s` goes to the server
+(the agents have no threshold), agents snapshot every 1 s and collectors push every 0.5 s (for the
+tests).
 
 A partition is `ip link set fdv<i>x<pid> down` in the root namespace: the host keeps running but
 reaches neither the other hosts nor the server. Names carry the owning process id, so parallel
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from flightdeck.demo.ranks import JobSpec, free_port, start_rank, stop_all
+from flightdeck.demo.worker import busy_pg_timeout_s
 
 if TYPE_CHECKING:
     from tests.ops_stack import Delivery, WebhookReceiver
@@ -423,7 +425,7 @@ class NetnsCluster:
         extra_env: Mapping[str, str] | None = None,
     ) -> Job:
         """Start one gloo job over every host, `ranks_per_host` consecutive ranks on each (with
-        `shipped_defaults`, the agents' own interval and threshold)."""
+        `shipped_defaults`, the agents' own interval)."""
         world = ranks_per_host * len(self.hosts)
         spec = JobSpec(
             job=job,
@@ -433,7 +435,6 @@ class NetnsCluster:
             spool_dir=self.hosts[0].spool_dir,
             worker_args=tuple(worker_args),
             interval_s=None if self.shipped_defaults else interval_s,
-            stall_after_s=None if self.shipped_defaults else self.stall_after_s,
             extra_env={"GLOO_SOCKET_IFNAME": "eth0", **(extra_env or {})},
         )
         logs_dir = self.workdir / "jobs" / job
@@ -484,7 +485,9 @@ class NetnsCluster:
 #: The faults of the acceptance (issue #7), each committed by rank FAULT_RANK on host 1.
 FAULTS = ("partition", "stall", "crash", "mismatch")
 #: Not a fault: rank FAULT_RANK saves a checkpoint (computes and writes) for BUSY_S seconds while
-#: the others wait in a barrier, then the job goes on. Nothing should page.
+#: the others wait in a barrier, then the job goes on. Nothing should page. Its job's group timeout
+#: is `busy_pg_timeout_s` (600 s for 90 s or 3 minutes): the server's default slow ceiling is half
+#: the group's timeout, past which the busy rank would be reported hung (and gloo aborts at it).
 BUSY = "busy"
 BUSY_S = 90.0
 #: The rank that commits (or suffers) the fault: the second rank of host 1.
@@ -532,7 +535,8 @@ def inject_fault(
     """Start a job over the cluster and commit `fault` (or `busy`) on rank FAULT_RANK mid-run."""
     if fault not in (*FAULTS, BUSY):
         raise ValueError(f"fault must be one of {(*FAULTS, BUSY)}, got {fault!r}")
-    args = ["--steps", "5000", "--pg-timeout-s", "600"]
+    timeout = busy_pg_timeout_s(busy_s) if fault == BUSY else 600.0
+    args = ["--steps", "5000", "--pg-timeout-s", f"{timeout:g}"]
     if fault in ("crash", "mismatch", BUSY):
         args += ["--fault", fault, "--fault-rank", str(FAULT_RANK), "--fault-at-step", str(FAULT_STEP)]
     if fault == BUSY:

@@ -8,6 +8,7 @@ shared and slow. Thresholds are small (`stall_after` 3 s) to keep the file short
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -433,7 +434,6 @@ def test_gloo_job_to_collector_to_server(tmp_path: Path) -> None:
                 "5",
             ],
             interval_s=1.0,
-            stall_after_s=STALL_AFTER_S,
         )
         ranks = start_ranks(spec, range(4), {r: logs[r] for r in range(4)})
         procs.extend(ranks.values())
@@ -520,3 +520,24 @@ def test_demo_without_torch_says_what_to_install() -> None:
     res = subprocess.run([sys.executable, "-c", hide_torch], capture_output=True, text=True, timeout=60)
     assert res.returncode == 2
     assert "the demo runs a real gloo job: pip install torch" in res.stderr
+
+
+def test_demo_busy_job_group_timeout_outlasts_the_slow_ceiling() -> None:
+    """The busy scenario's group timeout keeps the server's default slow ceiling (half of it) past
+    the busy phase, so the busy rank stays slow_rank (no page) and gloo does not abort the barrier."""
+    from flightdeck.demo.cmd import _worker_args, configure
+    from flightdeck.demo.worker import build_parser, pg_timeout_s
+
+    for busy_s in (15.0, 90.0, 180.0, 400.0):
+        parser = argparse.ArgumentParser()
+        configure(parser)
+        demo = parser.parse_args(["--scenario", "busy", "--busy-s", str(busy_s)])
+        worker = build_parser().parse_args(_worker_args(demo))
+        assert pg_timeout_s(worker) / 2 >= 1.5 * busy_s, (busy_s, pg_timeout_s(worker))
+        # Run by hand without a timeout, or with one too short for the phase: raised.
+        for given in ([], ["--pg-timeout-s", "120"]):
+            alone = build_parser().parse_args(["--fault", "busy", "--busy-s", str(busy_s), *given])
+            assert pg_timeout_s(alone) / 2 >= 1.5 * busy_s
+    # Other faults keep the given or default timeout.
+    assert pg_timeout_s(build_parser().parse_args(["--fault", "stall"])) == 120.0
+    assert pg_timeout_s(build_parser().parse_args(["--fault", "busy", "--pg-timeout-s", "900"])) == 900.0

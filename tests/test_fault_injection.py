@@ -13,7 +13,7 @@ For each: the spool of every surviving rank holds its snapshots; the server's fi
 stranded host and rank(s), the blocked collective (group, seq, op) and the elapsed time; the alert
 reaches the webhook; the incident page shows the culprit; after a partition, the cut-off host's
 data reaches the server once the link is back. Times are printed (bench/fault_injection.py
-measures them); stall_after is 10 s for the agents and the server.
+measures them); stall_after is 10 s on the server (the agents have no threshold of their own).
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def _check_spools(run: FaultRun, survivors: list[int], kind: str) -> None:
             for r in survivors
         )
 
-    # Stall snapshots come stall_after (10 s) after a rank's last progress: at most a few seconds on.
+    # Stall snapshots come a fixed 2 s (the agent's STACKS_AFTER_S) after a rank's last progress.
     wait_for(written, 30, f"{kind} snapshots of ranks {survivors}", interval=0.2)
     # Each host's spool holds its own ranks only: every agent wrote where its collector reads.
     for r in survivors:

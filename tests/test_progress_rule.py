@@ -119,6 +119,20 @@ def test_a_culprit_without_progress_for_stall_after_is_a_hang_naming_its_line() 
     assert f.culprit_frames == QUEUE
 
 
+def test_a_culprit_whose_evidence_stopped_is_a_hang_naming_where_it_was_last_seen() -> None:
+    """SIGSTOP, SIGKILL or a cut link: its last sample is older than stall_after, so it says
+    nothing about now (the plain rule decides: a hang), but it is the only code line there is
+    (periodic snapshots carry no entry frames, and a stopped process writes no stall snapshot)."""
+    now = WAIT_START + 8 * S
+    (f,) = _findings(now, _busy(WAIT_START - S, frames=QUEUE))
+    assert f.kind == "hang" and f.culprit_ranks == [0]
+    assert f.culprit_frames == QUEUE
+    assert "Its main thread was last seen in next_batch (loader.py:42), 9.0 s ago" in f.detail, f.detail
+    # Without evidence at all (torch's own dumps): nothing is made up.
+    (plain,) = _findings(now, None)
+    assert plain.kind == "hang" and plain.culprit_frames == () and "last seen" not in plain.detail
+
+
 def test_progress_seen_a_little_while_ago_gives_no_verdict_yet() -> None:
     """Between busy and stuck (progress 3 s ago, stall_after 5 s): neither finding, for now."""
     now = WAIT_START + 6 * S
@@ -183,6 +197,12 @@ def test_the_user_frame_rule_skips_torch_the_stdlib_and_the_agent() -> None:
     assert not is_user_frame(Frame("_run_code", "<frozen runpy>", 88))
     # The user's own package installed into site-packages is the user's code.
     assert is_user_frame(Frame("step", "/venv/lib/python3.11/site-packages/mytrainer/loop.py", 5))
+    # typing_extensions' `deprecated` wrapper (around torch's all_gather_into_tensor) is not.
+    wrapped = (
+        Frame("wrapper", "/venv/lib/python3.11/site-packages/typing_extensions.py", 3140),
+        Frame("sync_grads", "/job/train.py", 77),
+    )
+    assert innermost_user_frame(wrapped) == wrapped[1]
 
 
 def test_progress_survives_summary_and_wire_round_trips() -> None:

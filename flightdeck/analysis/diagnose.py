@@ -31,6 +31,7 @@ from flightdeck.analysis.findings import (
 from flightdeck.analysis.frames import innermost_user_frame
 from flightdeck.analysis.p2p_gaps import link_stranded
 from flightdeck.analysis.p2p_gaps import refine_hang as blame_p2p_gap
+from flightdeck.analysis.progress import name_where
 from flightdeck.analysis.progress import refine_hang as judge_progress
 from flightdeck.analysis.sizes import all_to_all_balance
 from flightdeck.analysis.summary import GroupTrack, RankSummary, Signature
@@ -116,6 +117,9 @@ def diagnose(
             f = all_to_all_balance(g.name, g.desc, g.members, by_rank)
         if f is not None:
             f.elapsed_s = _pending_for(g, f.collective_seq_id, by_rank, now_ns)
+            # Where the culprit took the other path, from its agent's evidence when the snapshots
+            # carry no entry frames (periodic ones do not).
+            name_where(f, by_rank, now_ns, fresh_s=opts.stall_after_s)
             findings.append(f)
         findings.extend(_p2p(g, by_rank, now_ns, opts, ev.elapsed_known))
     findings.extend(_per_host(_lost(by_rank, now_ns, opts), by_rank))

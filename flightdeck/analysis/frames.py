@@ -25,7 +25,9 @@ LIBRARY_MARKERS: tuple[str, ...] = (
 #: (`torch.save`, the data loader) and frozen modules; Python's own library is told by its path
 #: (below). So "rank 0 is in save_checkpoint (train.py:88)" names the caller, not
 #: `torch/serialization.py`, and a rank blocked in `queue.get` names the line that called it.
-_NOT_USER = ("/torch/", "<frozen ")
+#: `typing_extensions.py`: its `deprecated` wrapper sits between the caller and torch's
+#: deprecated collectives (`all_gather_into_tensor` in torch 2.13).
+_NOT_USER = ("/torch/", "<frozen ", "/typing_extensions.py")
 
 
 def is_library_path(filename: str) -> bool:

@@ -130,6 +130,7 @@ def refine_hang(
     known = [a for a in acts if a is not None]
     if failed or len(known) < len(acts):
         _say_where(finding, known)
+        _say_last_seen(finding, by_rank, now_ns)
         return finding
     if any(a.verdict == "stuck" for a in known):
         _say_where(finding, [a for a in known if a.verdict == "stuck"])
@@ -168,6 +169,34 @@ def refine_hang(
         detail=detail,
         culprit_frames=first.frames or finding.culprit_frames,
     )
+
+
+def _say_last_seen(finding: Finding, by_rank: dict[int, RankSummary], now_ns: int) -> None:
+    """A culprit whose evidence stopped (stopped or killed process, cut-off host) and that left no
+    stack: name where its main thread was at its last sample, so that the finding has a code line."""
+    name_where(finding, by_rank, now_ns, fresh_s=0.0)
+
+
+def name_where(finding: Finding, by_rank: dict[int, RankSummary], now_ns: int, *, fresh_s: float) -> None:
+    """Give a finding without culprit frames (periodic snapshots carry no entry frames) the first
+    culprit's main-thread frames from its evidence: "is in" when sampled within `fresh_s`, else
+    "was last seen in" with the age. Findings with frames, and culprits without evidence, are
+    left as they are."""
+    if finding.culprit_frames:
+        return
+    s = next((by_rank[r] for r in finding.culprit_ranks if r in by_rank), None)
+    p = s.progress if s is not None else None
+    if p is None or not p.frames:
+        return
+    finding.culprit_frames = p.frames
+    where = short_location(innermost_user_frame(p.frames) or p.frames[0])
+    age = max(0.0, (now_ns - p.sampled_ns) / NS)
+    if age <= fresh_s:
+        finding.detail += f" Its main thread is in {where}."
+    else:
+        finding.detail += (
+            f" Its main thread was last seen in {where}, {age:.1f} s ago; nothing came from it since."
+        )
 
 
 def _ranks(ranks: list[int]) -> str:

@@ -4,10 +4,11 @@
 
 Without `--server` it runs its own server (SQLite in a temporary directory, or `--data-dir`) on
 127.0.0.1, with the hang threshold `--stall-after` (default 5 s, the server's default); a server
-given with `--server` uses its own (FLIGHTDECK_STALL_AFTER_S, default 5 s). It always runs its own
-collector(s), on spool directories of its own, so a system-wide collector is not needed; they push
-every `--push-interval` (default: the collector's, 1 s), the agents snapshot every `--interval`
-(default: the agent's, 1 s). The job's ranks run `flightdeck.demo.worker` with the agent; rank 1 commits
+given with `--server` uses its own (FLIGHTDECK_STALL_AFTER_S, default 5 s). The threshold is the
+server's alone: the agents have none (they write their stack snapshot after a fixed 2 s). It always
+runs its own collector(s), on spool directories of its own, so a system-wide collector is not
+needed; they push every `--push-interval` (default: the collector's, 1 s), the agents snapshot
+every `--interval` (default: the agent's, 1 s). The job's ranks run `flightdeck.demo.worker` with the agent; rank 1 commits
 the fault at `--fault-at-step`:
 
 - stall:     rank 1 blocks in its data loader (a hung storage read; not SIGSTOP, which the partition
@@ -22,7 +23,9 @@ the fault at `--fault-at-step`:
              data arrives and the job goes on.
 - busy:      no fault: rank 1 saves a checkpoint for `--busy-s` seconds (computing and writing a
              file) while the others wait in a barrier, then the job goes on. The demo lists the
-             findings opened meanwhile; a busy rank is not a hang, and should not page anyone.
+             findings opened meanwhile; a busy rank is slow_rank (a warning), not a hang, and
+             should not page anyone. The job's group timeout is at least 3 x `--busy-s` (900 s
+             for the default 90 s): the server's slow ceiling is half the group's timeout.
 
 The demo prints the verdict, the time from fault to finding and the link to the incident page,
 then serves until Ctrl-C (`--exit`: stops at once).
@@ -48,6 +51,7 @@ from types import FrameType
 from typing import Any
 
 from flightdeck.demo.ranks import JobSpec, free_port, start_rank, stop_all
+from flightdeck.demo.worker import busy_pg_timeout_s
 
 SCENARIOS = ("stall", "crash", "mismatch", "partition", "busy")
 WORLD_SIZE = 4
@@ -82,16 +86,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--port", type=int, default=None, help="own server's port (default 8470, or a free one if taken)"
     )
     parser.add_argument(
-        "--stall-after", type=float, default=5.0, help="hang threshold of agent and own server (s, default 5)"
+        "--stall-after", type=float, default=5.0, help="hang threshold of the own server (s, default 5)"
     )
     parser.add_argument(
-        "--interval", type=float, default=None, help="agent snapshot interval (s; default the agent's, 2)"
+        "--interval", type=float, default=None, help="agent snapshot interval (s; default the agent's, 1)"
     )
     parser.add_argument(
         "--push-interval",
         type=float,
         default=None,
-        help="collector push interval (s; default the collector's, 2)",
+        help="collector push interval (s; default the collector's, 1)",
     )
     parser.add_argument("--busy-s", type=float, default=90.0, help="busy: how long rank 1 saves (s)")
     parser.add_argument("--fault-at-step", type=int, default=10, help="training step of the fault")
@@ -232,7 +236,6 @@ class Demo:
             spool_dir=self.work / "spool-local",
             worker_args=_worker_args(self.args),
             interval_s=self.args.interval,
-            stall_after_s=self.args.stall_after,
         )
         for h, members in self.hosts.items():
             for r in members:
@@ -436,12 +439,16 @@ def _have_torch() -> bool:
 
 def _worker_args(args: argparse.Namespace) -> list[str]:
     fault = "none" if args.scenario == "partition" else args.scenario
+    # 900 s: gloo must not abort a demo that serves its stalled job until Ctrl-C. Busy: at least
+    # 3 x the busy time, since the server calls a rank still busy after half the group's timeout
+    # (its default slow ceiling) hung -- with 120 s a 90 s save would page at 60 s.
+    timeout = max(900.0, busy_pg_timeout_s(args.busy_s)) if fault == "busy" else 900.0
     return [
         "--steps", "100000",
         "--fault", fault,
         "--fault-rank", str(FAULT_RANK),
         "--fault-at-step", str(args.fault_at_step),
-        "--pg-timeout-s", "900",
+        "--pg-timeout-s", f"{timeout:g}",
         "--busy-s", str(args.busy_s),
     ]  # fmt: skip
 

@@ -39,9 +39,9 @@ class JobSpec:
     master_port: int
     spool_dir: Path
     worker_args: Sequence[str] = ()
-    #: the agent's FLIGHTDECK_INTERVAL_S and FLIGHTDECK_STALL_AFTER_S; None: the agent's default
+    #: the agent's FLIGHTDECK_INTERVAL_S; None: the agent's default (the agent has no hang
+    #: threshold: that is the server's FLIGHTDECK_STALL_AFTER_S alone)
     interval_s: float | None = 1.0
-    stall_after_s: float | None = 10.0
     extra_env: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -60,8 +60,6 @@ def rank_env(spec: JobSpec, rank: int, local_rank: int, spool_dir: Path | None =
     )
     if spec.interval_s is not None:
         env["FLIGHTDECK_INTERVAL_S"] = str(spec.interval_s)
-    if spec.stall_after_s is not None:
-        env["FLIGHTDECK_STALL_AFTER_S"] = str(spec.stall_after_s)
     env.update(spec.extra_env)
     return env
 

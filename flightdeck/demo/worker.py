@@ -12,7 +12,11 @@ Faults the rank `--fault-rank` commits at step `--fault-at-step`:
 - `crash`: it kills itself with SIGKILL, leaving no exit handler to run.
 - `mismatch`: it takes another code path: an all-gather where the others all-reduce.
 - `busy`: not a fault: it saves a checkpoint for `--busy-s` seconds (computing and writing a file,
-  as a real save does) while the others wait in a barrier; then every rank goes on training.
+  as a real save does) while the others wait in a barrier; then every rank goes on training. The
+  job's process-group timeout is then at least `busy_pg_timeout_s(--busy-s)` (600 s, or 3 x the
+  busy time when longer): the server treats a rank still busy after half the group's timeout (its
+  default slow ceiling) as hung, and gloo aborts the barrier at the timeout itself, so a 120 s
+  timeout would turn a 90 s save into a hang at 60 s and an abort at 120 s.
 - `none`: nothing; healthy runs, and faults injected from outside (SIGSTOP, link down).
 
 Each rank prints `step N` (flushed) as it starts step N, so an outside injector can time a fault.
@@ -30,6 +34,34 @@ from datetime import timedelta
 from typing import Any
 
 FAULTS = ("none", "stall", "crash", "mismatch", "busy")
+#: The process-group timeout when `--pg-timeout-s` is not given (and there is no busy phase).
+PG_TIMEOUT_S = 120.0
+
+
+def busy_pg_timeout_s(busy_s: float) -> float:
+    """The least process-group timeout for a busy phase of `busy_s` seconds.
+
+    The server's default slow ceiling is half the group's timeout: past it a busy rank is reported
+    as hung (and pages). 3 x the busy time keeps the ceiling 1.5 x the phase away, with room for a
+    loaded machine; never under 600 s, so that the shipped 90 s and 3-minute scenarios share one.
+    """
+    return max(600.0, 3.0 * busy_s)
+
+
+def pg_timeout_s(args: argparse.Namespace) -> float:
+    """The job's process-group timeout: `--pg-timeout-s`, else PG_TIMEOUT_S, raised for `busy` to
+    `busy_pg_timeout_s` (a given timeout too short for the busy phase is raised, with a warning)."""
+    timeout = PG_TIMEOUT_S if args.pg_timeout_s is None else args.pg_timeout_s
+    if args.fault == "busy" and timeout < 2.0 * args.busy_s:
+        if args.pg_timeout_s is not None:
+            print(
+                f"--pg-timeout-s {timeout:g} is under twice --busy-s {args.busy_s:g}: the busy rank would "
+                f"be a hang at half of it; using {busy_pg_timeout_s(args.busy_s):g} s",
+                file=sys.stderr,
+                flush=True,
+            )
+        timeout = busy_pg_timeout_s(args.busy_s)
+    return timeout
 
 
 class Trainer:
@@ -48,7 +80,7 @@ class Trainer:
         # new_group is collective over the world: every rank creates every group, in order.
         for index, members in enumerate(h for h in halves if h):
             group = dist.new_group(
-                members, timeout=timedelta(seconds=args.pg_timeout_s), group_desc=f"shard{index}"
+                members, timeout=timedelta(seconds=pg_timeout_s(args)), group_desc=f"shard{index}"
             )
             if self.rank in members:
                 self.shard_group = group
@@ -158,7 +190,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fault-at-step", type=int, default=10, help="the step at which it does")
     p.add_argument("--stall-s", type=float, default=3600.0, help="how long a `stall` blocks")
     p.add_argument("--busy-s", type=float, default=90.0, help="how long the `busy` rank saves")
-    p.add_argument("--pg-timeout-s", type=float, default=120.0, help="process-group timeout")
+    p.add_argument(
+        "--pg-timeout-s",
+        type=float,
+        default=None,
+        help=f"process-group timeout (s; default {PG_TIMEOUT_S:g}; with --fault busy at least twice --busy-s)",
+    )
     p.add_argument("--no-agent", action="store_true", help="run without the Flightdeck agent")
     return p
 
@@ -170,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=timedelta(seconds=args.pg_timeout_s))
+    dist.init_process_group("gloo", timeout=timedelta(seconds=pg_timeout_s(args)))
     if not args.no_agent:
         import flightdeck.agent
 
