@@ -11,16 +11,16 @@ import shutil
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from flightdeck.collector.daemon import snapshot_from_dump
 from flightdeck.collector.frdump import read_dump_file
 from flightdeck.limits import MAX_FRAME_TEXT, MAX_THREAD, MAX_WORLD_SIZE
 from flightdeck.records import Frame
 from flightdeck.server.validation import decode_checked
 from flightdeck.snapshot_check import SnapshotError, check_snapshot
-from flightdeck.wire import Snapshot, encode_batch
+from flightdeck.wire import Snapshot, encode_batch, snapshot_from_dump
 from tests.test_collector_fixtures import FR_DATA
 from tests.test_server_support import make_batch, scenario_dumps, snapshots
 
@@ -30,14 +30,14 @@ def _healthy() -> Snapshot:
     return snapshots([scenario_dumps("healthy_4")[1][-1]])[0]
 
 
-def _entries(**fields: object) -> Callable[[Snapshot], None]:
+def _entries(**fields: Any) -> Callable[[Snapshot], None]:
     def edit(s: Snapshot) -> None:
         s.entries = [replace(e, **fields) for e in s.entries]
 
     return edit
 
 
-def _first_entry(**fields: object) -> Callable[[Snapshot], None]:
+def _first_entry(**fields: Any) -> Callable[[Snapshot], None]:
     def edit(s: Snapshot) -> None:
         s.entries[0] = replace(s.entries[0], **fields)
 
