@@ -127,3 +127,40 @@ def test_a_bad_item_is_set_aside_alone_and_the_healthy_job_arrives_whole(
     finally:
         stop_promptly(collector)
     assert (spool / "copiedjob" / "0" / "rank_21.pkl").exists() is False  # moved to the quarantine
+
+
+def test_a_dump_copied_from_another_host_is_dead_lettered_alone(tmp_path: Path, server: Server) -> None:
+    """A host-bound token (`--host vm`, the host the committed dumps were recorded on) and, beside
+    the healthy job, a dump copied from another node (its sidecar names host 'othernode'): it passes
+    the collector's check (the collector does not know its token's scope), the server refuses that
+    snapshot alone (422), the collector dead-letters it alone and the healthy job arrives whole."""
+    spool = tmp_path / "spool"
+    healthy = spool / "healthy_4" / "0"
+    _copy_fresh(FR_DATA / "healthy_4", healthy, "rank_[0-9].pkl*")
+    src = FR_DATA / "healthy_2" / "rank_0.pkl"
+    meta = json.loads(src.with_name(src.name + ".meta.json").read_text())
+    meta.update({"job": "copied", "host": "othernode"})
+    stray = spool / "copied" / "0"
+    _copy_fresh(src.parent, stray, "rank_0.pkl")
+    (stray / "rank_0.pkl.meta.json").write_text(json.dumps(meta))
+    token_file = tmp_path / "token"
+    token_file.write_text(server.token("create", "node-vm", "--host", "vm") + "\n")
+    server.start()
+    collector = Collector(tmp_path, server.url, token_file, spool, None, host="vm")
+    collector.start()
+    try:
+        wait_until(lambda: timeline(server, "healthy_4") == expected(healthy), 60, "the healthy job")
+        wait_until(
+            lambda: collector.metric("flightdeck_collector_dead_letter_batches") == 1,
+            30,
+            "the stray dead-lettered",
+        )
+        _copy_fresh(FR_DATA / "healthy_4", healthy, "rank_[0-9].final.pkl*")
+        wait_until(lambda: timeline(server, "healthy_4") == expected(healthy), 60, "the final snapshots")
+        assert timeline(server, "copied") == {}
+        assert collector.metric("flightdeck_collector_dead_letter_batches") == 1
+        assert collector.metric("flightdeck_collector_auth_failures_total") == 0
+        assert collector.proc is not None and collector.proc.poll() is None
+        assert "the snapshot is of host 'othernode'" in collector.log.read_text()
+    finally:
+        stop_promptly(collector)
