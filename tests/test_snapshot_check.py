@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from flightdeck.collector.frdump import read_dump_file
+from flightdeck.collector.frdump import NotADumpError, read_dump_file
 from flightdeck.limits import MAX_FRAME_TEXT, MAX_THREAD, MAX_WORLD_SIZE
 from flightdeck.records import Frame
 from flightdeck.server.validation import decode_checked
@@ -113,11 +113,18 @@ def _copy(src: Path, dest: Path, *, sidecar: bool) -> Path:
 
 
 def test_a_dump_copied_as_rank_21_never_becomes_rank_21(tmp_path: Path) -> None:
-    """`cp rank_1.pkl rank_21.pkl` in a 4-rank job's directory. With its sidecar copied too, the
-    sidecar's rank (1) wins over the name: it is rank 1 again, a duplicate the store merges. A
-    sidecar that names rank 21 in a world of 4, or rank 21 with no world size but the dump's own
-    process groups (members 0..3), is refused."""
+    """`cp rank_1.pkl rank_21.pkl` in a 4-rank job's directory. Without its sidecar, the rank comes
+    from the name, but the dump's own pg_config (gloo's unnamed default group, members 0..3) says
+    rank 21 is none of its ranks: the file is refused (the collector quarantines it). With its
+    sidecar copied too, the sidecar's rank (1) wins over the name: it is rank 1 again, a duplicate
+    the store merges. A sidecar that names rank 21 in a world of 4, or rank 21 with no world size
+    but process groups of members 0..3, is refused."""
     src = FR_DATA / "healthy_4" / "rank_1.pkl"
+    with pytest.raises(
+        NotADumpError, match=r"rank 21 \(from the file name\) is a member of none of its pg_config"
+    ):
+        read_dump_file(_copy(src, tmp_path / "bare" / "rank_21.pkl", sidecar=False))
+    assert read_dump_file(_copy(src, tmp_path / "bare" / "rank_1.pkl", sidecar=False)).rank == 1
     with_sidecar = read_dump_file(_copy(src, tmp_path / "a" / "rank_21.pkl", sidecar=True))
     assert with_sidecar.rank == 1 and with_sidecar.job == "healthy_4"
     check_snapshot(snapshot_from_dump(with_sidecar))  # a valid rank 1 snapshot, nothing fake
