@@ -552,16 +552,35 @@ def _pg_config_groups(raw: dict[str, Any]) -> dict[str, GroupInfo]:
         name = _s(val.get("name") or key or "")
         if not name:
             continue  # gloo registers the group before Python names it: nothing usable here
-        ranks: tuple[int, ...] | None = None
-        rr = val.get("ranks")
-        try:
-            parsed = json.loads(rr) if isinstance(rr, str) else rr
-            if isinstance(parsed, list) and parsed and all(isinstance(x, int) for x in parsed):
-                ranks = tuple(sorted(parsed))
-        except json.JSONDecodeError:
-            ranks = None
-        out[name] = GroupInfo(name, _s(val.get("desc") or ""), ranks)
+        out[name] = GroupInfo(name, _s(val.get("desc") or ""), _pg_ranks(val.get("ranks")))
     return out
+
+
+def _pg_ranks(rr: object) -> tuple[int, ...] | None:
+    """A pg_config entry's member ranks ("[0, 1]" in a dump, a list in JSON), or None if unusable."""
+    try:
+        parsed = json.loads(rr) if isinstance(rr, str) else rr
+    except json.JSONDecodeError:
+        return None
+    if isinstance(parsed, list) and parsed and all(isinstance(x, int) for x in parsed):
+        return tuple(sorted(parsed))
+    return None
+
+
+def _outside_pg_config(raw: dict[str, Any], rank: int) -> str | None:
+    """Why `rank` cannot be this dump's, by its pg_config (a member of none of the groups listed,
+    the unnamed ones gloo registers included: every rank is a member of the default group), or
+    None when it can be or pg_config lists no members."""
+    cfg = raw.get("pg_config")
+    if not isinstance(cfg, dict):
+        return None
+    members = [m for v in cfg.values() if isinstance(v, dict) and (m := _pg_ranks(v.get("ranks")))]
+    if not members or any(rank in m for m in members):
+        return None
+    return (
+        f"rank {rank} (from the file name) is a member of none of its pg_config's process groups "
+        f"(ranks {min(map(min, members))}..{max(map(max, members))}): a dump copied under another rank's name?"
+    )
 
 
 #: What a value of an unexpected type can raise while a dump is normalized: the file is refused.
@@ -948,6 +967,10 @@ def load_dump_file(
     rank = _rank_of(path, meta)
     if rank is None:
         raise NotADumpError("no rank: the name has no rank_<N> suffix and there is no metadata sidecar")
+    if not (meta and isinstance(meta.get("rank"), int)):
+        why = _outside_pg_config(raw, rank)
+        if why is not None:
+            raise NotADumpError(why)
     return LoadedDump(raw, rank, str(path), meta, st.st_mtime_ns, st.st_size, budget)
 
 

@@ -1,11 +1,14 @@
 """Check one snapshot against `flightdeck.limits` before it joins a batch (or is stored).
 
-`check_snapshot` refuses what would break the store or the analysis (an integer outside 64 bits, a
-negative id or time, a rank outside its world, a world larger than MAX_WORLD_SIZE, a record id twice,
-a name with a control character or too long) with a `SnapshotError` that names the field, and
-normalizes free text in place (NUL removed, cut to its limit: exception, thread and file names), which
-is shown but identifies nothing. The collector runs it per file, so one bad file is set aside alone
-and never takes the rest of a batch down with it.
+`check_snapshot` refuses what the server's validation would refuse, by the same rules
+(`flightdeck.limits`, shared with `flightdeck.server.validation`): an integer outside its column, a
+negative id or time, a rank outside its world or outside every process group its dump lists, a world
+larger than MAX_WORLD_SIZE, a record id twice, a name (job, host, group, op, backend, dtype, version,
+thread or frame) with a control character or too long. It raises a `SnapshotError` that names the
+field, and normalizes in place what is shown but identifies nothing: free text (exception, source,
+group description) neutralized and cut, thread names cut to the stored width, frame text cut to its
+limit. The collector runs it per file, so one bad file is set aside alone and never takes the rest of
+a batch down with it.
 """
 
 from __future__ import annotations
@@ -14,30 +17,9 @@ from collections.abc import Iterable
 from dataclasses import replace
 from itertools import chain
 from operator import attrgetter
+from typing import Any
 
-from flightdeck.limits import (
-    INT64_MAX,
-    INT64_MIN,
-    MAX_BACKEND_CHARS,
-    MAX_DTYPE_CHARS,
-    MAX_EXCEPTION_CHARS,
-    MAX_FRAME_TEXT_CHARS,
-    MAX_GROUP_DESC_CHARS,
-    MAX_GROUP_NAME_CHARS,
-    MAX_HOST_CHARS,
-    MAX_JOB_CHARS,
-    MAX_KIND_CHARS,
-    MAX_OP_CHARS,
-    MAX_SOURCE_CHARS,
-    MAX_THREAD_NAME_CHARS,
-    MAX_VERSION_CHARS,
-    MAX_WORLD_SIZE,
-    clean_text,
-    finite_ok,
-    int64_ok,
-    name_problem,
-    opt_int64_ok,
-)
+from flightdeck import limits as lim
 from flightdeck.records import Entry, Frame, Stack, ThreadStack
 from flightdeck.wire import Snapshot
 
@@ -47,90 +29,95 @@ class SnapshotError(ValueError):
 
 
 _STATES = frozenset({"scheduled", "started", "completed"})
-#: Entry fields that are ids, counts or times: ints in [0, INT64_MAX] (None allowed: `_OPT`).
+#: Entry fields that are ids, counts or times: ints in [0, lim.INT64_MAX] (None allowed: `_OPT`).
 _REQUIRED_INTS = ("record_id", "collective_seq_id", "p2p_seq_id", "op_id", "time_created_ns")
 _OPT_INTS = ("time_started_ns", "time_completed_ns", "timeout_ms")
 
 
 def _ints_ok(values: Iterable[object], *, nullable: bool) -> bool:
-    """Whether every value is an int in [0, INT64_MAX] (or None when `nullable`); a few C passes."""
+    """Whether every value is an int in [0, lim.INT64_MAX] (or None when `nullable`); a few C passes."""
     vals = [v for v in values if v is not None] if nullable else list(values)
     if not vals:
         return True
     if not set(map(type, vals)) <= {int}:
         return False
     ints: list[int] = vals  # type: ignore[assignment]
-    return min(ints) >= 0 and max(ints) <= INT64_MAX
+    return min(ints) >= 0 and max(ints) <= lim.INT64_MAX
 
 
 def _bad_int(entries: list[Entry], attr: str) -> object:
     get = attrgetter(attr)
     return next(
-        v for v in map(get, entries) if v is not None and not int64_ok(v)
+        v for v in map(get, entries) if v is not None and not lim.int_ok(v)
     )  # called only when one is bad
 
 
 def check_snapshot(snap: Snapshot) -> None:
     """Refuse (SnapshotError) or normalize `snap` in place; see the module docstring."""
-    _name("job", snap.job, MAX_JOB_CHARS)
-    if not int64_ok(snap.attempt):
-        raise SnapshotError(f"attempt: {snap.attempt!r} is not an int in [0, 2^63)")
-    if snap.world_size is not None and (
-        type(snap.world_size) is not int or not 1 <= snap.world_size <= MAX_WORLD_SIZE
-    ):
-        raise SnapshotError(f"world_size: {snap.world_size!r} is not in [1, {MAX_WORLD_SIZE}]")
-    limit = snap.world_size or MAX_WORLD_SIZE
-    if type(snap.rank) is not int or not 0 <= snap.rank < limit:
+    _name("job", snap.job, lim.MAX_JOB)
+    if not lim.int_ok(snap.attempt, 0, lim.INT32_MAX):
+        raise SnapshotError(f"attempt: {snap.attempt!r} is not an int in [0, 2^31)")
+    if snap.world_size is not None and not lim.int_ok(snap.world_size, 1, lim.MAX_WORLD_SIZE):
+        raise SnapshotError(f"world_size: {snap.world_size!r} is not in [1, {lim.MAX_WORLD_SIZE}]")
+    limit = snap.world_size or lim.MAX_WORLD_SIZE
+    if not lim.int_ok(snap.rank, 0, limit - 1):
         raise SnapshotError(f"rank: {snap.rank!r} is not in [0, {limit})")
-    if snap.local_rank is not None and (type(snap.local_rank) is not int or not 0 <= snap.local_rank < limit):
-        raise SnapshotError(f"local_rank: {snap.local_rank!r} is not in [0, {limit})")
-    for attr in ("snapshot_time_ns",):
-        if not int64_ok(getattr(snap, attr)):
-            raise SnapshotError(f"{attr}: {getattr(snap, attr)!r} is not an int in [0, 2^63)")
+    if not lim.opt_int_ok(snap.local_rank, 0, lim.MAX_WORLD_SIZE - 1):
+        raise SnapshotError(f"local_rank: {snap.local_rank!r} is not in [0, {lim.MAX_WORLD_SIZE})")
+    if not lim.int_ok(snap.snapshot_time_ns):
+        raise SnapshotError(f"snapshot_time_ns: {snap.snapshot_time_ns!r} is not an int in [0, 2^63)")
     for attr in ("pid", "oldest_record_id"):
-        if not opt_int64_ok(getattr(snap, attr)):
+        if not lim.opt_int_ok(getattr(snap, attr)):
             raise SnapshotError(f"{attr}: {getattr(snap, attr)!r} is not an int in [0, 2^63) or null")
     if snap.host is not None:
-        _name("host", snap.host, MAX_HOST_CHARS)
-    _name("kind", snap.kind, MAX_KIND_CHARS)
-    for attr, n in (("torch_version", MAX_VERSION_CHARS), ("backend", MAX_BACKEND_CHARS)):
+        _name("host", snap.host, lim.MAX_HOST, empty=True)
+    _name("kind", snap.kind, lim.MAX_KIND)
+    for attr, n in (
+        ("torch_version", lim.MAX_VERSION),
+        ("backend", lim.MAX_BACKEND),
+        ("version", lim.MAX_VERSION),
+    ):
         v = getattr(snap, attr)
         if v is not None:
-            _text(attr, v)
-            setattr(snap, attr, clean_text(v, n))
-    _text("version", snap.version)
-    snap.version = clean_text(snap.version, MAX_VERSION_CHARS)
-    if not finite_ok(snap.interval_s):
-        raise SnapshotError(f"interval_s: {snap.interval_s!r} is not a finite number >= 0")
+            _name(attr, v, n, empty=True)
+    if not lim.interval_ok(snap.interval_s):
+        raise SnapshotError(f"interval_s: {snap.interval_s!r} is not a number in [0, a year]")
     if snap.exception is not None:
-        _text("exception", snap.exception)
-        snap.exception = clean_text(snap.exception, MAX_EXCEPTION_CHARS)
-    _text("source", snap.source)
-    snap.source = clean_text(snap.source, MAX_SOURCE_CHARS)
+        snap.exception = lim.neutralize(_text("exception", snap.exception), lim.MAX_EXCEPTION)
+    snap.source = lim.neutralize(_text("source", snap.source), lim.MAX_SOURCE)
+    members = []
     for name, g in snap.groups.items():
-        _name(f"groups[{name[:40]!r}]", name, MAX_GROUP_NAME_CHARS)
-        _text(f"groups[{name!r}].desc", g.desc)
+        _name(f"groups[{name[:40]!r}]", name, lim.MAX_GROUP)
         if g.ranks is not None:
-            if len(g.ranks) > MAX_WORLD_SIZE or not set(map(type, g.ranks)) <= {int}:
-                raise SnapshotError(f"groups[{name!r}].ranks: not a list of at most {MAX_WORLD_SIZE} ints")
+            if len(g.ranks) > lim.MAX_WORLD_SIZE or not set(map(type, g.ranks)) <= {int}:
+                raise SnapshotError(
+                    f"groups[{name!r}].ranks: not a list of at most {lim.MAX_WORLD_SIZE} ints"
+                )
             if g.ranks and (min(g.ranks) < 0 or max(g.ranks) >= limit):
                 raise SnapshotError(f"groups[{name!r}].ranks: a member is not in [0, {limit})")
-        if len(g.desc) > MAX_GROUP_DESC_CHARS or "\x00" in g.desc:
-            snap.groups[name] = replace(g, desc=clean_text(g.desc, MAX_GROUP_DESC_CHARS))
+            if g.ranks:
+                members.append(g.ranks)
+        desc = lim.neutralize(_text(f"groups[{name!r}].desc", g.desc), lim.MAX_GROUP_DESC)
+        if desc != g.desc:
+            snap.groups[name] = replace(g, desc=desc)
     stacks: dict[int, Stack] = {}
     threads = []
     for t in snap.thread_stacks:
-        if type(t.thread_id) is not int or not INT64_MIN <= t.thread_id <= INT64_MAX:
-            raise SnapshotError(f"thread_stacks: thread_id {t.thread_id!r} is not a 64-bit int")
+        if not lim.int_ok(t.thread_id):
+            raise SnapshotError(f"thread_stacks: thread_id {t.thread_id!r} is not an int in [0, 2^63)")
         threads.append(
-            ThreadStack(
-                clean_text(_text("thread_stacks.thread_name", t.thread_name), MAX_THREAD_NAME_CHARS),
-                t.thread_id,
-                _stack(t.frames, stacks),
-            )
+            ThreadStack(_thread_name("thread_stacks", t.thread_name), t.thread_id, _stack(t.frames, stacks))
         )
     snap.thread_stacks = tuple(threads)
     _check_entries(snap.entries, limit, stacks)
+    # Last, once every value is known storable. Every rank is a member of the default group, which
+    # its dump lists: a rank in none of the groups whose members are known is a dump copied under
+    # another rank's file name.
+    if members and not any(snap.rank in m for m in members):
+        raise SnapshotError(
+            f"rank: {snap.rank} is a member of none of its dump's process groups "
+            "(a dump copied under another rank's file name?)"
+        )
 
 
 def _check_entries(entries: list[Entry], limit: int, stacks: dict[int, Stack]) -> None:
@@ -154,65 +141,75 @@ def _check_entries(entries: list[Entry], limit: int, stacks: dict[int, Stack]) -
         raise SnapshotError(f"entries.peer: a peer is not in [0, {limit})")
     if not set(e.state for e in entries) <= _STATES:
         raise SnapshotError("entries.state: an unknown state")
-    if not all(finite_ok(e.duration_ms) for e in entries):
+    if not all(lim.duration_ok(e.duration_ms) for e in entries):
         raise SnapshotError("entries.duration_ms: not a finite number >= 0")
     # What repeats (groups, ops, dtypes, sizes) is checked once per distinct value.
     for g in {e.group for e in entries}:
-        _name("entries.group", g, MAX_GROUP_NAME_CHARS)
+        _name("entries.group", g, lim.MAX_GROUP)
     for op in {e.raw_op for e in entries}:
-        _name("entries.op", op, MAX_OP_CHARS, empty=True)
+        _name("entries.op", op, lim.MAX_OP, empty=True)
     for be in {e.backend for e in entries}:
-        _name("entries.backend", be, MAX_BACKEND_CHARS, empty=True)
+        _name("entries.backend", be, lim.MAX_BACKEND, empty=True)
     for dt in set(
         chain.from_iterable(chain((e.input_dtypes for e in entries), (e.output_dtypes for e in entries)))
     ):
-        _name("entries.dtypes", dt, MAX_DTYPE_CHARS, empty=True)
+        _name("entries.dtypes", dt, lim.MAX_DTYPE, empty=True)
+    tensor_lists = chain.from_iterable(
+        map(len, map(attrgetter(attr), entries))
+        for attr in ("input_sizes", "output_sizes", "input_dtypes", "output_dtypes")
+    )
+    if max(tensor_lists) > lim.MAX_TENSORS:
+        raise SnapshotError(f"entries.sizes: more than {lim.MAX_TENSORS} tensors in an entry")
     sizes = {s for e in entries for s in chain(e.input_sizes, e.output_sizes)}
+    if sizes and max(map(len, sizes)) > lim.MAX_DIMS:
+        raise SnapshotError(f"entries.sizes: a tensor with more than {lim.MAX_DIMS} dimensions")
     dims = list(chain.from_iterable(sizes))
-    if dims and (not set(map(type, dims)) <= {int} or min(dims) < INT64_MIN or max(dims) > INT64_MAX):
-        raise SnapshotError("entries.sizes: a dimension is not a 64-bit int")
+    if dims and (not set(map(type, dims)) <= {int} or min(dims) < 0 or max(dims) > lim.INT64_MAX):
+        raise SnapshotError("entries.sizes: a dimension is not an int in [0, 2^63)")
+    # Thread names repeat (a few threads per rank): checked once per distinct name.
+    names = {e.thread_name for e in entries}
+    if max(map(len, names)) > lim.MAX_THREAD or lim.CONTROL.search("".join(names)):
+        stored = {n: _thread_name("entries", n) for n in names}
+        for e in entries:
+            e.thread_name = stored[e.thread_name]
     for e in entries:
-        if len(e.thread_name) > MAX_THREAD_NAME_CHARS or "\x00" in e.thread_name:
-            e.thread_name = clean_text(_text("entries.thread_name", e.thread_name), MAX_THREAD_NAME_CHARS)
         if e.frames:
             e.frames = _stack(e.frames, stacks)
 
 
+def _thread_name(where: str, v: object) -> str:
+    """A thread name as stored: no control character (refused), cut to lim.MAX_THREAD (the column)."""
+    _name(f"{where}.thread_name", v, lim.MAX_FRAME_TEXT, empty=True)
+    name: str = v  # type: ignore[assignment]
+    return name[: lim.MAX_THREAD]
+
+
 def _stack(frames: Stack, done: dict[int, Stack]) -> Stack:
-    """A stack with storable frames (checked once per distinct stack object)."""
+    """A stack with storable frames (checked once per distinct stack object): a control character
+    is refused, text over lim.MAX_FRAME_TEXT cut."""
     got = done.get(id(frames))
     if got is not None:
         return got
     out = frames
     for f in frames:
         if (
-            type(f.line) is not int
-            or not INT64_MIN <= f.line <= INT64_MAX
+            not lim.int_ok(f.line, 0, lim.MAX_FRAME_LINE)
             or type(f.name) is not str
             or type(f.filename) is not str
         ):
-            raise SnapshotError(f"frames: {f!r} is not (name, filename, 64-bit line)")
-        if (
-            len(f.name) > MAX_FRAME_TEXT_CHARS
-            or len(f.filename) > MAX_FRAME_TEXT_CHARS
-            or "\x00" in f.name
-            or "\x00" in f.filename
-        ):
+            raise SnapshotError(f"frames: {f!r} is not (name, filename, line in [0, 2^31))")
+        if lim.CONTROL.search(f.name) or lim.CONTROL.search(f.filename):
+            raise SnapshotError(f"frames: {f.name[:80]!r} holds a control character")
+        if len(f.name) > lim.MAX_FRAME_TEXT or len(f.filename) > lim.MAX_FRAME_TEXT:
             out = tuple(
-                Frame(
-                    clean_text(x.name, MAX_FRAME_TEXT_CHARS),
-                    clean_text(x.filename, MAX_FRAME_TEXT_CHARS),
-                    x.line,
-                )
-                for x in frames
+                Frame(x.name[: lim.MAX_FRAME_TEXT], x.filename[: lim.MAX_FRAME_TEXT], x.line) for x in frames
             )
-            break
     done[id(frames)] = out
     return out
 
 
 def _name(field: str, v: object, max_chars: int, *, empty: bool = False) -> None:
-    problem = name_problem(v, max_chars, empty=empty)
+    problem = lim.name_problem(v, max_chars, empty=empty)
     if problem is not None:
         raise SnapshotError(f"{field}: {problem}")
 
@@ -223,17 +220,44 @@ def _text(field: str, v: object) -> str:
     return v
 
 
+def nixl_problem(wire: dict[str, Any]) -> str | None:
+    """Why a NIXL wire sample cannot be stored, or None when it can: the rules the server's
+    validation applies to it (decodable; its names and stored integers within their columns)."""
+    from flightdeck.nixl_records import NixlSample
+
+    try:
+        smp = NixlSample.from_wire(wire)
+    except ValueError as exc:
+        return str(exc)
+    for field, v, n, empty in (
+        ("host", smp.host, lim.MAX_HOST, False),
+        ("agent", smp.agent, lim.MAX_AGENT, False),
+        ("run", smp.run, lim.MAX_RUN, True),
+    ):
+        problem = lim.name_problem(v, n, empty=empty)
+        if problem is not None:
+            return f"{field}: {problem}"
+    for field, iv, high in (
+        ("pid", smp.pid, lim.INT64_MAX),
+        ("local_rank", smp.local_rank, lim.MAX_WORLD_SIZE - 1),
+        ("read_time_ns", smp.read_time_ns, lim.INT64_MAX),
+    ):
+        if not lim.opt_int_ok(iv, 0, high):
+            return f"{field}: {iv} is out of range (0..{high})"
+    return None
+
+
 def nixl_wire_problem(wire: dict[str, object]) -> str | None:
-    """Why a NIXL wire sample cannot be stored (an integer outside 64 bits, a non-finite number, a
-    name with a control character or over MAX_HOST_CHARS), or None when it can."""
+    """Why the collector cannot send a NIXL wire sample: what `nixl_problem` says, or any integer in
+    it outside 64 bits, a non-finite number, a string with a control character or over lim.MAX_HOST."""
 
     def walk(v: object, where: str) -> str | None:
         if type(v) is int:
-            return None if INT64_MIN <= v <= INT64_MAX else f"{where}: {v} is not a 64-bit int"
+            return None if lim.INT64_MIN <= v <= lim.INT64_MAX else f"{where}: {v} is not a 64-bit int"
         if type(v) is float:
-            return None if finite_ok(abs(v)) else f"{where}: {v} is not finite"
+            return None if lim.duration_ok(abs(v)) else f"{where}: {v} is not finite"
         if type(v) is str:
-            problem = name_problem(v, MAX_HOST_CHARS, empty=True)
+            problem = lim.name_problem(v, lim.MAX_HOST, empty=True)
             return None if problem is None else f"{where}: {problem}"
         if isinstance(v, dict):
             return next((p for k, x in v.items() if (p := walk(x, f"{where}.{k}"))), None)
@@ -241,4 +265,8 @@ def nixl_wire_problem(wire: dict[str, object]) -> str | None:
             return next((p for i, x in enumerate(v) if (p := walk(x, f"{where}[{i}]"))), None)
         return None
 
-    return walk(wire, "nixl")
+    problem = walk(wire, "nixl")
+    if problem is None:
+        why = nixl_problem(wire)
+        problem = None if why is None else f"nixl: {why}"
+    return problem

@@ -514,10 +514,14 @@ class IngestService:
         except (InvalidBatchError, UnsupportedEncodingError):
             self._reject("schema")
             raise
-        refusal = collector.scope.refusal(batch, collector=collector.name)
+        refusal = collector.scope.batch_refusal(batch, collector=collector.name)
         if refusal is not None:
             self._reject("scope")
             raise ForbiddenError(refusal)
+        before = len(refused)
+        collector.scope.take_out(batch, refused, collector=collector.name)
+        if len(refused) > before:
+            self._reject("scope")
         if refused and not batch.snapshots and not batch.nixl:
             raise self._refused(batch, refused, None)
         request = _Request(

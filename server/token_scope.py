@@ -3,9 +3,11 @@ patterns match. An unscoped token (no host, no patterns: tokens made before scop
 with `flightdeck token create --any-host`) may write anything.
 
 The host of a snapshot is the one it names (the rank's, from its agent), else the batch's
-collector; a scoped token's batches must also come from a collector of that host. One snapshot
-out of scope refuses the whole batch (403): a token used for another host is a configuration
-error or an attack, not bad data.
+collector; a scoped token's batches must also come from a collector of that host. A batch from a
+collector of another host is refused whole (403: the token is used on the wrong machine, a
+configuration error or an attack). A snapshot (or NIXL sample) out of scope in a batch of the
+right collector is refused alone, like an invalid one (422, the rest applied): a dump copied from
+another node into a spool must not hold back the healthy jobs the collector ships with it.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
+from itertools import count
 
-from flightdeck.wire import Batch
+from flightdeck.wire import Batch, Refusal, Snapshot
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,33 +45,53 @@ class TokenScope:
         jobs = "any job" if self.jobs is None else "jobs " + ",".join(self.jobs)
         return f"{host}, {jobs}"
 
-    def refusal(self, batch: Batch, *, collector: str) -> str | None:
-        """Why `batch` is outside this scope (one line naming what), or None when it is inside."""
-        if self.unscoped:
-            return None
-        if self.host is not None:
-            if batch.collector_host != self.host:
-                return (
-                    f"token {collector!r} is bound to host {self.host!r}; this batch comes from "
-                    f"collector host {batch.collector_host!r}"
-                )
-            for i, s in enumerate(batch.snapshots):
-                if (s.host or batch.collector_host) != self.host:
-                    return (
-                        f"token {collector!r} is bound to host {self.host!r}; snapshots[{i}] "
-                        f"(job {s.job!r}, rank {s.rank}) is of host {s.host!r}"
-                    )
-            for i, d in enumerate(batch.nixl):
-                host = d.get("host") if isinstance(d, dict) else None
-                if host != self.host:
-                    return (
-                        f"token {collector!r} is bound to host {self.host!r}; nixl[{i}] is of host {host!r}"
-                    )
-        if self.jobs is not None:
-            for i, s in enumerate(batch.snapshots):
-                if not any(fnmatchcase(s.job, p) for p in self.jobs):
-                    return (
-                        f"token {collector!r} may write jobs {', '.join(self.jobs)}; snapshots[{i}] "
-                        f"is of job {s.job!r}"
-                    )
+    def batch_refusal(self, batch: Batch, *, collector: str) -> str | None:
+        """Why the whole `batch` is outside this scope (its collector is of another host), or None."""
+        if self.host is not None and batch.collector_host != self.host:
+            return (
+                f"token {collector!r} is bound to host {self.host!r}; this batch comes from "
+                f"collector host {batch.collector_host!r}"
+            )
         return None
+
+    def take_out(self, batch: Batch, refused: list[Refusal], *, collector: str) -> None:
+        """Move the snapshots and NIXL samples of `batch` outside this scope to `refused`, each with
+        its reason and its index in the batch as sent (`refused` holds the ones validation left
+        out already: the kept ones are the indexes it does not name, in order)."""
+        if self.unscoped:
+            return
+        gone = {r.index for r in refused if not r.nixl}
+        sent = (i for i in count() if i not in gone)
+        kept: list[Snapshot] = []
+        for i, s in zip(sent, batch.snapshots, strict=False):
+            why = None
+            if self.host is not None and (s.host or batch.collector_host) != self.host:
+                why = (
+                    f"token {collector!r} is bound to host {self.host!r}; the snapshot is of host {s.host!r}"
+                )
+            elif self.jobs is not None and not any(fnmatchcase(s.job, p) for p in self.jobs):
+                why = f"token {collector!r} may write jobs {', '.join(self.jobs)}; the snapshot is of job {s.job!r}"
+            if why is None:
+                kept.append(s)
+            else:
+                refused.append(
+                    Refusal(i, f"batch.snapshots[{i}]: {why}", job=s.job, attempt=s.attempt, rank=s.rank)
+                )
+        batch.snapshots = kept
+        if self.host is None or not batch.nixl:
+            return
+        gone = {r.index for r in refused if r.nixl}
+        sent = (i for i in count() if i not in gone)
+        samples = []
+        for i, d in zip(sent, batch.nixl, strict=False):
+            host = d.get("host") if isinstance(d, dict) else None
+            if host == self.host:
+                samples.append(d)
+            else:
+                why = f"token {collector!r} is bound to host {self.host!r}; the sample is of host {host!r}"
+                refused.append(
+                    Refusal(
+                        i, f"batch.nixl[{i}]: {why}", nixl=True, host=host if isinstance(host, str) else None
+                    )
+                )
+        batch.nixl = samples

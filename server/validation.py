@@ -2,8 +2,9 @@
 
 `flightdeck.wire` checks a batch's shape (types, lengths, indexes); this module checks its values
 by the rules of the database columns and the analysis, before anything is written, so a value the
-store cannot hold is a 422 with the reason instead of a 500 from the database. It is the one place
-these rules live; `docs/input-limits.md` lists them for users.
+store cannot hold is a 422 with the reason instead of a 500 from the database. The limits and the
+rules for names and free text are `flightdeck.limits`' (shared with the collector's own check of
+each dump); `docs/input-limits.md` lists them for users.
 
 A refused snapshot is refused alone: `decode_checked` decodes a batch, leaves the snapshots (and
 NIXL samples) that break a rule out of it, and returns why each one was left out; the rest of the
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from collections.abc import Iterable, Sequence
 from functools import partial
 from itertools import chain
@@ -30,7 +30,34 @@ from typing import Annotated, Any, cast
 
 from fastapi import Path, Query
 
+from flightdeck.limits import (
+    CONTROL,
+    CONTROL_CHARS,
+    CONTROL_TEXT,
+    INT32_MAX,
+    INT64_MAX,
+    MAX_BACKEND,
+    MAX_BATCH_ID,
+    MAX_DIMS,
+    MAX_DTYPE,
+    MAX_EXCEPTION,
+    MAX_FRAME_LINE,
+    MAX_FRAME_TEXT,
+    MAX_GROUP,
+    MAX_GROUP_DESC,
+    MAX_HOST,
+    MAX_INTERVAL_S,
+    MAX_JOB,
+    MAX_OP,
+    MAX_SOURCE,
+    MAX_TENSORS,
+    MAX_VERSION,
+    MAX_WORLD_SIZE,
+    name_problem,
+    neutralize,
+)
 from flightdeck.records import RankConfig, Stack
+from flightdeck.snapshot_check import nixl_problem
 from flightdeck.wire import (
     Batch,
     EntryColumns,
@@ -40,57 +67,15 @@ from flightdeck.wire import (
     decode_batch,
 )
 
-#: Largest world size (and so rank + 1) the server takes: a documented bound that keeps what
-#: the diagnosis may allocate per rank finite whatever a batch claims.
-MAX_WORLD_SIZE = 1_048_576
-#: Signed 64-bit (BIGINT, and SQLite's INTEGER): times in ns, record / sequence / op ids, pids.
-INT64_MAX = 2**63 - 1
-#: Signed 32-bit (INTEGER): the attempt number.
-INT32_MAX = 2**31 - 1
-
-#: Longest name per column (the model's String(n); SQLite does not enforce it, PostgreSQL does).
-MAX_JOB = 256
-MAX_HOST = 255
-MAX_GROUP = 128
-MAX_OP = 256
-MAX_BACKEND = 64
-MAX_DTYPE = 64
-MAX_VERSION = 64
-MAX_AGENT = 255
-MAX_RUN = 128
-#: Thread names are stored cut to this many characters (as before: names are long only by accident).
-MAX_THREAD = 64
-#: Frames are JSON in the stacks table: bounded so one stack cannot be megabytes.
-MAX_FRAME_TEXT = 4096
-MAX_FRAME_LINE = INT32_MAX
-#: Free text, cut to these lengths (never refused for its length).
-MAX_EXCEPTION = 65_536
-MAX_SOURCE = 4096
-MAX_GROUP_DESC = 256
-#: Tensors per entry signature and dimensions per tensor.
-MAX_TENSORS = 4096
-MAX_DIMS = 64
-#: Longest snapshot interval (seconds) taken: a year.
-MAX_INTERVAL_S = 365 * 86400.0
-
-#: Control characters: C0 (NUL, ESC, ...), DEL and C1.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-#: The same but tab and newline, which free text may hold.
-_CONTROL_TEXT = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 _not_none = partial(is_not, None)
 
 
 def _name(v: str | None, what: str, limit: int, *, empty: bool = True) -> None:
     """Refuse a name that is too long, empty where it may not be, or holds a control character."""
-    if v is None:
-        return
-    if len(v) > limit:
-        raise WireError(f"{what}: longer than {limit} characters ({len(v)})")
-    if not v and not empty:
-        raise WireError(f"{what}: must not be empty")
-    m = _CONTROL.search(v)
-    if m is not None:
-        raise WireError(f"{what}: holds the control character {m.group()!r} at {m.start()}")
+    if v is not None:
+        problem = name_problem(v, limit, empty=empty)
+        if problem is not None:
+            raise WireError(f"{what}: {problem}")
 
 
 def _names(values: Iterable[str], what: str, limit: int) -> None:
@@ -99,17 +84,9 @@ def _names(values: Iterable[str], what: str, limit: int) -> None:
     distinct = set(values)
     if not distinct:
         return
-    if max(map(len, distinct)) > limit or _CONTROL.search("".join(distinct)):
+    if max(map(len, distinct)) > limit or CONTROL.search("".join(distinct)):
         for v in sorted(distinct):
             _name(v, what, limit)
-
-
-def neutralize(text: str, limit: int) -> str:
-    """Free text made safe to store and show: control characters but tab and newline become
-    U+FFFD (so an ANSI escape sequence is shown, not run), cut to `limit` characters."""
-    if len(text) > limit:
-        text = text[:limit]
-    return _CONTROL_TEXT.sub("\ufffd", text) if _CONTROL_TEXT.search(text) else text
 
 
 def _int(v: int | None, what: str, lo: int, hi: int) -> None:
@@ -133,7 +110,7 @@ def _frames_reason(st: Stack) -> str | None:
     for f in st:
         if len(f.name) > MAX_FRAME_TEXT or len(f.filename) > MAX_FRAME_TEXT:
             return f"a frame's name or file name is longer than {MAX_FRAME_TEXT} characters"
-        if _CONTROL.search(f.name) or _CONTROL.search(f.filename):
+        if CONTROL.search(f.name) or CONTROL.search(f.filename):
             return "a frame's name or file name holds a control character"
         if not 0 <= f.line <= MAX_FRAME_LINE:
             return f"a frame's line {f.line} is out of range (0..{MAX_FRAME_LINE})"
@@ -210,7 +187,7 @@ class BatchChecks:
             s.source = neutralize(s.source, MAX_SOURCE)
         groups = s.groups
         descs = [g.desc for g in groups.values()]
-        if descs and (_CONTROL_TEXT.search("".join(descs)) or max(map(len, descs)) > MAX_GROUP_DESC):
+        if descs and (CONTROL_TEXT.search("".join(descs)) or max(map(len, descs)) > MAX_GROUP_DESC):
             for name, g in groups.items():
                 groups[name] = dataclasses.replace(g, desc=neutralize(g.desc, MAX_GROUP_DESC))
         if s.config is not None:
@@ -306,7 +283,7 @@ class BatchChecks:
                 bad = self.bad_stacks
                 if any(st and id(st) in bad for st in c.frames()):
                     return False
-        return _CONTROL.search("".join(names)) is None
+        return CONTROL.search("".join(names)) is None
 
     def _explain(self, s: Snapshot, where: str) -> None:
         """The rules one by one: raises WireError naming the first bad value."""
@@ -399,9 +376,9 @@ def _clean_config(c: RankConfig) -> RankConfig:
             clean = neutralize(v, MAX_VERSION if f.name == "torch_version" else 512)
             if clean != v:
                 changes[f.name] = clean
-    if any(_CONTROL.search(k + v) for k, v in c.env):
+    if any(CONTROL.search(k + v) for k, v in c.env):
         changes["env"] = tuple((neutralize(k, 128), neutralize(v, 512)) for k, v in c.env)
-    if any(_CONTROL.search(g.name + g.desc + (g.backend or "")) for g in c.groups):
+    if any(CONTROL.search(g.name + g.desc + (g.backend or "")) for g in c.groups):
         changes["groups"] = tuple(
             dataclasses.replace(
                 g,
@@ -416,7 +393,7 @@ def _clean_config(c: RankConfig) -> RankConfig:
 
 def check_envelope(batch: Batch) -> None:
     """The batch's own fields (a bad one refuses the whole batch)."""
-    _name(batch.batch_id, "batch.batch_id", 128, empty=False)
+    _name(batch.batch_id, "batch.batch_id", MAX_BATCH_ID, empty=False)
     _name(batch.collector_host, "batch.collector.host", MAX_HOST)
     _name(batch.collector_version, "batch.collector.version", MAX_VERSION)
     _int(batch.sent_at_ns, "batch.sent_at_ns", 0, INT64_MAX)
@@ -424,18 +401,9 @@ def check_envelope(batch: Batch) -> None:
 
 def check_nixl(d: dict[str, Any], where: str) -> None:
     """One NIXL sample (wire dict): decodable, and its stored fields within their columns."""
-    from flightdeck.nixl_records import NixlSample
-
-    try:
-        smp = NixlSample.from_wire(d)
-    except ValueError as exc:
-        raise WireError(f"{where}: {exc}") from None
-    _name(smp.host, f"{where}.host", MAX_HOST, empty=False)
-    _name(smp.agent, f"{where}.agent", MAX_AGENT, empty=False)
-    _name(smp.run, f"{where}.run", MAX_RUN)
-    _int(smp.pid, f"{where}.pid", 0, INT64_MAX)
-    _int(smp.local_rank, f"{where}.local_rank", 0, MAX_WORLD_SIZE - 1)
-    _int(smp.read_time_ns, f"{where}.read_time_ns", 0, INT64_MAX)
+    problem = nixl_problem(d)
+    if problem is not None:
+        raise WireError(f"{where}: {problem}")
 
 
 def decode_checked(doc: object) -> tuple[Batch, list[Refusal]]:
@@ -472,7 +440,7 @@ def decode_checked(doc: object) -> tuple[Batch, list[Refusal]]:
 # (a NUL, which PostgreSQL text cannot hold; an int beyond 64 bits) reaches a query.
 
 #: A name as stored: no control character (so no NUL), not empty.
-NAME_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]+$"
+NAME_PATTERN = f"^[^{CONTROL_CHARS}]+$"
 
 JobParam = Annotated[str, Path(min_length=1, max_length=MAX_JOB, pattern=NAME_PATTERN)]
 GroupQuery = Annotated[str | None, Query(min_length=1, max_length=MAX_GROUP, pattern=NAME_PATTERN)]

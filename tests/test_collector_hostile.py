@@ -209,7 +209,8 @@ def test_crafted_shared_references_are_refused_within_bounded_memory(
 
     from flightdeck.collector.frdump import DumpBudgetError
 
-    path = tmp_path / "rank_7.pkl"
+    # Named as one of its pg_config's ranks (healthy_2: 0..1): a rank outside them is refused first.
+    path = tmp_path / "rank_1.pkl"
     path.write_bytes(_crafted(entries, distinct=distinct))
     tracemalloc.start()
     try:

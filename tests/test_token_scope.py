@@ -1,6 +1,7 @@
 """Token scoping: a collector token bound to a host (and optionally to job name patterns) may write
-only that host's ranks; a batch for another host's ranks or another job is refused with 403 and a
-reason, and nothing of it is stored. Unscoped tokens (made before scopes, or `--any-host`) keep
+only that host's ranks; a batch from another host's collector is refused whole with 403 and a
+reason, nothing of it stored; a snapshot (or NIXL sample) of another host or job in a batch of the
+right collector is refused alone (422 naming it, the rest of the batch applied), as an invalid one. Unscoped tokens (made before scopes, or `--any-host`) keep
 working. In-process on real SQLite and PostgreSQL, through the real ingest route.
 """
 
@@ -67,34 +68,56 @@ def test_a_host_bound_token_writes_its_host_only(server: Server) -> None:
     assert r.json()["detail"] == (
         "token 'node-vm' is bound to host 'vm'; this batch comes from collector host 'node-9'"
     )
-    # Claiming to be the right collector does not help: the ranks say where they run.
-    moved = [replace(s, host="node-9") if s.rank == 2 else s for s in snaps]
-    r = _post(server, SCOPED, moved, collector_host=HOST)
-    assert r.status_code == 403
-    assert "is bound to host 'vm'; snapshots[" in r.json()["detail"]
-    assert "rank 2) is of host 'node-9'" in r.json()["detail"]
     # A snapshot without a host is the collector's.
     anonymous = [replace(s, host=None) for s in snaps]
     assert _post(server, SCOPED, anonymous, collector_host="node-9").status_code == 403
-    r = _post(server, SCOPED, [], collector_host=HOST, nixl=[_nixl_sample("r1", 5)])
-    assert r.status_code == 403 and "nixl[0] is of host 'node-1'" in r.json()["detail"]
     assert server.counts()["entries"] == 0 and server.counts()["jobs"] == 0
+    # From the right collector, the ranks still say where they run: another host's is refused
+    # alone (a dump copied from another node), the others are stored.
+    moved = [replace(s, host="node-9") if s.rank == 2 else s for s in snaps]
+    r = _post(server, SCOPED, moved, collector_host=HOST)
+    assert r.status_code == 422, r.text
+    answer = r.json()
+    assert answer["applied"] is True
+    assert answer["refused_count"] == sum(s.rank == 2 for s in snaps) > 0
+    for x in answer["refused"]:
+        assert x["rank"] == 2, x
+        assert x["reason"].endswith("is bound to host 'vm'; the snapshot is of host 'node-9'"), x
+    assert _ranks(server, "healthy_4") == {0, 1, 3}
+    r = _post(server, SCOPED, [], collector_host=HOST, nixl=[_nixl_sample("r1", 5)])
+    assert r.status_code == 422 and r.json()["applied"] is False
+    assert "batch.nixl[0]: token 'node-vm' is bound to host 'vm'; the sample is of host 'node-1'" in r.text
     assert _rejects(server) == 4
 
     r = _post(server, SCOPED, snaps, collector_host=HOST)
     assert r.status_code == 200, r.text
-    assert server.counts()["entries"] > 0
+    assert _ranks(server, "healthy_4") == {0, 1, 2, 3}
+
+
+def _ranks(srv: Server, job: str) -> set[int]:
+    """The ranks of `job` with stored entries."""
+    r = srv.client.get(f"/api/v1/jobs/{job}/timeline?limit=10000")
+    assert r.status_code == 200, r.text
+    return {e["rank"] for e in r.json()["entries"]}
 
 
 def test_job_patterns_limit_the_jobs(server: Server) -> None:
     snaps = _healthy()
     other = [replace(s, job="prod-train") for s in snaps]
     r = _post(server, JOBS, [*snaps[:2], *other[:1]], collector_host=HOST)
-    assert r.status_code == 403
-    assert r.json()["detail"] == (
-        "token 'node-vm-healthy' may write jobs healthy_*, smoke; snapshots[2] is of job 'prod-train'"
-    )
-    assert server.counts()["jobs"] == 0
+    assert r.status_code == 422, r.text
+    assert r.json()["refused"] == [
+        {
+            "snapshot": 2,
+            "job": "prod-train",
+            "attempt": 0,
+            "rank": other[0].rank,
+            "reason": "batch.snapshots[2]: token 'node-vm-healthy' may write jobs healthy_*, smoke; "
+            "the snapshot is of job 'prod-train'",
+        }
+    ]
+    with server.svc.db.read() as session:
+        assert [j.name for j in store.list_jobs(session=session)] == ["healthy_4"]
     assert (
         _post(server, JOBS, [replace(s, job="smoke") for s in snaps], collector_host=HOST).status_code == 200
     )

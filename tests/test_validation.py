@@ -27,8 +27,8 @@ import pytest
 from sqlalchemy import text
 
 from flightdeck.demo.ranks import free_port
+from flightdeck.limits import INT64_MAX, MAX_WORLD_SIZE
 from flightdeck.server import store
-from flightdeck.server.validation import INT64_MAX, MAX_WORLD_SIZE
 from flightdeck.wire import encode_batch
 from tests.conftest import FakeClock
 from tests.test_server_api import AUTH, Server, make_server

@@ -23,8 +23,8 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from flightdeck.limits import INT64_MAX
 from flightdeck.server.validation import (
-    INT64_MAX,
     GroupQuery,
     GroupRequired,
     JobParam,
