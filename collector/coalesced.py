@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from flightdeck.records import COALESCED_END_OPS, Entry
+from flightdeck.records import COALESCED_END_OPS, Entry, with_progress_of
 
 
 def fold_coalesced(entries: list[Entry]) -> list[Entry]:
@@ -40,13 +40,13 @@ def fold_coalesced(entries: list[Entry]) -> list[Entry]:
             continue
         if e.is_p2p:
             for i in members:
-                out[i] = _with_progress(out[i], e)
+                out[i] = with_progress_of(out[i], e)
             continue
         ops = [out[i] for i in members]
         first = ops[0]
         names = {o.op for o in ops}
         merged = replace(
-            _with_progress(first, e),
+            with_progress_of(first, e),
             record_id=e.record_id,
             # One op name: the group is that op, several times over (and stays so over the wire,
             # which derives the op from `raw_op`); mixed ops keep the end entry's name.
@@ -79,16 +79,3 @@ def _members(out: list[Entry], end: Entry) -> list[int]:
         found.append(i)
     found.reverse()
     return found
-
-
-def _with_progress(e: Entry, end: Entry) -> Entry:
-    """`e` with the state, completion and times of its group's end entry."""
-    return replace(
-        e,
-        state=end.state,
-        retired=end.retired,
-        time_started_ns=end.time_started_ns,
-        time_completed_ns=end.time_completed_ns,
-        duration_ms=end.duration_ms,
-        timeout_ms=end.timeout_ms if end.timeout_ms is not None else e.timeout_ms,
-    )

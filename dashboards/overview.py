@@ -390,28 +390,26 @@ def webhook_outbox() -> timeseries.Panel:
     )
 
 
-def server_memory() -> timeseries.Panel:
-    """Resident memory of each server replica."""
+def _per_replica(title: str, expr: str, unit: str) -> timeseries.Panel:
+    """One line per server replica (its `instance`)."""
     return (
-        timeseries_panel("Server memory")
-        .with_target(query(f"process_resident_memory_bytes{{{_SERVER}}}", legend="{{instance}}"))
-        .unit("bytes")
+        timeseries_panel(title)
+        .with_target(query(expr, legend="{{instance}}"))
+        .unit(unit)
         .min(0)
         .span(8)
         .height(8)
     )
+
+
+def server_memory() -> timeseries.Panel:
+    """Resident memory of each server replica."""
+    return _per_replica("Server memory", f"process_resident_memory_bytes{{{_SERVER}}}", "bytes")
 
 
 def server_cpu() -> timeseries.Panel:
     """CPU cores each server replica uses."""
-    return (
-        timeseries_panel("Server CPU")
-        .with_target(query(f"rate(process_cpu_seconds_total{{{_SERVER}}}[{RATE}])", legend="{{instance}}"))
-        .unit("short")
-        .min(0)
-        .span(8)
-        .height(8)
-    )
+    return _per_replica("Server CPU", f"rate(process_cpu_seconds_total{{{_SERVER}}}[{RATE}])", "short")
 
 
 def build(flightdeck_url: str = DEFAULT_FLIGHTDECK_URL) -> model.Dashboard:

@@ -7,7 +7,7 @@ Nothing here knows about pickle, JSON dump quirks, files or databases.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from operator import attrgetter
 from typing import Any, Literal
 
@@ -472,3 +472,17 @@ def _state(raw: object) -> State:
     if raw == "scheduled":
         return "scheduled"
     raise ValueError(f"unknown entry state {raw!r}")
+
+
+def with_progress_of(e: Entry, end: Entry) -> Entry:
+    """`e` with the state, completion and times of its coalesced group's end entry (the reader
+    folds the two when it reads them together; the summary when the end entry comes alone)."""
+    return replace(
+        e,
+        state=end.state,
+        retired=end.retired,
+        time_started_ns=end.time_started_ns,
+        time_completed_ns=end.time_completed_ns,
+        duration_ms=end.duration_ms,
+        timeout_ms=end.timeout_ms if end.timeout_ms is not None else e.timeout_ms,
+    )

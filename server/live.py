@@ -91,6 +91,8 @@ class JobState:
     #: rank -> snapshot time (epoch ns) of its latest snapshot.
     rank_seen_ns: dict[int, int] = field(default_factory=dict)
     report: Report | None = None
+    #: (group, seq) -> epoch ns a state_mismatch there was first diagnosed (`settle_state_mismatches`).
+    state_mismatch_since: dict[tuple[str | None, int | None], int] = field(default_factory=dict)
     #: The last diagnosis's `Report.agreed`, for the next (reset when the summaries are rebuilt).
     agreed: dict[str, tuple[int, int]] = field(default_factory=dict)
     #: group -> enqueue time (epoch ns) of the oldest collective not finished on every member.
@@ -140,18 +142,47 @@ def job_status(report: Report, summaries: Sequence[RankSummary], world_size: int
     return "running"
 
 
-def live_findings(report: Report, *, job_age_s: float, grace_s: float) -> list[Finding]:
+#: Seconds a state_mismatch must hold before it is stored (and pages). When a long wait ends (a
+#: busy rank joins at last), the rank that left the collective may be snapshotted finished before
+#: its peers' next snapshots, up to an interval and a push later, show it finished too: measured
+#: once in four 3-minute busy runs, open for about a second. Two 1 s intervals cover that.
+STATE_MISMATCH_HOLD_S = 3.0
+
+MismatchKey = tuple[str | None, int | None]
+
+
+def settle_state_mismatches(
+    report: Report, since: dict[MismatchKey, int], now_ns: int, hold_s: float = STATE_MISMATCH_HOLD_S
+) -> tuple[dict[MismatchKey, int], set[MismatchKey]]:
+    """When each state_mismatch of `report` was first diagnosed (carried over from `since`), and
+    which of them have not held for `hold_s` yet."""
+    held: dict[MismatchKey, int] = {}
+    for f in report.findings:
+        if f.kind == "state_mismatch":
+            key = (f.process_group, f.collective_seq_id)
+            held[key] = since.get(key, now_ns)
+    young = {k for k, t in held.items() if now_ns - t < hold_s * NS}
+    return held, young
+
+
+def live_findings(
+    report: Report, *, job_age_s: float, grace_s: float, unsettled: set[MismatchKey] | None = None
+) -> list[Finding]:
     """The findings worth storing from a live diagnosis.
 
     A job whose ranks are still coming up has no dump from some of them, and no collective yet:
     `missing_dump` within the first `grace_s` and `undecided` are the normal state of a starting
-    job, not findings (the offline analyzer, which sees a finished picture, keeps them).
-    `consequence_of` indexes are renumbered to the kept list.
+    job, not findings (the offline analyzer, which sees a finished picture, keeps them). Neither is
+    a state_mismatch in `unsettled` (`settle_state_mismatches`): it may be the peers' snapshots
+    lagging the end of a collective. `consequence_of` indexes are renumbered to the kept list.
     """
+    young = unsettled or set()
     keep = [
         i
         for i, f in enumerate(report.findings)
-        if f.kind != "undecided" and not (f.kind == "missing_dump" and job_age_s < grace_s)
+        if f.kind != "undecided"
+        and not (f.kind == "missing_dump" and job_age_s < grace_s)
+        and not (f.kind == "state_mismatch" and (f.process_group, f.collective_seq_id) in young)
     ]
     if len(keep) == len(report.findings):
         return report.findings
@@ -715,8 +746,12 @@ class LiveDiagnosis:
             report.findings[:0] = [f for f in js.report.findings if f.kind == "straggler"]
         # Job age by the server's clock: snapshot times say when the ranks wrote, not when we heard.
         first_seen = js.first_seen_ns or now_ns
+        js.state_mismatch_since, unsettled = settle_state_mismatches(report, js.state_mismatch_since, now_ns)
         report.findings = live_findings(
-            report, job_age_s=(now_ns - first_seen) / NS, grace_s=self._settings.stall_after_s
+            report,
+            job_age_s=(now_ns - first_seen) / NS,
+            grace_s=self._settings.stall_after_s,
+            unsettled=unsettled,
         )
         status = job_status(report, summaries, js.world_size)
         try:

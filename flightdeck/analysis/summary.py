@@ -30,6 +30,7 @@ from flightdeck.records import (
     config_to_dict,
     progress_from_dict,
     progress_to_dict,
+    with_progress_of,
 )
 
 #: Entries kept in full per group (the frontier: where each rank is and what it waits on).
@@ -293,28 +294,17 @@ def _apply_end(track: GroupTrack, end: Entry) -> bool:
         hit = False
         for k, old in enumerate(track.p2p):
             if old.p2p_seq_id == end.p2p_seq_id and old.record_id < end.record_id:
-                track.p2p[k] = _progress_of(old, end)
+                track.p2p[k] = with_progress_of(old, end)
                 hit = True
         return hit
     for k, old in enumerate(track.tail):
         if old.collective_seq_id == end.collective_seq_id:
             if old.op in COALESCED_END_OPS and not old.input_sizes:
                 return False  # held unfolded too: replaced as any re-sent entry
-            track.tail[k] = replace(_progress_of(old, end), record_id=max(old.record_id, end.record_id))
+            track.tail[k] = replace(with_progress_of(old, end), record_id=max(old.record_id, end.record_id))
             return True
     # Older than the tail: the fingerprint already held stays (the state of an old group matters not).
     return track.index_of(end.collective_seq_id) is not None
-
-
-def _progress_of(e: Entry, end: Entry) -> Entry:
-    return replace(
-        e,
-        state=end.state,
-        retired=end.retired,
-        time_started_ns=end.time_started_ns,
-        time_completed_ns=end.time_completed_ns,
-        duration_ms=end.duration_ms,
-    )
 
 
 #: Order of the entry states: an entry only ever moves forward along it.
