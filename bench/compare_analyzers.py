@@ -1,7 +1,7 @@
 """Flightdeck's analyzer vs PyTorch's on every committed job, case by case, judged against each
 job's definition (its `scenario.json`, written from the program, not from any analyzer).
 
-    python bench/compare_analyzers.py [--fr tests/data/fr] [--nccl tests/data/nccl]
+    python -m bench.compare_analyzers [--fr tests/data/fr] [--nccl tests/data/nccl]
         [--write docs/comparison.md] [--json FILE] [--only NAME...]
 
 Jobs: every `<dir>/<job>/scenario.json` under `--fr` (real gloo jobs: the agent's spool, several
