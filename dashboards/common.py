@@ -79,6 +79,27 @@ def instant_table_query(expr: str, ref_id: str = "A") -> prometheus.Dataquery:
     )
 
 
+def label_variable(
+    name: str,
+    label: str,
+    query: str,
+    *,
+    multi: bool = True,
+    sort: model.VariableSort = model.VariableSort.ALPHABETICAL_ASC,
+) -> dash.QueryVariable:
+    """A picker over a label's values (`query`: a `label_values(...)` query), refreshed with the
+    time range; `multi`: several values, all of them by default."""
+    var = (
+        dash.QueryVariable(name)
+        .label(label)
+        .datasource(datasource())
+        .query(query)
+        .refresh(model.VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .sort(sort)
+    )
+    return var.multi(True).include_all(True).all_value(".*") if multi else var
+
+
 def url_variable(default: str) -> dash.TextBoxVariable:
     """The `flightdeck_url` text box: base URL of the Flightdeck UI that the links point at.
 

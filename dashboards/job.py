@@ -16,8 +16,8 @@ from flightdeck.dashboards.common import (
     DEFAULT_FLIGHTDECK_URL,
     RATE,
     base_dashboard,
-    datasource,
     job_incident_link,
+    label_variable,
     number_panels,
     query,
     thresholds,
@@ -42,43 +42,23 @@ TOP_RANKS = 10
 
 def job_variable() -> dash.QueryVariable:
     """The job picker: every job the server exports a hang gauge for."""
-    return (
-        dash.QueryVariable("job")
-        .label("Job")
-        .datasource(datasource())
-        .query("label_values(flightdeck_job_hang_active, job)")
-        .refresh(model.VariableRefresh.ON_TIME_RANGE_CHANGED)
-        .sort(model.VariableSort.ALPHABETICAL_ASC)
-    )
+    return label_variable("job", "Job", "label_values(flightdeck_job_hang_active, job)", multi=False)
 
 
 def group_variable() -> dash.QueryVariable:
     """The process-group picker for the chosen job (all groups by default)."""
-    return (
-        dash.QueryVariable("group")
-        .label("Process group")
-        .datasource(datasource())
-        .query('label_values(flightdeck_job_hang_active{job="$job"}, group)')
-        .refresh(model.VariableRefresh.ON_TIME_RANGE_CHANGED)
-        .sort(model.VariableSort.ALPHABETICAL_ASC)
-        .multi(True)
-        .include_all(True)
-        .all_value(".*")
+    return label_variable(
+        "group", "Process group", 'label_values(flightdeck_job_hang_active{job="$job"}, group)'
     )
 
 
 def rank_variable() -> dash.QueryVariable:
     """The rank picker for the per-rank panels (all ranks by default; they show the top few)."""
-    return (
-        dash.QueryVariable("rank")
-        .label("Rank")
-        .datasource(datasource())
-        .query('label_values(flightdeck_rank_last_seen_age_seconds{job="$job"}, rank)')
-        .refresh(model.VariableRefresh.ON_TIME_RANGE_CHANGED)
-        .sort(model.VariableSort.NUMERICAL_ASC)
-        .multi(True)
-        .include_all(True)
-        .all_value(".*")
+    return label_variable(
+        "rank",
+        "Rank",
+        'label_values(flightdeck_rank_last_seen_age_seconds{job="$job"}, rank)',
+        sort=model.VariableSort.NUMERICAL_ASC,
     )
 
 

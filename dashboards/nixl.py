@@ -13,7 +13,7 @@ from flightdeck.dashboards.common import (
     DEFAULT_FLIGHTDECK_URL,
     RATE,
     base_dashboard,
-    datasource,
+    label_variable,
     number_panels,
     query,
     timeseries_panel,
@@ -28,31 +28,13 @@ _SEL = 'host=~"$host", agent=~"$agent"'
 
 def host_variable() -> dash.QueryVariable:
     """The host picker (all hosts by default)."""
-    return (
-        dash.QueryVariable("host")
-        .label("Host")
-        .datasource(datasource())
-        .query("label_values(flightdeck_nixl_tx_requests_total, host)")
-        .refresh(model.VariableRefresh.ON_TIME_RANGE_CHANGED)
-        .sort(model.VariableSort.ALPHABETICAL_ASC)
-        .multi(True)
-        .include_all(True)
-        .all_value(".*")
-    )
+    return label_variable("host", "Host", "label_values(flightdeck_nixl_tx_requests_total, host)")
 
 
 def agent_variable() -> dash.QueryVariable:
     """The NIXL agent picker for the chosen hosts (all agents by default)."""
-    return (
-        dash.QueryVariable("agent")
-        .label("Agent")
-        .datasource(datasource())
-        .query('label_values(flightdeck_nixl_tx_requests_total{host=~"$host"}, agent)')
-        .refresh(model.VariableRefresh.ON_TIME_RANGE_CHANGED)
-        .sort(model.VariableSort.ALPHABETICAL_ASC)
-        .multi(True)
-        .include_all(True)
-        .all_value(".*")
+    return label_variable(
+        "agent", "Agent", 'label_values(flightdeck_nixl_tx_requests_total{host=~"$host"}, agent)'
     )
 
 
