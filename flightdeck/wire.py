@@ -12,7 +12,12 @@
                     "progress" (left out when unknown): its main thread's evidence (`progress_to_dict`, the
                     frames as "stk", an index into "stacks");
                     "entries": {"n": 2, "rid": [7, 8], "g": ["0", "0"], "sig": [0, 0], ...}...}],
-     "nixl": [{...flightdeck.nixl_records wire dicts...}]}
+     "nixl": [{...flightdeck.nixl_records wire dicts...}],
+     "gone": [{"job": "...", "attempt": 0, "rank": 3, "pid": 4242, "gone_at_ns": ...}]}  # optional
+
+`gone` names the ranks whose process the collector saw exit on its host (its pid no longer runs):
+how the server learns that a job ended when its ranks were killed before writing a final snapshot.
+A batch with no snapshots, samples or gone ranks is a collector's heartbeat.
 
 A snapshot carries only the entries that are new or changed since the collector's last push of
 that rank (entries change state: the server upserts by (job, attempt, rank, record_id)), plus
@@ -33,6 +38,7 @@ from itertools import repeat
 from operator import attrgetter
 from typing import Any, Generic, TypeVar
 
+from flightdeck.limits import INT32_MAX, INT64_MAX, MAX_JOB, MAX_WORLD_SIZE, int_ok, name_problem
 from flightdeck.records import (
     WIRE_VERSION,
     Entry,
@@ -136,6 +142,28 @@ class Snapshot:
         return self.columns if self.columns is not None else EntryColumns.of(self.entries)
 
 
+@dataclass(slots=True, frozen=True)
+class GoneRank:
+    """A rank whose process the collector saw exit: `pid` no longer runs on the collector's host
+    since `gone_at_ns` (the collector's clock; the first time it looked and did not find it)."""
+
+    job: str
+    attempt: int
+    rank: int
+    pid: int
+    gone_at_ns: int
+
+    def to_json(self) -> dict[str, Any]:
+        """The wire form."""
+        return {
+            "job": self.job,
+            "attempt": self.attempt,
+            "rank": self.rank,
+            "pid": self.pid,
+            "gone_at_ns": self.gone_at_ns,
+        }
+
+
 @dataclass(slots=True)
 class Batch:
     """A decoded ingest batch."""
@@ -147,6 +175,8 @@ class Batch:
     snapshots: list[Snapshot]
     #: NIXL samples, still as wire dicts: `flightdeck.nixl_records` decodes them.
     nixl: list[dict[str, Any]] = field(default_factory=list)
+    #: Ranks whose process the collector saw exit (`GoneRank`).
+    gone: list[GoneRank] = field(default_factory=list)
 
     @property
     def entry_count(self) -> int:
@@ -225,6 +255,7 @@ def encode_batch(batch: Batch) -> dict[str, Any]:
         "sigs": sigs.values,
         "snapshots": snaps,
         "nixl": batch.nixl,
+        **({"gone": [g.to_json() for g in batch.gone]} if batch.gone else {}),
     }
 
 
@@ -301,7 +332,36 @@ def decode_batch(
     nixl = doc.get("nixl") or []
     if not isinstance(nixl, list) or not all(isinstance(x, dict) for x in nixl):
         raise WireError("batch.nixl: expected a list of objects")
-    return Batch(batch_id, host, cver, sent, snaps, nixl)
+    return Batch(batch_id, host, cver, sent, snaps, nixl, _decode_gone(doc.get("gone")))
+
+
+#: Most gone ranks one batch may name (a host runs far fewer ranks; the bound keeps a batch small).
+MAX_GONE = 4096
+
+
+def _decode_gone(raw: object) -> list[GoneRank]:
+    """The batch's `gone` list, every value checked against what the store holds."""
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise WireError("batch.gone: expected a list of objects")
+    if len(raw) > MAX_GONE:
+        raise WireError(f"batch.gone: more than {MAX_GONE} ranks ({len(raw)})")
+    out = []
+    for i, g in enumerate(raw):
+        where = f"batch.gone[{i}]"
+        if not isinstance(g, dict):
+            raise WireError(f"{where}: expected an object")
+        problem = name_problem(g.get("job"), MAX_JOB)
+        if problem is not None:
+            raise WireError(f"{where}.job: {problem}")
+        for key, high in (("attempt", INT32_MAX), ("rank", MAX_WORLD_SIZE - 1), ("pid", INT64_MAX)):
+            if not int_ok(g.get(key), 0, high):
+                raise WireError(f"{where}.{key}: expected an integer in [0, {high}]")
+        if not int_ok(g.get("gone_at_ns"), 0, INT64_MAX):
+            raise WireError(f"{where}.gone_at_ns: expected a non-negative integer (epoch ns)")
+        out.append(GoneRank(g["job"], g["attempt"], g["rank"], g["pid"], g["gone_at_ns"]))
+    return out
 
 
 def _refusal(i: int, s: object, reason: str) -> Refusal:
