@@ -99,6 +99,32 @@ def test_timeline_fragment_for_htmx(server: Server) -> None:
     assert len(r.text) < len(whole)
 
 
+def test_a_quiet_job_page_answers_304_until_it_changes(server: Server) -> None:
+    """The live fragment a browser polls carries an ETag; the same poll of an unchanged job is a
+    304 without a body, also after more diagnoses (elapsed times grow, nothing shown changes),
+    and a new snapshot of the job makes it a 200 again with another ETag."""
+    snaps = skip_stuck_view()
+    _hung(server, snaps)
+    poll = {"HX-Request": "true", "HX-Target": "live"}
+    first = server.client.get("/jobs/skip", headers=poll)
+    assert first.status_code == 200
+    etag = first.headers["etag"]
+    assert first.headers["cache-control"] == "private, no-cache"
+    server.clock.now_ns += 5 * NS
+    server.diagnose()
+    quiet = server.client.get("/jobs/skip", headers={**poll, "If-None-Match": etag})
+    assert (quiet.status_code, quiet.content, quiet.headers["etag"]) == (304, b"", etag)
+    # Another view of the same job (the whole page, another window) is another entity.
+    whole = server.client.get("/jobs/skip", headers={"If-None-Match": etag})
+    assert whole.status_code == 200 and whole.headers["etag"] != etag
+    later = [replace(s, snapshot_time_ns=s.snapshot_time_ns + 4 * NS) for s in snaps]
+    assert server.push(later).status_code == 200
+    server.diagnose()
+    changed = server.client.get("/jobs/skip", headers={**poll, "If-None-Match": etag})
+    assert changed.status_code == 200 and changed.headers["etag"] != etag
+    assert "rank 2" in _text(changed.text).lower()
+
+
 def test_stuck_cell_detail_shows_stack_frames(server: Server) -> None:
     snaps = skip_stuck_view()
     _hung(server, snaps)

@@ -30,7 +30,8 @@ class RankTrack:
     entries: Sequence[EntryLike] = ()
     #: Lowest and highest collective_seq_id the rank holds for the group in its whole ring buffer
     #: (not only the window): they tell "never entered" (after last) from "not recorded" (before
-    #: first, the ring overwrote it). None when the rank holds nothing of the group.
+    #: first, the ring overwrote it). None when the rank holds nothing of the group. A rank that
+    #: holds every seq of the window may give its window's bounds instead: no cell needs more.
     first_seq: int | None = None
     last_seq: int | None = None
 
@@ -102,6 +103,12 @@ class WebData(Protocol):
         self, job: str, *, group: str, ranks: Sequence[int] | None, seqs: tuple[int, int] | None
     ) -> TimelineData:
         """Entries of `group` for `ranks` (None: all) with seq in `seqs` (inclusive; None: all)."""
+        ...
+
+    def job_version(self, job: str) -> str | None:
+        """A token that changes whenever what the job's page shows changes (new data, another
+        verdict or status), read without reading the job's entries; elapsed times alone do not
+        change it (the page shows them "as of" their diagnosis). None: unknown, do not cache."""
         ...
 
     def rank_detail(self, job: str, rank: int) -> RankDetail | None:

@@ -145,6 +145,10 @@ class DumpData:
             "groups": j.groups,
         }
 
+    def job_version(self, job: str) -> str | None:
+        """None: the dumps are analysed per request, nothing is cached."""
+        return None
+
     def timeline(
         self, job: str, *, group: str, ranks: Sequence[int] | None, seqs: tuple[int, int] | None
     ) -> TimelineData:

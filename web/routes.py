@@ -179,7 +179,21 @@ def make_router(data: WebData, settings: WebSettings | None = None) -> APIRouter
     etags = {name: '"' + hashlib.sha256(body).hexdigest()[:16] + '"' for name, body in static.items()}
     router = APIRouter(dependencies=[Depends(_auth_dependency(cfg))], include_in_schema=False)
 
-    def page(request: Request, template: str, view: Any, *, status_code: int = 200) -> Response:
+    def fragment_etag(request: Request, version: str) -> str:
+        # One page of one version, as this request asks for it (query, whole page or fragment).
+        key = "\x00".join(
+            (
+                version,
+                str(request.url.query),
+                request.headers.get("hx-request", ""),
+                request.headers.get("hx-target", ""),
+            )
+        )
+        return '"' + hashlib.sha256(key.encode()).hexdigest()[:24] + '"'
+
+    def page(
+        request: Request, template: str, view: Any, *, status_code: int = 200, etag: str | None = None
+    ) -> Response:
         if request.query_params.get("format") == "json":
             return JSONResponse(_jsonable(view), status_code=status_code, headers=SECURITY_HEADERS)
         # The decoded path, quoted again: a job id may hold "?", "#", "%" or spaces.
@@ -190,9 +204,7 @@ def make_router(data: WebData, settings: WebSettings | None = None) -> APIRouter
             target = request.headers.get("hx-target", "")
             block = target if target in names else names[0]
         html = render(env, template, ctx, block)
-        # Vary: the same URL answers with a whole page or a fragment depending on HX-Request.
-        headers = {**SECURITY_HEADERS, "Vary": "HX-Request, HX-Target", "Cache-Control": "no-store"}
-        return HTMLResponse(html, status_code=status_code, headers=headers)
+        return HTMLResponse(html, status_code=status_code, headers=_page_headers(etag))
 
     @router.get("/", response_class=HTMLResponse)
     def jobs_page(request: Request) -> Response:
@@ -267,6 +279,12 @@ def make_router(data: WebData, settings: WebSettings | None = None) -> APIRouter
         expand: str = Query(default="", max_length=20000),
         view: Literal["seq", "time"] = "seq",
     ) -> Response:
+        # A poll of a job that has not changed is answered from its version alone: the browser
+        # revalidates (Cache-Control: no-cache) and keeps what it has on a 304.
+        version = data.job_version(job) if request.query_params.get("format") != "json" else None
+        etag = None if version is None else fragment_etag(request, version)
+        if etag is not None and etag in request.headers.get("if-none-match", ""):
+            return Response(status_code=304, headers=_page_headers(etag))
         report, meta = data.job_report(job), data.job_meta(job)
         if report is None or meta is None:
             raise HTTPException(status_code=404, detail="no such job")
@@ -305,9 +323,22 @@ def make_router(data: WebData, settings: WebSettings | None = None) -> APIRouter
             expand=expanded,
             view=view,
         )
-        return page(request, "job.html", model)
+        return page(request, "job.html", model, etag=etag)
 
     return router
+
+
+def _page_headers(etag: str | None) -> dict[str, str]:
+    # Vary: the same URL answers with a whole page or a fragment depending on HX-Request. A page
+    # with a version is revalidated on every use (no-cache) and kept by this browser only
+    # (private); one without is not stored at all.
+    headers = {**SECURITY_HEADERS, "Vary": "HX-Request, HX-Target"}
+    if etag is None:
+        headers["Cache-Control"] = "no-store"
+    else:
+        headers["Cache-Control"] = "private, no-cache"
+        headers["ETag"] = etag
+    return headers
 
 
 def _query(request: Request) -> str:

@@ -22,6 +22,7 @@ from flightdeck.server.db import Database
 from flightdeck.server.live import LiveDiagnosis
 from flightdeck.server.models import Job
 from flightdeck.web.data import RankDetail, RankTrack, ThreadStackData, TimelineData
+from flightdeck.web.views import verdict_fingerprint
 
 NS = 1_000_000_000
 
@@ -146,6 +147,16 @@ class StoreData:
                 "groups": groups,
             }
 
+    def job_version(self, job: str) -> str | None:
+        """The job's row (last seen, status, liveness) and its verdict's fingerprint: one indexed
+        read and the in-memory verdict, so a quiet page's poll answers 304 in milliseconds."""
+        with self._db.read() as session:
+            j = store.get_job(session=session, name=job)
+            if j is None:
+                return None
+            shown = (j.id, j.last_seen_ns, j.status, j.world_size, self._active(j))
+            return repr((shown, verdict_fingerprint(self._report(session, j))))
+
     def timeline(
         self, job: str, *, group: str, ranks: Sequence[int] | None, seqs: tuple[int, int] | None
     ) -> TimelineData:
@@ -154,41 +165,62 @@ class StoreData:
             j = store.get_job(session=session, name=job)
             if j is None:
                 return TimelineData(group=group, ranks=[])
-            gid = next(
-                (g.id for g in store.job_groups(session=session, job_id=j.id) if g.name == group), None
-            )
+            grow = next((g for g in store.job_groups(session=session, job_id=j.id) if g.name == group), None)
             known = store.job_ranks(session=session, job_id=j.id)
             wanted = set(ranks) if ranks is not None else None
             rows = [(r, h) for r, h in known if wanted is None or r.rank in wanted]
-            if gid is None:
+            if grow is None:
                 return TimelineData(
                     group=group, ranks=[RankTrack(rank=r.rank, host=h, pid=r.pid) for r, h in rows]
                 )
             only = None if wanted is None else sorted(wanted)
-            bounds = store.rank_seq_ranges(session=session, job_id=j.id, group_id=gid, ranks=only)
             entries = store.window_entries(
                 session=session,
                 job_id=j.id,
-                group_id=gid,
+                group_id=grow.id,
                 group_name=group,
                 ranks=only,
                 seq_from=None if seqs is None else seqs[0],
                 seq_to=None if seqs is None else seqs[1],
             )
+            bounds = store.rank_seq_ranges(
+                session=session, job_id=j.id, group_id=grow.id, ranks=self._gaps(rows, entries, grow, seqs)
+            )
             tracks = []
             for r, h in rows:
+                mine = entries.get(r.rank, [])
                 lo_hi = bounds.get(r.rank)
+                if lo_hi is None and mine:
+                    lo_hi = (mine[0].collective_seq_id, mine[-1].collective_seq_id)
                 tracks.append(
                     RankTrack(
                         rank=r.rank,
                         host=h,
                         pid=r.pid,
-                        entries=entries.get(r.rank, []),
+                        entries=mine,
                         first_seq=None if lo_hi is None else lo_hi[0],
                         last_seq=None if lo_hi is None else lo_hi[1],
                     )
                 )
             return TimelineData(group=group, ranks=tracks)
+
+    @staticmethod
+    def _gaps(
+        rows: Sequence[tuple[Any, str | None]],
+        entries: dict[int, list[Any]],
+        group: Any,
+        seqs: tuple[int, int] | None,
+    ) -> list[int]:
+        """The member ranks whose window misses a seq: only theirs need the whole ring's bounds
+        (to tell "never entered" from "not recorded"); the others' come from their window."""
+        members = None if group.ranks is None else {int(x) for x in group.ranks}
+        size = None if seqs is None else seqs[1] - seqs[0] + 1
+        return [
+            r.rank
+            for r, _ in rows
+            if (members is None or r.rank in members)
+            and (size is None or len(entries.get(r.rank, ())) < size)
+        ]
 
     def rank_detail(self, job: str, rank: int) -> RankDetail | None:
         """The rank's latest snapshot: where it runs, its thread stacks, its recent entries."""

@@ -7,6 +7,7 @@ frames, file paths, exception texts) stays a plain string: the templates escape 
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -1340,4 +1341,34 @@ def nixl_view(agents: list[dict[str, Any]]) -> NixlView:
         new_errors=new_err,
         new_dropped=new_drop,
         window_s=RATE_WINDOW_S,
+    )
+
+
+def verdict_fingerprint(report: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What of a verdict (`Report.to_json()`) the pages show, without the times that grow with the
+    clock alone (`now_s`, `elapsed_s`, and the detail texts that quote them): equal fingerprints,
+    same page."""
+    ranks = report.get("ranks") or {}
+    return (
+        report.get("healthy"),
+        json.dumps(report.get("clock"), sort_keys=True),
+        ranks.get("expected"),
+        len(ranks.get("with_dump") or ()),
+        ranks.get("without_dump_count"),
+        tuple(
+            (
+                f.get("kind"),
+                f.get("process_group"),
+                f.get("collective_seq_id"),
+                f.get("op"),
+                tuple(f.get("culprit_ranks") or ()),
+                len(f.get("waiting_ranks") or ()),
+                json.dumps(
+                    [f.get("expected"), f.get("actual"), f.get("consequence_of")], sort_keys=True, default=str
+                ),
+                f.get("elapsed_s") is None,
+            )
+            for f in report.get("findings") or ()
+        ),
+        tuple(report.get("warnings") or ()),
     )

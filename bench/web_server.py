@@ -1,0 +1,211 @@
+"""The incident page, its live fragment and the JSON timeline, timed through a real `flightdeck server`.
+
+A fresh database (SQLite file or a new PostgreSQL database), one `flightdeck server` process with
+the shipped defaults, and `--jobs` jobs of `--ranks` x `--entries` collectives posted to it over
+HTTP as a collector would (gzip batches, a token). The last job is a hang: rank 3 never enters the
+last collective, the others wait in it; the bench waits for the server's finding, then times, over
+HTTP on 127.0.0.1 (median of `--repeat` after one warm-up):
+
+* the incident page (`GET /jobs/<job>`), what a browser opens;
+* the live fragment the page polls every 2 s (`HX-Request: true`), first as a fresh poll and then
+  as a quiet one (`If-None-Match` with the fragment's ETag: the job has not changed);
+* the JSON timeline of the stuck window (`GET /api/v1/jobs/<job>/timeline`) and the job's verdict.
+
+It prints the figures, the server's RSS and the machine's load average. Traffic goes to 127.0.0.1.
+
+    python -m bench.web_server --db sqlite --ranks 1024 --entries 2000 --jobs 10
+    python -m bench.web_server --db postgresql --ranks 64 --entries 500
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gzip
+import json
+import os
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+
+from bench.server_ingest import make_token, start_server
+from bench.server_synth import rank_entries, snapshot, stuck_entry, template
+from flightdeck.demo.ranks import free_port
+from flightdeck.wire import Batch, encode_batch
+
+PG_ADMIN = os.environ.get("FLIGHTDECK_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
+CULPRIT = 3
+
+
+@contextlib.contextmanager
+def database(kind: str, keep: Path | None) -> Iterator[str]:
+    """A fresh database URL, removed afterwards (`keep`: an SQLite file kept for the next run)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        if kind == "sqlite":
+            yield f"sqlite:///{keep or Path(tmp) / 'web.db'}"
+            return
+        import psycopg
+
+        name = keep.name if keep is not None else f"flightdeck_web_{uuid.uuid4().hex[:8]}"
+        with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
+            if admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone() is None:
+                admin.execute(f'CREATE DATABASE "{name}"')
+        try:
+            base = PG_ADMIN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
+            yield f"{base}/{name}"
+        finally:
+            if keep is None:
+                with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
+                    admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _exists(kind: str, keep: Path) -> bool:
+    if kind == "sqlite":
+        return keep.exists()
+    import psycopg
+
+    with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
+        return (
+            admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", (keep.name,)).fetchone() is not None
+        )
+
+
+def post_job(client: httpx.Client, token: str, job: str, ranks: int, entries: int, *, hang: bool) -> None:
+    """Every rank's ring, `per_batch` ranks a batch (a collector's push of a host's ranks)."""
+    tpl = template()
+    now = time.time_ns()
+    base = now - (entries + 10) * 1_000_000
+    per_batch = max(1, 32_000 // entries)
+    for first in range(0, ranks, per_batch):
+        snaps = []
+        for r in range(first, min(ranks, first + per_batch)):
+            if hang:
+                es = rank_entries(tpl, r, 0, entries - 1, base)
+                if r != CULPRIT:
+                    es.append(stuck_entry(tpl, r, entries - 1, base))
+            else:
+                es = rank_entries(tpl, r, 0, entries, base)
+            snaps.append(snapshot(job, r, ranks, es, now))
+        batch = Batch(uuid.uuid4().hex, "bench-host", "bench", time.time_ns(), snaps)
+        body = gzip.compress(json.dumps(encode_batch(batch), separators=(",", ":")).encode(), compresslevel=1)
+        while True:
+            resp = client.post(
+                "/api/v1/ingest",
+                content=body,
+                headers={
+                    "Authorization": f"Bearer {token}",
+                    "Content-Encoding": "gzip",
+                    "Content-Type": "application/json",
+                    "Idempotency-Key": batch.batch_id,
+                },
+            )
+            if resp.status_code in (429, 503):
+                time.sleep(float(resp.headers.get("Retry-After", "0.5")))
+                continue
+            resp.raise_for_status()
+            break
+
+
+def wait_hang(client: httpx.Client, job: str, timeout_s: float) -> dict[str, object]:
+    """The hang finding of `job`, once the server has opened it."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        r = client.get(f"/api/v1/jobs/{job}")
+        if r.status_code == 200:
+            for f in r.json().get("findings") or []:
+                if f.get("kind") == "hang":
+                    return dict(f)
+        time.sleep(0.5)
+    raise SystemExit(f"no hang finding for {job} within {timeout_s:.0f} s")
+
+
+def timed(
+    client: httpx.Client, url: str, repeat: int, headers: dict[str, str] | None = None
+) -> tuple[float, int]:
+    """Median milliseconds of `repeat` GETs after one warm-up, and the last status code."""
+    client.get(url, headers=headers)
+    times, status = [], 0
+    for _ in range(repeat):
+        t = time.perf_counter()
+        r = client.get(url, headers=headers)
+        times.append((time.perf_counter() - t) * 1000)
+        status = r.status_code
+        if status >= 400:
+            raise SystemExit(f"GET {url}: {status} {r.text[:200]}")
+    return statistics.median(times), status
+
+
+def rss_mib(pid: int) -> float:
+    """Resident memory of a process, MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Build the jobs, time the pages, print the figures."""
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--db", choices=["sqlite", "postgresql"], default="sqlite")
+    ap.add_argument("--ranks", type=int, default=1024)
+    ap.add_argument("--entries", type=int, default=2000)
+    ap.add_argument("--jobs", type=int, default=1, help="jobs stored (the last one is the hang)")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument(
+        "--keep",
+        type=Path,
+        help="SQLite file (or PostgreSQL database name) to keep; a kept one is timed again as it is",
+    )
+    args = ap.parse_args(argv)
+    reuse = args.keep is not None and _exists(args.db, args.keep)
+    with database(args.db, args.keep) as url:
+        token = make_token(url)
+        port = free_port()
+        proc = start_server(url, port, {})
+        try:
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as client:
+                t0 = time.monotonic()
+                rss0 = rss_mib(proc.pid)
+                for i in range(0 if reuse else args.jobs):
+                    last = i == args.jobs - 1
+                    post_job(client, token, f"web-{i}", args.ranks, args.entries, hang=last)
+                load_s = time.monotonic() - t0
+                job = f"web-{args.jobs - 1}"
+                finding = wait_hang(client, job, 300)
+                seq = int(str(finding["collective_seq_id"]))
+                page_ms, _ = timed(client, f"/jobs/{job}", args.repeat)
+                frag_ms, _ = timed(client, f"/jobs/{job}", args.repeat, {"HX-Request": "true"})
+                etag = client.get(f"/jobs/{job}", headers={"HX-Request": "true"}).headers.get("ETag")
+                quiet = (
+                    timed(client, f"/jobs/{job}", args.repeat, {"HX-Request": "true", "If-None-Match": etag})
+                    if etag
+                    else None
+                )
+                tl = f"/api/v1/jobs/{job}/timeline?group=0&seq_from={seq - 20}&seq_to={seq}&limit=10000"
+                tl_ms, _ = timed(client, tl, args.repeat)
+                verdict_ms, _ = timed(client, f"/api/v1/jobs/{job}", args.repeat)
+                rss = rss_mib(proc.pid)
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    load = Path("/proc/loadavg").read_text().split()[:3]
+    print(f"{args.db}, {args.jobs} job(s) of {args.ranks} ranks x {args.entries} collectives stored")
+    print(f"  load average {' '.join(load)}; jobs posted in {load_s:.1f} s; hang seq {seq}")
+    print(f"  incident page         {page_ms:8.1f} ms")
+    print(f"  live fragment         {frag_ms:8.1f} ms")
+    if quiet is None:
+        print("  quiet live fragment       (no ETag served)")
+    else:
+        print(f"  quiet live fragment   {quiet[0]:8.1f} ms (status {quiet[1]})")
+    print(f"  JSON timeline (21 seqs) {tl_ms:6.1f} ms")
+    print(f"  JSON verdict          {verdict_ms:8.1f} ms")
+    print(f"  server RSS {rss:.0f} MiB ({rss - rss0:+.0f} MiB since start)")
+
+
+if __name__ == "__main__":
+    main()
