@@ -1,0 +1,324 @@
+"""The collector's part in a job's lifecycle, on real processes, real dumps and a real SQLite queue:
+
+- a rank whose process is gone (exited, a zombie) is reported once (`gone`), after its snapshots,
+  never again after a restart, and never when its latest snapshot is final;
+- a restart ships nothing again (in-process against a real `flightdeck server`, and
+  `flightdeck up` restarted on the same folders: the job's `last_seen` does not move);
+- the spool directory of an ended job is removed after `spool_retention_s`;
+- an idle collector heartbeats: the server's last-push age stays under heartbeat_s + push interval.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from flightdeck.collector.processes import ProcTable
+from flightdeck.wire import decode_batch
+
+if TYPE_CHECKING:
+    from tests.test_collector_daemon import Harness, settings_for
+    from tests.test_collector_fixtures import FR_DATA, spool_scenario, thread_guard
+    from tests.test_collector_recorder import Recorder
+    from tests.test_collector_server import Server, get_json
+else:
+    from test_collector_daemon import Harness, settings_for
+    from test_collector_fixtures import FR_DATA, spool_scenario, thread_guard
+    from test_collector_recorder import Recorder
+    from test_collector_server import Server, get_json
+
+HOST = "node-a"  # settings_for's collector host name
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_threads() -> Iterator[None]:
+    yield from thread_guard()
+
+
+@pytest.fixture
+def recorder() -> Iterator[Recorder]:
+    with Recorder() as rec:
+        yield rec
+
+
+@pytest.fixture
+def sleeper() -> Iterator[subprocess.Popen[bytes]]:
+    """A real process standing in for a rank (killed by the test, or at its end)."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    yield proc
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+
+
+def spool_rank(directory: Path, source: Path, *, job: str, pid: int, when_ns: int, host: str = HOST) -> Path:
+    """A real committed dump and its sidecar, the sidecar naming `job`, this host and `pid`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    meta = json.loads(source.with_name(source.name + ".meta.json").read_text())
+    meta.update(job=job, host=host, pid=pid, snapshot_time_ns=when_ns)
+    dest = directory / source.name
+    tmp = directory / f".{source.name}.tmp"
+    tmp.with_name(tmp.name + ".meta").write_text(json.dumps(meta))
+    os.replace(tmp.with_name(tmp.name + ".meta"), dest.with_name(dest.name + ".meta.json"))
+    shutil.copy(source, tmp)
+    os.replace(tmp, dest)
+    return dest
+
+
+def job_of(server: Server, job: str) -> dict[str, Any]:
+    """The server's report of `job` (its JSON API)."""
+    doc: dict[str, Any] = get_json(f"{server.url}/api/v1/jobs/{job}")
+    return doc
+
+
+def gone_of(recorder: Recorder) -> list[dict[str, Any]]:
+    return [g for d in recorder.docs() for g in d.get("gone", [])]
+
+
+def snapshots_of(recorder: Recorder) -> list[tuple[str, int, str]]:
+    return [(s.job, s.rank, s.kind) for d in recorder.docs() for s in decode_batch(d).snapshots]
+
+
+# --- the process table ----------------------------------------------------------------------------
+
+
+def test_proc_table_tells_running_from_zombie_gone_and_reused(sleeper: subprocess.Popen[bytes]) -> None:
+    table = ProcTable()
+    now = time.time_ns()
+    assert table.running(sleeper.pid, started_by_ns=now)
+    # Started long after the rank's first snapshot: the pid was reused by another process.
+    assert not table.running(sleeper.pid, started_by_ns=now - 3600 * 10**9)
+    sleeper.kill()
+    for _ in range(100):  # the kill is asynchronous; until reaped it is a zombie
+        if not table.running(sleeper.pid, started_by_ns=now):
+            break
+        time.sleep(0.05)
+    assert not table.running(sleeper.pid, started_by_ns=now)  # a zombie (not waited for yet)
+    sleeper.wait()
+    assert not table.running(sleeper.pid, started_by_ns=now)
+
+
+# --- gone ranks -----------------------------------------------------------------------------------
+
+
+def test_a_rank_whose_process_is_gone_is_reported_once_after_its_snapshots(
+    tmp_path: Path, recorder: Recorder, sleeper: subprocess.Popen[bytes]
+) -> None:
+    job_dir = tmp_path / "spool" / "gone-job" / "0"
+    ended = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        start = time.time_ns()
+        spool_rank(
+            job_dir, FR_DATA / "healthy_2" / "rank_0.pkl", job="gone-job", pid=sleeper.pid, when_ns=start
+        )
+        # Rank 1's latest snapshot is final: its process ending needs no report.
+        spool_rank(
+            job_dir, FR_DATA / "healthy_2" / "rank_1.final.pkl", job="gone-job", pid=ended.pid, when_ns=start
+        )
+        # Another host's rank with a pid that does not run here: not ours to judge.
+        spool_rank(
+            tmp_path / "spool" / "far-job" / "0",
+            FR_DATA / "healthy_2" / "rank_0.pkl",
+            job="far-job",
+            pid=ended.pid + 100000,
+            when_ns=start,
+            host="node-b",
+        )
+        h = Harness(settings_for(tmp_path, recorder.url))
+        try:
+            h.flush_and_push()
+            assert sorted(snapshots_of(recorder)) == [
+                ("far-job", 0, "periodic"),
+                ("gone-job", 0, "periodic"),
+                ("gone-job", 1, "final"),
+            ]
+            h.flush_and_push()
+            assert gone_of(recorder) == []  # both processes still run
+            ended.kill()
+            ended.wait()
+            sleeper.kill()  # not waited for: a zombie until the fixture reaps it
+            # Its last periodic snapshot, written just before it died, is not shipped yet.
+            spool_rank(
+                job_dir,
+                FR_DATA / "healthy_2" / "rank_0.pkl",
+                job="gone-job",
+                pid=sleeper.pid,
+                when_ns=time.time_ns(),
+            )
+            for _ in range(100):
+                if not ProcTable().running(sleeper.pid, started_by_ns=time.time_ns()):
+                    break
+                time.sleep(0.05)
+            before = len(recorder.docs())
+            h.flush_and_push()
+            docs = recorder.docs()[before:]
+            assert [bool(d["snapshots"]) for d in docs] == [True, False], docs  # snapshot, then gone
+            assert gone_of(recorder) == [
+                {
+                    "job": "gone-job",
+                    "attempt": 0,
+                    "rank": 0,
+                    "pid": sleeper.pid,
+                    "gone_at_ns": gone_of(recorder)[0]["gone_at_ns"],
+                }
+            ]
+            assert gone_of(recorder)[0]["gone_at_ns"] >= start
+            h.flush_and_push()
+            assert len(gone_of(recorder)) == 1  # once
+            assert h.metric("flightdeck_collector_gone_ranks_total") == 1
+        finally:
+            h.close()
+        again = Harness(settings_for(tmp_path, recorder.url))
+        try:
+            again.flush_and_push()
+        finally:
+            again.close()
+        assert len(gone_of(recorder)) == 1  # not again after a restart
+    finally:
+        if ended.poll() is None:
+            ended.kill()
+            ended.wait()
+
+
+# --- re-delivery ----------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_restarted_collector_ships_nothing_again_to_a_real_server(tmp_path: Path) -> None:
+    server = Server(tmp_path / "server", tmp_path / "server.log")
+    token = server.token("create", "node-a")
+    server.start()
+    try:
+        spool_scenario(tmp_path / "spool", "skip")
+        settings = settings_for(tmp_path, server.url, token=token, push_deadline_s=30.0)
+        first = Harness(settings)
+        try:
+            result = first.collector.flush()
+            assert first.collector.pusher.drain(timeout_s=30)
+        finally:
+            first.close()
+        assert result.snapshots > 0
+        report = job_of(server, "skip")
+        received = server.metric("flightdeck_ingest_entries_total")
+        assert received > 0
+
+        second = Harness(settings)
+        try:
+            again = second.collector.flush()
+            assert second.collector.pusher.drain(timeout_s=30)
+            assert (again.files_read, again.snapshots) == (0, 0)
+        finally:
+            second.close()
+        assert server.metric("flightdeck_ingest_entries_total") == received
+        # Nothing moved: the job's last_seen (and with it elapsed times) is what it was.
+        assert job_of(server, "skip")["last_seen_s"] == report["last_seen_s"]
+    finally:
+        server.stop()
+
+
+# --- spool cleanup --------------------------------------------------------------------------------
+
+
+def _age(directory: Path, seconds: float) -> None:
+    """Make every file of `directory` look `seconds` old (as if the job ended that long ago)."""
+    t = time.time() - seconds
+    for p in directory.iterdir():
+        os.utime(p, (t, t))
+
+
+def _rescan_flush(h: Harness) -> Any:
+    """A flush that rescans (and so cleans): rescan_interval_s is 1 ms in these settings."""
+    time.sleep(0.01)
+    return h.collector.flush()
+
+
+def test_the_spool_of_an_ended_job_is_removed_after_the_retention(tmp_path: Path, recorder: Recorder) -> None:
+    # A short retention for the test (the default is a day): 60 s, files aged past it.
+    ended = spool_scenario(tmp_path / "spool", "healthy_2")  # every rank has a final snapshot
+    running = spool_scenario(tmp_path / "spool", "healthy_4", periodic_only=True)
+    _age(ended, 0)  # copied with the committed files' times: written now, as by a job
+    _age(running, 0)
+    h = Harness(settings_for(tmp_path, recorder.url, spool_retention_s=60.0))
+    try:
+        h.flush_and_push()
+        assert _rescan_flush(h).removed_dirs == 0  # its files are new
+        _age(ended, 120)
+        _age(running, 120)
+        assert _rescan_flush(h).removed_dirs == 1
+        assert not ended.exists() and not ended.parent.exists()
+        assert running.exists()  # its ranks' latest snapshots are periodic: not ended
+        assert not [p for p in h.collector.queue.load_delivered() if p.startswith(str(ended))]
+        assert h.metric("flightdeck_collector_spool_dirs_removed_total") == 1
+    finally:
+        h.close()
+
+
+def test_a_zero_retention_keeps_the_spool(tmp_path: Path, recorder: Recorder) -> None:
+    ended = spool_scenario(tmp_path / "spool", "healthy_2")
+    h = Harness(settings_for(tmp_path, recorder.url, spool_retention_s=0))
+    try:
+        h.flush_and_push()
+        _age(ended, 10 * 86400)
+        assert _rescan_flush(h).removed_dirs == 0
+        assert ended.exists()
+    finally:
+        h.close()
+
+
+# --- heartbeat ------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_an_idle_collector_heartbeats_to_a_real_server(tmp_path: Path) -> None:
+    """Nothing in the spool: the server still hears from the collector every heartbeat_s (1 s for
+    the test; 15 s by default)."""
+    server = Server(tmp_path / "server", tmp_path / "server.log")
+    token = server.token("create", "node-a")
+    server.start()
+    heartbeat_s, push_interval_s = 1.0, 0.2
+    settings = settings_for(
+        tmp_path, server.url, token=token, heartbeat_s=heartbeat_s, push_interval_s=push_interval_s
+    )
+    h = Harness(settings)
+    runner = threading.Thread(target=h.collector.run, name="collector-run")
+    try:
+        h.collector.start(metrics=False)
+        runner.start()
+        ages = []
+        for _ in range(12):  # 6 s: without heartbeats the age would pass 5 s
+            time.sleep(0.5)
+            ages.append(server.metric("flightdeck_collector_last_push_age_seconds", collector="node-a"))
+        # Heartbeat period + one flush + the push itself (milliseconds) + up to 0.5 s of scrape.
+        assert max(ages[2:]) < heartbeat_s + push_interval_s + 1.0, ages
+        assert h.metric("flightdeck_collector_heartbeats_total") >= 3
+    finally:
+        h.collector.stop_event.set()
+        runner.join(10)
+        h.close()
+        server.stop()
+
+
+def test_heartbeats_off_and_not_while_batches_wait(tmp_path: Path, recorder: Recorder) -> None:
+    off = Harness(settings_for(tmp_path, recorder.url, heartbeat_s=0))
+    try:
+        assert not off.collector.flush().heartbeat
+    finally:
+        off.close()
+    h = Harness(settings_for(tmp_path, recorder.url, heartbeat_s=3600))
+    try:
+        assert h.collector.flush().heartbeat  # the first flush of an idle collector says it is up
+        assert not h.collector.flush().heartbeat  # then once per heartbeat_s
+        assert h.collector.pusher.drain(timeout_s=10)
+        assert [d["snapshots"] for d in recorder.docs()] == [[]]
+    finally:
+        h.close()
