@@ -668,9 +668,13 @@ class Collector:
         if now - self._last_prune < PRUNE_INTERVAL_NS:
             return
         self._last_prune = now
-        for key in self.queue.forget_shipped(now - int(self.settings.state_retention_s * 1e9)):
+        forgotten = self.queue.forget_shipped(now - int(self.settings.state_retention_s * 1e9))
+        for key in forgotten:
             self.shipped.pop(key, None)
             self._groups_shipped.pop(key, None)
+            self._ranks.pop(key, None)
+        if forgotten:
+            self.queue.forget_ranks(forgotten)
         missing = [p for p in self._done if not p.exists()]
         for path in missing:
             self._forget(path)

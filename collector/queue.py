@@ -588,6 +588,15 @@ class DurableQueue:
                 lambda: self._db.executemany("DELETE FROM delivered WHERE path = ?", [(p,) for p in paths])
             )
 
+    def forget_ranks(self, keys: Iterable[RankKey]) -> None:
+        """Drop the records of ranks whose shipped state was forgotten (long silent)."""
+        with self._lock:
+            self._write(
+                lambda: self._db.executemany(
+                    "DELETE FROM ranks WHERE job = ? AND attempt = ? AND rank = ?", list(keys)
+                )
+            )
+
     def forget_directory(self, directory: str) -> None:
         """Drop the delivery records of every file under `directory` and its ranks' records (the
         directory was removed)."""

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -17,25 +18,29 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from flightdeck.collector.processes import ProcTable
+from flightdeck.demo.ranks import free_port
 from flightdeck.wire import decode_batch
 
 if TYPE_CHECKING:
     from tests.test_collector_daemon import Harness, settings_for
     from tests.test_collector_fixtures import FR_DATA, spool_scenario, thread_guard
     from tests.test_collector_recorder import Recorder
-    from tests.test_collector_server import Server, get_json
+    from tests.test_collector_server import FLIGHTDECK, Server, get_json, wait_until
 else:
     from test_collector_daemon import Harness, settings_for
     from test_collector_fixtures import FR_DATA, spool_scenario, thread_guard
     from test_collector_recorder import Recorder
-    from test_collector_server import Server, get_json
+    from test_collector_server import FLIGHTDECK, Server, get_json, wait_until
 
 HOST = "node-a"  # settings_for's collector host name
 
@@ -322,3 +327,90 @@ def test_heartbeats_off_and_not_while_batches_wait(tmp_path: Path, recorder: Rec
         assert [d["snapshots"] for d in recorder.docs()] == [[]]
     finally:
         h.close()
+
+
+# --- flightdeck up, restarted on the same folders ------------------------------------------------
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return int(r.status), r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), exc.read().decode(errors="replace")
+
+
+def _report(base: str, job: str) -> dict[str, Any] | None:
+    status, body = _get(f"{base}/api/v1/jobs/{job}")
+    return json.loads(body) if status == 200 else None
+
+
+def _metric_sum(base: str, name: str) -> float:
+    """The sum of every series of `name` on a server's /metrics."""
+    status, body = _get(f"{base}/metrics")
+    assert status == 200, body[:500]
+    return sum(s.value for f in text_string_to_metric_families(body) for s in f.samples if s.name == name)
+
+
+@contextlib.contextmanager
+def _flightdeck_up(root: Path) -> Iterator[str]:
+    """`flightdeck up` on a free port, its data and spool under `root` (the same on every call)."""
+    port = free_port()
+    cmd = [*FLIGHTDECK, "up", "--port", str(port), "--data-dir", str(root / "data")]
+    cmd += ["--spool-dir", str(root / "spool"), "--stall-after", "3"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLIGHTDECK_")}
+    env["TORCH_FR_DUMP_TEMP_FILE"] = str(root / "torch" / "comm_lib_trace_rank_")
+    env["XDG_CACHE_HOME"] = str(root / "cache")
+    log = root / f"up-{port}.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        wait_until(
+            lambda: "Flightdeck is up" in log.read_text() or proc.poll() is not None, 90, "flightdeck up"
+        )
+        assert proc.poll() is None, log.read_text()
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(timeout=60)
+
+
+@pytest.mark.slow
+def test_flightdeck_up_restarted_on_the_same_folders_ships_nothing_again(tmp_path: Path) -> None:
+    job_dir = tmp_path / "spool" / "up-replay" / "0"
+    job_dir.mkdir(parents=True)
+    for f in (FR_DATA / "skip").glob("rank_*"):
+        if f.name.endswith(".meta.json"):
+            meta = json.loads(f.read_text())
+            meta["job"] = "up-replay"
+            (job_dir / f.name).write_text(json.dumps(meta))
+        else:
+            shutil.copy(f, job_dir / f.name)
+    with _flightdeck_up(tmp_path) as base:
+        wait_until(
+            lambda: bool((r := _report(base, "up-replay")) and r["ranks"]["with_dump"] == [0, 1, 2, 3]),
+            60,
+            "the spooled job in the API",
+        )
+        # Every file shipped: the entries the server accepted stop growing.
+        seen: list[float] = []
+
+        def settled() -> bool:
+            seen.append(_metric_sum(base, "flightdeck_ingest_entries_total"))
+            return len(seen) >= 3 and seen[-1] == seen[-3] > 0
+
+        wait_until(settled, 60, "every spooled entry at the server", interval_s=1.0)
+        before = _report(base, "up-replay")
+        assert before is not None
+    with _flightdeck_up(tmp_path) as base:
+        # The restarted collector's first flush looks at every file; it sends at least a heartbeat.
+        wait_until(
+            lambda: _metric_sum(base, "flightdeck_ingest_batches_total") >= 1,
+            60,
+            "the collector's first push",
+        )
+        after = _report(base, "up-replay")
+        assert after is not None
+        assert _metric_sum(base, "flightdeck_ingest_entries_total") == 0
+    assert after["last_seen_s"] == before["last_seen_s"]
