@@ -284,6 +284,8 @@ class Collector:
         #: What is known of each spool rank: its directory, pid, snapshot times, final, gone.
         self._ranks: dict[RankKey, RankRecord] = self.queue.load_ranks()
         self._last_enqueue = float("-inf")  # monotonic time a batch was last queued
+        #: When each rank's process was first found gone (its report may wait for its files).
+        self._gone_since: dict[RankKey, int] = {}
         self._cleanup_failed: set[str] = set()
         #: Torch dumps: the signature at the previous look, to tell that writing has finished.
         self._settling: dict[Path, Sig] = {}
@@ -708,7 +710,10 @@ class Collector:
             except Exception:
                 log.exception("process lookup of pid %d failed", rec.pid)
                 continue
-            if not running:
+            if running:
+                self._gone_since.pop(key, None)
+            else:
+                self._gone_since.setdefault(key, self.clock())
                 out.append(key)
         return out
 
@@ -743,11 +748,13 @@ class Collector:
         for key in candidates:
             rec = self._ranks.get(key)
             if rec is None or rec.ended or rec.pid is None:
+                self._gone_since.pop(key, None)
                 continue  # its final snapshot came in this flush
             if self._unshipped_files(key, rec):
                 continue  # its snapshots go first; looked at again at the next flush
-            gone.append(GoneRank(key[0], key[1], key[2], rec.pid, now))
-            records[key] = dataclasses.replace(rec, gone_ns=now)
+            since = self._gone_since.get(key, now)
+            gone.append(GoneRank(key[0], key[1], key[2], rec.pid, since))
+            records[key] = dataclasses.replace(rec, gone_ns=since)
         if not gone:
             return
         batches = [
@@ -758,6 +765,8 @@ class Collector:
             return  # the queue is full: they are found gone again at a later flush
         self._last_enqueue = self.monotonic()
         self._ranks.update(records)
+        for key in records:
+            self._gone_since.pop(key, None)
         result.gone += len(gone)
         result.batches += len(batches)
         self.metrics.batches_enqueued.inc(len(batches))

@@ -195,6 +195,36 @@ def test_a_rank_whose_process_is_gone_is_reported_once_after_its_snapshots(
             ended.wait()
 
 
+def test_a_gone_rank_waits_for_its_files_on_disk(
+    tmp_path: Path, recorder: Recorder, sleeper: subprocess.Popen[bytes]
+) -> None:
+    """A file of the rank that cannot be shipped yet (caught half-written: looked at again at the
+    next flush) holds the report back until it is dealt with (here: quarantined, still bad)."""
+    job_dir = tmp_path / "spool" / "gone-late" / "0"
+    spool_rank(
+        job_dir,
+        FR_DATA / "healthy_2" / "rank_0.pkl",
+        job="gone-late",
+        pid=sleeper.pid,
+        when_ns=time.time_ns(),
+    )
+    h = Harness(settings_for(tmp_path, recorder.url))
+    try:
+        h.flush_and_push()
+        sleeper.kill()
+        sleeper.wait()
+        half = (FR_DATA / "healthy_2" / "rank_0.pkl").read_bytes()
+        (job_dir / "rank_0.recent.pkl").write_bytes(half[: len(half) // 2])
+        first = h.collector.flush()
+        assert first.gone == 0  # its recent file is not shipped yet
+        second = h.collector.flush()
+        assert (second.quarantined, second.gone) == (1, 1)
+        assert h.collector.pusher.drain(timeout_s=10)
+        assert [g["rank"] for g in gone_of(recorder)] == [0]
+    finally:
+        h.close()
+
+
 # --- re-delivery ----------------------------------------------------------------------------------
 
 
