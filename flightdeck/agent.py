@@ -45,7 +45,11 @@ Python signal handler until the collective returns; a watcher thread woken throu
 ends the process with it (within `SIGNAL_FRAMES_BUDGET_S` + `MAIN_THREAD_GRACE_S`, well inside the
 30 s torchrun, SLURM and Kubernetes give before SIGKILL). A handler the job installs after the agent
 started replaces the agent's: the job then owns the signal, and the atexit snapshot covers a clean
-exit. Forked children (data-loader workers) get the previous handlers back.
+exit. After a terminating signal the periodic snapshots stop (the rank was told to end, and none
+may look newer than its final one); a job whose own handler lets it finish its step writes its
+final snapshot again at exit, with the same `exception` text. An ignored signal (SIG_IGN) is
+recorded the same way, and the periodic snapshots go on. Forked children (data-loader workers) get
+the previous handlers back.
 """
 
 from __future__ import annotations

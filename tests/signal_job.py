@@ -6,7 +6,8 @@ Every rank meets the others in `--steps` all-reduces; then rank `--stuck-rank` e
 all-reduce that nobody else joins (blocked in gloo's C++ wait, where no Python signal handler
 runs) while the others sleep in Python. Each rank prints `hung` (flushed) once there. With
 `--own-handler CODE` each rank installs a SIGTERM handler before `init_process_group` (so before
-the agent) that prints `job handler ran` and exits with CODE.
+the agent) that prints `job handler ran` and exits with CODE; with `--ignore-sigterm` SIGTERM is
+ignored (SIG_IGN) from the start.
 """
 
 from __future__ import annotations
@@ -33,10 +34,13 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--stuck-rank", type=int, default=-1, help="-1: every rank sleeps in Python")
     p.add_argument("--own-handler", type=int, default=None, metavar="CODE")
+    p.add_argument("--ignore-sigterm", action="store_true")
     p.add_argument("--pg-timeout-s", type=float, default=300.0)
     args = p.parse_args()
     if args.own_handler is not None:
         _own_handler(args.own_handler)
+    if args.ignore_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     import torch
     import torch.distributed as dist
 

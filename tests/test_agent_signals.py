@@ -243,3 +243,31 @@ def test_the_jobs_own_sigterm_handler_still_runs(tmp_path: Path) -> None:
         assert "job handler ran: SIGTERM" in log.read_text()
         # The handler's sys.exit ran atexit, whose final snapshot keeps what ended the rank.
         assert _final(spool, rank)["exception"] == "terminated by SIGTERM"
+
+
+@pytest.mark.slow
+def test_an_ignored_sigterm_is_recorded_and_stays_ignored(tmp_path: Path) -> None:
+    with _ranks(tmp_path, "sig-ign", "--ignore-sigterm", world=1) as (procs, logs):
+        spool = tmp_path / "spool" / "sig-ign" / "0"
+        _wait_ready(logs, 1, spool, 1, procs)
+        procs[0].send_signal(signal.SIGTERM)
+        final = spool / "rank_0.final.pkl"
+        deadline = time.monotonic() + 60
+        while not final.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _final(spool, 0)["exception"] == "terminated by SIGTERM"
+        taken = load_sidecar(final)["snapshot_time_ns"]
+
+        def periodic_after() -> bool:
+            # The whole ring or its recent changes, whichever the agent wrote last.
+            times = [
+                load_sidecar(p)["snapshot_time_ns"]
+                for p in (spool / "rank_0.pkl", spool / "rank_0.recent.pkl")
+                if p.exists()
+            ]
+            return bool(max(times) > taken)
+
+        while not periodic_after() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert periodic_after()  # the rank goes on, and so do its snapshots
+        assert procs[0].poll() is None
