@@ -21,10 +21,26 @@ no longer be in any ring (lost if dropped), while the changes held back are stil
 files, and the newest file of a rank supersedes the older ones: when room comes back, one read of
 the newest file against the shipped state yields every change since, intermediate states merged.
 NIXL samples are cumulative, so a flush's samples are simply dropped (the next carries the totals).
+
+Re-delivery: each file's stat signature (device, inode, size, mtime) is stored with the batch that
+shipped it (`DurableQueue.enqueue`, one transaction), so a restart reads no file already shipped
+and sends no snapshot again: the server's `last_seen` and elapsed times do not move.
+
+Gone ranks: for every rank whose spool snapshots name this host and a pid, each flush asks the
+process lookup (`collector.processes`) whether that pid still runs. A rank whose latest snapshot is
+not final and whose process is gone is reported once (`Batch.gone`, stored with the report), and
+only once each of its files on disk has been shipped: its snapshots reach the server first.
+
+Spool cleanup: a `<spool>/<job>/<attempt>/` directory whose every rank is final or gone, and whose
+files are all older than `spool_retention_s`, is removed at a rescan with its delivery records.
+
+Heartbeat: when nothing was queued for `heartbeat_s` and the queue is empty, an empty batch goes
+out, so the server sees an idle collector alive.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gzip
 import json
@@ -60,18 +76,20 @@ from flightdeck.collector.frdump import (
     TruncatedDumpError,
     UnsafePickleError,
     UnsupportedVersionError,
+    rank_from_name,
     read_regular,
 )
 from flightdeck.collector.incremental import ChangedRead, IncrementalReader
 from flightdeck.collector.metrics import CollectorMetrics, MetricsServer
 from flightdeck.collector.nixl import NixlFormatError
+from flightdeck.collector.processes import ProcessLookup, ProcTable
 from flightdeck.collector.pusher import Pusher
-from flightdeck.collector.queue import DurableQueue, NewBatch, RankKey
+from flightdeck.collector.queue import DurableQueue, FileSig, NewBatch, RankKey, RankRecord
 from flightdeck.collector.settings import CollectorSettings
-from flightdeck.collector.watcher import Watcher, WatchRoot
+from flightdeck.collector.watcher import Watcher, WatchRoot, is_spool_dump
 from flightdeck.records import RankDump
 from flightdeck.snapshot_check import SnapshotError, check_snapshot, nixl_wire_problem
-from flightdeck.wire import Batch, Snapshot, encode_batch, snapshot_from_dump
+from flightdeck.wire import MAX_GONE, Batch, GoneRank, Snapshot, encode_batch, snapshot_from_dump
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +115,7 @@ _REASONS: tuple[tuple[type[DumpError], str], ...] = (
     (NotADumpError, "not_a_dump"),
 )
 
-Sig = tuple[int, int, int]  # inode, size, mtime_ns
+Sig = FileSig  # device, inode, size, mtime_ns
 
 
 def error_reason(exc: DumpError) -> str:
@@ -106,7 +124,7 @@ def error_reason(exc: DumpError) -> str:
 
 
 def _sig(st: os.stat_result) -> Sig:
-    return (st.st_ino, st.st_size, st.st_mtime_ns)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 @dataclass(slots=True)
@@ -124,6 +142,7 @@ class _Pending:
     read: dict[Path, tuple[Sig, Any]] = field(default_factory=dict)
     snapshots: list[Snapshot] = field(default_factory=list)
     states: dict[RankKey, RankState] = field(default_factory=dict)
+    ranks: dict[RankKey, RankRecord] = field(default_factory=dict)
     entries: int = 0
 
     def clear(self) -> None:
@@ -131,6 +150,7 @@ class _Pending:
         self.read.clear()
         self.snapshots.clear()
         self.states.clear()
+        self.ranks.clear()
         self.entries = 0
 
 
@@ -144,6 +164,12 @@ class FlushResult:
     nixl_samples: int = 0
     batches: int = 0
     quarantined: int = 0
+    #: Ranks reported gone.
+    gone: int = 0
+    #: An empty batch was queued (nothing else was for heartbeat_s).
+    heartbeat: bool = False
+    #: Spool directories of ended jobs removed.
+    removed_dirs: int = 0
     refused: bool = False
 
 
@@ -188,8 +214,10 @@ class Collector:
         monotonic: Callable[[], float] = time.monotonic,
         observer_factory: Callable[[], BaseObserver] | None = None,
         nixl_owner_finder: Any = None,
+        processes: ProcessLookup | None = None,
     ) -> None:
         self.settings = settings
+        self.processes: ProcessLookup = processes if processes is not None else ProcTable()
         self.clock = clock
         self.monotonic = monotonic
         self.host = settings.host_name
@@ -223,6 +251,7 @@ class Collector:
         roots = [
             WatchRoot(Path(os.path.abspath(os.path.expanduser(d))), "spool") for d in settings.spool_dirs
         ]
+        self._spool_roots = list(roots)
         roots += [WatchRoot.torch(p) for p in settings.torch_dump_prefixes]
         self.watcher = Watcher(
             roots,
@@ -249,8 +278,15 @@ class Collector:
                 log.warning(
                     "shipped state of %s is unreadable (%s): its entries will be sent again", key, exc
                 )
-        #: Stat signature of each file at its last successful read (or quarantine of a copy).
-        self._done: dict[Path, Sig] = {}
+        #: Stat signature of each file at its last successful read (or quarantine of a copy); those
+        #: of shipped files are durable (the `delivered` table), so a restart ships none again.
+        self._done: dict[Path, Sig] = {Path(p): sig for p, sig in self.queue.load_delivered().items()}
+        #: What is known of each spool rank: its directory, pid, snapshot times, final, gone.
+        self._ranks: dict[RankKey, RankRecord] = self.queue.load_ranks()
+        self._last_enqueue = float("-inf")  # monotonic time a batch was last queued
+        #: When each rank's process was first found gone (its report may wait for its files).
+        self._gone_since: dict[RankKey, int] = {}
+        self._cleanup_failed: set[str] = set()
         #: Torch dumps: the signature at the previous look, to tell that writing has finished.
         self._settling: dict[Path, Sig] = {}
         self._bad: dict[Path, _Bad] = {}
@@ -351,9 +387,13 @@ class Collector:
         now_mono = self.monotonic()
         if now_mono - self._last_rescan >= self.settings.rescan_interval_s:
             self._last_rescan = now_mono
+            self._clean_spool(result)
             for path, root in self.watcher.rescan():
                 self.watcher.mark(path, root)
             self._prune()
+        # Looked at before the files are: whatever a dead rank wrote is on disk by now, so it is
+        # read in this flush (or found unshipped below, and the report waits).
+        gone = self._gone_candidates()
         dirty = self.watcher.take()
         nixl = self._read_nixl()
         if not self.queue.has_room():
@@ -381,6 +421,8 @@ class Collector:
                 self._bad.pop(path, None)
                 pending.read[path] = (sig, root)
                 pending.states[key] = changed.state
+                if root.kind == "spool":
+                    pending.ranks[key] = self._rank_record(key, path, snap, pending.ranks.get(key))
                 self._thin_groups(key, snap, now_mono)
                 pending.snapshots.append(snap)
                 pending.entries += len(changed.dump.entries)
@@ -390,6 +432,10 @@ class Collector:
         samples = self._changed_nixl(nixl)
         if (pending.snapshots or samples) and not self._commit(pending, samples, result):
             self._refuse({}, nixl, result)
+            return result
+        if gone:
+            self._report_gone(gone, result)
+        self._heartbeat(result)
         return result
 
     def _thin_groups(self, key: RankKey, snap: Snapshot, now_mono: float) -> None:
@@ -408,7 +454,13 @@ class Collector:
     ) -> bool:
         """Enqueue what is pending (batches + shipped state, one transaction); False when refused."""
         batches = self._batches(pending.snapshots, [w for w, _ in samples])
-        if not self.queue.enqueue(batches, {k: s.encode() for k, s in pending.states.items()}):
+        delivered = {str(path): sig for path, (sig, _root) in pending.read.items()}
+        if not self.queue.enqueue(
+            batches,
+            {k: s.encode() for k, s in pending.states.items()},
+            delivered=delivered,
+            ranks=pending.ranks,
+        ):
             self._refuse({path: root for path, (_s, root) in pending.read.items()}, [], result)
             pending.clear()
             return False
@@ -416,7 +468,9 @@ class Collector:
             log.info("queue has room again: batches are being made again")
             self._queue_full = False
         # Committed: now (and only now) remember what was shipped.
+        self._last_enqueue = self.monotonic()
         self.shipped.update(pending.states)
+        self._ranks.update(pending.ranks)
         for path, (sig, _root) in pending.read.items():
             self._done[path] = sig
         now = self.clock()
@@ -595,8 +649,8 @@ class Collector:
             "path": str(path),
             "reason": reason,
             "error": f"{type(exc).__name__}: {exc}",
-            "size": sig[1],
-            "mtime_ns": sig[2],
+            "size": sig[2],
+            "mtime_ns": sig[3],
             "quarantined_ns": self.clock(),
             "action": "copied" if root.kind == "torch" else "moved",
             "copy_truncated_to": QUARANTINE_COPY_MAX if truncated else None,
@@ -616,11 +670,191 @@ class Collector:
         if now - self._last_prune < PRUNE_INTERVAL_NS:
             return
         self._last_prune = now
-        for key in self.queue.forget_shipped(now - int(self.settings.state_retention_s * 1e9)):
+        forgotten = self.queue.forget_shipped(now - int(self.settings.state_retention_s * 1e9))
+        for key in forgotten:
             self.shipped.pop(key, None)
             self._groups_shipped.pop(key, None)
-        for path in [p for p in self._done if not p.exists()]:
+            self._ranks.pop(key, None)
+        if forgotten:
+            self.queue.forget_ranks(forgotten)
+        missing = [p for p in self._done if not p.exists()]
+        for path in missing:
             self._forget(path)
+        if missing:
+            self.queue.forget_files(str(p) for p in missing)
+
+    # --- ranks: gone processes, ended spool directories, heartbeats -----------------------------
+
+    def _rank_record(self, key: RankKey, path: Path, snap: Snapshot, prev: RankRecord | None) -> RankRecord:
+        """The rank's record once this snapshot is shipped."""
+        prev = prev or self._ranks.get(key)
+        t = snap.snapshot_time_ns
+        # Only a pid of this host means anything to this host's process table.
+        pid = snap.pid if snap.pid is not None and snap.host == self.host else None
+        directory = str(path.parent)
+        if prev is None or (t > prev.last_ns and pid != prev.pid):
+            # New, or a new process for the same rank (a job re-run under the same name).
+            return RankRecord(directory, pid, t, t, snap.kind == "final")
+        if t >= prev.last_ns:
+            return dataclasses.replace(prev, directory=directory, last_ns=t, final=snap.kind == "final")
+        return dataclasses.replace(prev, first_ns=min(prev.first_ns, t))
+
+    def _gone_candidates(self) -> list[RankKey]:
+        """Ranks of this host whose latest snapshot is not final and whose process is gone."""
+        out = []
+        for key, rec in self._ranks.items():
+            if rec.pid is None or rec.ended:
+                continue
+            try:
+                running = self.processes.running(rec.pid, started_by_ns=rec.first_ns)
+            except Exception:
+                log.exception("process lookup of pid %d failed", rec.pid)
+                continue
+            if running:
+                self._gone_since.pop(key, None)
+            else:
+                self._gone_since.setdefault(key, self.clock())
+                out.append(key)
+        return out
+
+    def _unshipped_files(self, key: RankKey, rec: RankRecord) -> bool:
+        """Whether the rank has a file on disk not yet shipped (marked for the next flush)."""
+        directory = Path(rec.directory)
+        try:
+            names = os.listdir(directory)
+        except OSError:
+            return False  # its directory is gone: nothing left to ship
+        root = self._spool_root(directory)
+        found = False
+        for name in names:
+            if not is_spool_dump(name) or rank_from_name(name) != key[2]:
+                continue
+            path = directory / name
+            try:
+                sig = _sig(os.lstat(path))
+            except OSError:
+                continue
+            if self._done.get(path) != sig:
+                found = True
+                if root is not None:
+                    self.watcher.mark(path, root)
+        return found
+
+    def _report_gone(self, candidates: list[RankKey], result: FlushResult) -> None:
+        """Queue one report of the ranks whose process is gone (with their records: once)."""
+        now = self.clock()
+        gone: list[GoneRank] = []
+        records: dict[RankKey, RankRecord] = {}
+        for key in candidates:
+            rec = self._ranks.get(key)
+            if rec is None or rec.ended or rec.pid is None:
+                self._gone_since.pop(key, None)
+                continue  # its final snapshot came in this flush
+            if self._unshipped_files(key, rec):
+                continue  # its snapshots go first; looked at again at the next flush
+            since = self._gone_since.get(key, now)
+            gone.append(GoneRank(key[0], key[1], key[2], rec.pid, since))
+            records[key] = dataclasses.replace(rec, gone_ns=since)
+        if not gone:
+            return
+        batches = [
+            self._control_batch(gone=gone[i : i + MAX_GONE], kind="gone")
+            for i in range(0, len(gone), MAX_GONE)
+        ]
+        if not self.queue.enqueue(batches, ranks=records):
+            return  # the queue is full: they are found gone again at a later flush
+        self._last_enqueue = self.monotonic()
+        self._ranks.update(records)
+        for key in records:
+            self._gone_since.pop(key, None)
+        result.gone += len(gone)
+        result.batches += len(batches)
+        self.metrics.batches_enqueued.inc(len(batches))
+        self.metrics.gone_ranks.inc(len(gone))
+        for g in gone:
+            log.info("rank %d of %s (attempt %d): process %d is gone", g.rank, g.job, g.attempt, g.pid)
+
+    def _heartbeat(self, result: FlushResult) -> None:
+        """An empty batch when nothing was queued for heartbeat_s and nothing waits to be sent."""
+        every = self.settings.heartbeat_s
+        if every <= 0 or self.monotonic() - self._last_enqueue < every:
+            return
+        if self.queue.stats().depth:
+            return  # the pusher has something to send (or keeps trying): that says enough
+        if self.queue.enqueue([self._control_batch(kind="heartbeat")]):
+            self._last_enqueue = self.monotonic()
+            result.heartbeat = True
+            result.batches += 1
+            self.metrics.batches_enqueued.inc()
+            self.metrics.heartbeats.inc()
+
+    def _control_batch(self, *, kind: str, gone: list[GoneRank] | None = None) -> NewBatch:
+        """A batch without snapshots or samples: gone ranks, or nothing (a heartbeat)."""
+        batch_id = str(uuid.uuid4())
+        doc = encode_batch(
+            Batch(batch_id, self.host, __version__, self.clock(), snapshots=[], gone=gone or [])
+        )
+        return NewBatch(batch_id, kind, 0, gzip.compress(orjson.dumps(doc), compresslevel=3))
+
+    def _spool_root(self, directory: Path) -> WatchRoot | None:
+        for root in self._spool_roots:
+            if directory == root.directory or root.directory in directory.parents:
+                return root
+        return None
+
+    def _clean_spool(self, result: FlushResult) -> None:
+        """Remove `<spool>/<job>/<attempt>/` directories whose ranks all ended (final or gone) and
+        whose files are all older than spool_retention_s, with their delivery records."""
+        keep_s = self.settings.spool_retention_s
+        if keep_s <= 0:
+            return
+        cutoff = self.clock() - int(keep_s * 1e9)
+        by_dir: dict[str, list[RankKey]] = {}
+        ended: dict[str, bool] = {}
+        for key, rec in self._ranks.items():
+            by_dir.setdefault(rec.directory, []).append(key)
+            ended[rec.directory] = ended.get(rec.directory, True) and rec.ended
+        for directory, keys in by_dir.items():
+            if not ended[directory] or directory in self._cleanup_failed:
+                continue
+            path = Path(directory)
+            root = self._spool_root(path)
+            if root is None or len(path.relative_to(root.directory).parts) != 2:
+                continue  # only a job's attempt directory in a spool root
+            if path.exists() and not self._removable(path, {k[2] for k in keys}, cutoff):
+                continue
+            try:
+                shutil.rmtree(path)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                self._cleanup_failed.add(directory)
+                log.warning("cannot remove the spool directory %s of an ended job: %s", directory, exc)
+                continue
+            with contextlib.suppress(OSError):
+                path.parent.rmdir()  # the job's directory, once its last attempt is gone
+            self.queue.forget_directory(directory)
+            for key in keys:
+                self._ranks.pop(key, None)
+            for p in [p for p in self._done if p.parent == path]:
+                self._forget(p)
+            result.removed_dirs += 1
+            self.metrics.spool_dirs_removed.inc()
+            log.info("removed the spool directory %s: its ranks ended", directory)
+
+    def _removable(self, path: Path, ranks: set[int], cutoff_ns: int) -> bool:
+        """Every file older than the cutoff, and every dump one of the ended ranks'."""
+        try:
+            with os.scandir(path) as it:
+                for entry in it:
+                    st = entry.stat(follow_symlinks=False)
+                    if st.st_mtime_ns > cutoff_ns or entry.is_dir(follow_symlinks=False):
+                        return False
+                    if is_spool_dump(entry.name) and rank_from_name(entry.name) not in ranks:
+                        return False  # a rank this collector knows nothing of (yet)
+        except OSError:
+            return False
+        return True
 
     # --- NIXL -----------------------------------------------------------------------------------
 

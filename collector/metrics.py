@@ -103,6 +103,24 @@ class CollectorMetrics:
             namespace=NAMESPACE,
             registry=registry,
         )
+        self.gone_ranks = Counter(
+            "gone_ranks",
+            "Ranks reported gone: the process their snapshots name no longer runs on this host.",
+            namespace=NAMESPACE,
+            registry=registry,
+        )
+        self.heartbeats = Counter(
+            "heartbeats",
+            "Empty batches queued because nothing else was for heartbeat_s.",
+            namespace=NAMESPACE,
+            registry=registry,
+        )
+        self.spool_dirs_removed = Counter(
+            "spool_dirs_removed",
+            "Spool directories of ended jobs removed after spool_retention_s.",
+            namespace=NAMESPACE,
+            registry=registry,
+        )
         self.batches_enqueued = Counter(
             "batches_enqueued",
             "Batches written to the durable queue.",

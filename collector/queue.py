@@ -9,9 +9,15 @@ Three tables:
   the rate or the token, not the batch: it stays queued), or that failed with other statuses too
   often, with the status and the server's message; kept, never retried by itself.
 - `shipped`: per (job, attempt, rank), what was already put in a batch (see `collector.delta`).
+- `delivered`: per dump file, the stat signature (device, inode, size, mtime) of the version last
+  put in a batch, so that a restart does not read and ship again a file already shipped.
+- `ranks`: per (job, attempt, rank) seen in a spool, its directory, the pid its snapshots name on
+  this host, its first and latest snapshot time, whether the latest is final, and when its
+  process was reported gone (once: a restart does not report it again).
 
 Why the shipped state lives here and not in a file of its own: a batch and the shipped-state
-update that describes it are committed in ONE transaction (`enqueue`). After a kill -9 at any
+update that describes it (the shipped entries, the files delivered, the ranks' records) are
+committed in ONE transaction (`enqueue`). After a kill -9 at any
 point, either both exist (the batch is resent, the server deduplicates by batch_id) or neither (the
 changes are found again in the spool files and shipped then). Nothing is lost and nothing is queued
 twice. WAL with synchronous=NORMAL survives any process crash; only a power loss can drop the last
@@ -87,9 +93,53 @@ CREATE TABLE IF NOT EXISTS shipped (
     state BLOB NOT NULL,
     PRIMARY KEY (job, attempt, rank)
 );
+CREATE TABLE IF NOT EXISTS delivered (
+    path TEXT PRIMARY KEY,
+    dev INTEGER NOT NULL,
+    ino INTEGER NOT NULL,
+    size INTEGER NOT NULL,
+    mtime_ns INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS ranks (
+    job TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    rank INTEGER NOT NULL,
+    directory TEXT NOT NULL,
+    pid INTEGER,
+    first_ns INTEGER NOT NULL,
+    last_ns INTEGER NOT NULL,
+    final INTEGER NOT NULL,
+    gone_ns INTEGER,
+    PRIMARY KEY (job, attempt, rank)
+);
+CREATE INDEX IF NOT EXISTS ranks_directory ON ranks (directory);
 """
 
 RankKey = tuple[str, int, int]
+#: A file's stat signature: device, inode, size, mtime_ns.
+FileSig = tuple[int, int, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class RankRecord:
+    """What the collector knows of one rank from its spool snapshots (the `ranks` table)."""
+
+    #: The spool directory its files are in (`<spool>/<job>/<attempt>`).
+    directory: str
+    #: The pid its snapshots name, when they name this host; None otherwise (not ours to watch).
+    pid: int | None
+    #: Snapshot time of the first and of the latest snapshot read (epoch ns).
+    first_ns: int
+    last_ns: int
+    #: The latest snapshot is the rank's final one.
+    final: bool
+    #: When its process was reported gone (collector clock); None while it was not.
+    gone_ns: int | None = None
+
+    @property
+    def ended(self) -> bool:
+        """Final, or its process reported gone."""
+        return self.final or self.gone_ns is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,8 +333,16 @@ class DurableQueue:
                 self._flush_held()
             return self._bytes + nbytes <= self.max_bytes
 
-    def enqueue(self, batches: Iterable[NewBatch], shipped: dict[RankKey, bytes] | None = None) -> bool:
-        """Store batches and the shipped-state updates they imply in one transaction.
+    def enqueue(
+        self,
+        batches: Iterable[NewBatch],
+        shipped: dict[RankKey, bytes] | None = None,
+        *,
+        delivered: dict[str, FileSig] | None = None,
+        ranks: dict[RankKey, RankRecord] | None = None,
+    ) -> bool:
+        """Store batches and the shipped-state updates they imply in one transaction: the ranks'
+        shipped entries, the files they were read from, the ranks' records.
 
         Returns False, storing nothing, when the batches would take the queue over max_bytes.
         """
@@ -309,6 +367,18 @@ class DurableQueue:
                     " ON CONFLICT (job, attempt, rank)"
                     " DO UPDATE SET updated_ns = excluded.updated_ns, state = excluded.state",
                     [(k[0], k[1], k[2], now, v) for k, v in (shipped or {}).items()],
+                )
+                cur.executemany(
+                    "INSERT OR REPLACE INTO delivered (path, dev, ino, size, mtime_ns) VALUES (?, ?, ?, ?, ?)",
+                    [(p, *sig) for p, sig in (delivered or {}).items()],
+                )
+                cur.executemany(
+                    "INSERT OR REPLACE INTO ranks (job, attempt, rank, directory, pid, first_ns, last_ns,"
+                    " final, gone_ns) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [
+                        (k[0], k[1], k[2], r.directory, r.pid, r.first_ns, r.last_ns, int(r.final), r.gone_ns)
+                        for k, r in (ranks or {}).items()
+                    ],
                 )
                 cur.execute("COMMIT")
             except BaseException as exc:
@@ -489,3 +559,60 @@ class DurableQueue:
                     raise
                 return []  # pruned at the next interval
         return [(str(r[0]), int(r[1]), int(r[2])) for r in rows]
+
+    # --- delivered files and ranks --------------------------------------------------------------
+
+    def load_delivered(self) -> dict[str, FileSig]:
+        """Every delivered file's signature, by path."""
+        with self._lock:
+            rows = self._db.execute("SELECT path, dev, ino, size, mtime_ns FROM delivered").fetchall()
+        return {str(r[0]): (int(r[1]), int(r[2]), int(r[3]), int(r[4])) for r in rows}
+
+    def load_ranks(self) -> dict[RankKey, RankRecord]:
+        """Every rank's record."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT job, attempt, rank, directory, pid, first_ns, last_ns, final, gone_ns FROM ranks"
+            ).fetchall()
+        return {
+            (str(r[0]), int(r[1]), int(r[2])): RankRecord(
+                str(r[3]), r[4], int(r[5]), int(r[6]), bool(r[7]), r[8]
+            )
+            for r in rows
+        }
+
+    def forget_files(self, paths: Iterable[str]) -> None:
+        """Drop the delivery records of files that no longer exist."""
+        with self._lock:
+            self._write(
+                lambda: self._db.executemany("DELETE FROM delivered WHERE path = ?", [(p,) for p in paths])
+            )
+
+    def forget_ranks(self, keys: Iterable[RankKey]) -> None:
+        """Drop the records of ranks whose shipped state was forgotten (long silent)."""
+        with self._lock:
+            self._write(
+                lambda: self._db.executemany(
+                    "DELETE FROM ranks WHERE job = ? AND attempt = ? AND rank = ?", list(keys)
+                )
+            )
+
+    def forget_directory(self, directory: str) -> None:
+        """Drop the delivery records of every file under `directory` and its ranks' records (the
+        directory was removed)."""
+        prefix = directory.rstrip("/") + "/"
+
+        def forget() -> None:
+            cur = self._db.cursor()
+            cur.execute("BEGIN IMMEDIATE")
+            try:
+                # substr, not LIKE: a path may hold `%` or `_`.
+                cur.execute("DELETE FROM delivered WHERE substr(path, 1, ?) = ?", (len(prefix), prefix))
+                cur.execute("DELETE FROM ranks WHERE directory = ?", (directory,))
+                cur.execute("COMMIT")
+            except BaseException:
+                self._rollback()
+                raise
+
+        with self._lock:
+            self._write(forget)

@@ -227,6 +227,21 @@ class CollectorSettings(BaseSettings):
         gt=0,
         description="What was shipped for a rank is forgotten after this long without a new snapshot.",
     )
+    spool_retention_s: float = Field(
+        default=86400.0,
+        ge=0,
+        description="Seconds after which the spool directory of an ended job attempt "
+        "(`<spool>/<job>/<attempt>/`: every rank's latest snapshot final or its process gone, no "
+        "file newer than this) is removed, with the collector's record of what it shipped from it. "
+        "0: never removed.",
+    )
+    heartbeat_s: float = Field(
+        default=15.0,
+        ge=0,
+        description="When the collector queued nothing for this many seconds (and its queue is "
+        "empty), it pushes an empty batch: the server's flightdeck_collector_last_push_age_seconds "
+        "then stays under heartbeat_s + push_interval_s for a healthy idle host. 0: off.",
+    )
     metrics_listen: str = Field(
         default="127.0.0.1:9478",
         description="host:port of the collector's own /metrics (Prometheus); port 0 picks a free one; "

@@ -21,7 +21,9 @@ File contract (the collector and reader depend on it exactly), in `<spool_dir>/<
                         pending for `STACKS_AFTER_S` (2 s) without any finishing, or none pending
                         and the main thread idle (no CPU, same stack) that long: where a rank the
                         others wait for usually is;
-- `rank_<R>.final.pkl`  at interpreter exit or on an uncaught exception, with frames;
+- `rank_<R>.final.pkl`  at interpreter exit, on an uncaught exception, and on SIGTERM / SIGINT
+                        (its `exception` then reads "terminated by SIGTERM" / "interrupted by
+                        SIGINT"), first without frames (milliseconds), then with them;
 - `X.meta.json`         the sidecar of every dump file `X`, written before `X` is renamed into place;
                         its `config` key is the rank's configuration report (versions, FR settings,
                         per-group backend and timeout, `TORCH_*`/`NCCL_*` env, secrets redacted);
@@ -33,11 +35,27 @@ File contract (the collector and reader depend on it exactly), in `<spool_dir>/<
 Every file is written to a hidden temporary name (`.<name>.<pid>.tmp`) in the same directory,
 fsynced and renamed, so a reader never sees a partial file. The agent never breaks or slows the job:
 every failure is logged once (logger `flightdeck.agent`) and the job goes on.
+
+Signals. `start()` from the main thread installs SIGTERM and SIGINT handlers that write the final
+snapshot and then do what the handler installed before would have done: call it (a job's own
+handler, SIGINT's KeyboardInterrupt), keep ignoring (SIG_IGN), or restore the default and raise the
+signal again, so the exit status stays "killed by SIGTERM". A rank blocked in a collective runs no
+Python signal handler until the collective returns; a watcher thread woken through
+`signal.set_wakeup_fd` writes the snapshot meanwhile and, when the default action was to die,
+ends the process with it (within `SIGNAL_FRAMES_BUDGET_S` + `MAIN_THREAD_GRACE_S`, well inside the
+30 s torchrun, SLURM and Kubernetes give before SIGKILL). A handler the job installs after the agent
+started replaces the agent's: the job then owns the signal, and the atexit snapshot covers a clean
+exit. After a terminating signal the periodic snapshots stop (the rank was told to end, and none
+may look newer than its final one); a job whose own handler lets it finish its step writes its
+final snapshot again at exit, with the same `exception` text. An ignored signal (SIG_IGN) is
+recorded the same way, and the periodic snapshots go on. Forked children (data-loader workers) get
+the previous handlers back.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -48,12 +66,14 @@ import pickle
 import platform
 import re
 import runpy
+import signal
 import socket
 import sys
 import threading
 import time
 import traceback
 import uuid
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -117,6 +137,24 @@ CPU_ACTIVE_SHARE = 0.05
 FINGERPRINT_FRAMES = 8
 #: The c10d store key through which rank 0 hands its job id to the others when no launcher set one.
 STORE_JOB_KEY = "flightdeck/job_id"
+#: Signals after which the agent writes its final snapshot, with the `exception` text it carries;
+#: the server reads the leading "terminated by " / "interrupted by " as "the rank was ended".
+FINAL_SIGNALS: dict[int, str] = {
+    signal.SIGTERM: "terminated by SIGTERM",
+    signal.SIGINT: "interrupted by SIGINT",
+}
+#: Seconds the final snapshot with the entries' frames may take after a signal before the process
+#: goes on with what the signal means; the one without frames, written first, takes milliseconds.
+#: The first symbolization of frames took 9-12 s on a loaded 2-core machine; launchers send
+#: SIGKILL 30 s after SIGTERM (torchrun's --shutdown-timeout, SLURM's KillWait, Kubernetes' grace).
+SIGNAL_FRAMES_BUDGET_S = 10.0
+#: Seconds the signal watcher waits, after the snapshot, for the main thread to enter the Python
+#: handler; past it the main thread is blocked in native code (a collective) and, where the
+#: signal's default action was to end the process, the watcher ends it.
+MAIN_THREAD_GRACE_S = 1.0
+#: A second delivery of the same signal within this many seconds of a finished snapshot reuses it
+#: (the watcher and the main thread both see every delivery).
+_SIGNAL_DEDUPE_S = 1.0
 _FALSE = {"0", "false", "no", "off"}
 _TRUE = {"1", "true", "yes", "on", ""}
 _JOB_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -670,7 +708,8 @@ class Agent:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         # Serializes dumps and writes: the agent thread, atexit and the exception hooks all write.
-        self._io_lock = threading.Lock()
+        # Re-entrant: a signal handler may run in the main thread while it writes (an exception's).
+        self._io_lock = threading.RLock()
         # One identity lookup at a time: rank 0 must publish a single job id to the store.
         self._ident_lock = threading.Lock()
         self._logged: set[str] = set()
@@ -694,6 +733,9 @@ class Agent:
         self.config_report: dict[str, Any] | None = None
         #: How often the report changed (the first report counts): new groups, env changes.
         self.config_changes = 0
+        self._signals: _SignalHooks | None = None
+        #: The final text of a terminating signal received, kept by later exception snapshots.
+        self._signal_text: str | None = None
 
     # -- lifecycle --
 
@@ -708,6 +750,9 @@ class Agent:
         sys.excepthook = self._excepthook
         self._prev_threading_excepthook = threading.excepthook
         threading.excepthook = self._threading_excepthook
+        if threading.current_thread() is threading.main_thread():
+            # signal.signal and set_wakeup_fd work from the main thread only.
+            self._signals = self._guarded("signal-hooks", lambda: _SignalHooks.install(self))
 
     def stop(self, *, final: bool = False, timeout_s: float = 10.0) -> None:
         """Stop the thread and remove the hooks; with `final`, write a final snapshot first."""
@@ -721,6 +766,8 @@ class Agent:
             sys.excepthook = self._prev_excepthook
         if threading.excepthook == self._threading_excepthook and self._prev_threading_excepthook:
             threading.excepthook = self._prev_threading_excepthook
+        if self._signals is not None and self._signals.uninstall():
+            self._signals = None
 
     @property
     def directory(self) -> Path | None:
@@ -963,6 +1010,14 @@ class Agent:
     def _excepthook(self, etype: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
         try:
             self._exception = _describe(etype, value)
+            if self._signal_text is not None:
+                # The exception follows the signal (SIGINT's KeyboardInterrupt, a job handler's
+                # error): the signal is what ended the rank, and its words must lead.
+                self._exception = (
+                    self._signal_text
+                    if issubclass(etype, KeyboardInterrupt)
+                    else f"{self._signal_text}; then {self._exception}"
+                )
             self._stop.set()
             stacks = thread_stacks({threading.main_thread().ident or 0: tb} if tb is not None else None)
             self._final_done = True  # the process is going down; atexit must not overwrite this one
@@ -984,6 +1039,30 @@ class Agent:
         finally:
             (self._prev_threading_excepthook or threading.__excepthook__)(args)
 
+    def final_on_signal(self, signum: int, frame: FrameType | None = None, *, going: bool = True) -> None:
+        """Write the final snapshot for a terminating signal: without frames first, then with them
+        within SIGNAL_FRAMES_BUDGET_S. `going`: the process is expected to end (its periodic
+        snapshots stop, so none is newer than this one); False for an ignored signal."""
+        before = self._exception
+        self._exception = self._signal_text = FINAL_SIGNALS.get(signum, f"terminated by signal {signum}")
+        if going:
+            self._stop.set()
+        stacks = thread_stacks()
+        if frame is not None:
+            # The interrupted code, not the handler's frames, is where the main thread was.
+            main = threading.main_thread().ident
+            for st in stacks:
+                if st["thread_id"] == main:
+                    st["frames"] = _frame_chain(frame)
+        self.snapshot("final", stacks=stacks, frames=False)
+        with_frames = threading.Thread(
+            target=lambda: self.snapshot("final", stacks=stacks), name="flightdeck-final", daemon=True
+        )
+        with_frames.start()
+        with_frames.join(SIGNAL_FRAMES_BUDGET_S)
+        if not going and not with_frames.is_alive():
+            self._exception, self._signal_text = before, None
+
     # -- failure handling --
 
     def _guarded(self, what: str, fn: Callable[[], Any]) -> Any:
@@ -1001,6 +1080,200 @@ class Agent:
         else:
             self._logged.add(key)
             logger.warning(message + " (logged once)", exc_info=True)
+
+
+@dataclass(eq=False)
+class _SignalEpisode:
+    """One delivery of a signal, seen by the watcher and the main thread's handler alike."""
+
+    signum: int
+    done: threading.Event = dataclasses.field(default_factory=threading.Event)
+    main_entered: threading.Event = dataclasses.field(default_factory=threading.Event)
+    done_at: float = 0.0
+
+
+class _SignalHooks:
+    """The agent's SIGTERM / SIGINT handlers, their wakeup-fd watcher, and what they replaced.
+
+    Python runs signal handlers in the main thread between bytecodes only, so a rank blocked in a
+    collective (gloo waits in C++ with the GIL released) would run the handler only when the
+    collective times out, long after the launcher's SIGKILL. The C-level handler writes each
+    signal's number to the wakeup fd at once, whatever the main thread does; the watcher thread
+    reads it and writes the snapshot itself.
+    """
+
+    def __init__(self, agent: Agent) -> None:
+        self._agent = weakref.ref(agent)
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self._episode: _SignalEpisode | None = None
+        self.previous: dict[int, Any] = {}
+        self._prev_wakeup_fd = -1
+        self._read_fd = -1
+        self._write_fd = -1
+        self._watcher: threading.Thread | None = None
+        self.active = True
+
+    @classmethod
+    def install(cls, agent: Agent) -> _SignalHooks:
+        """Install the handlers and the watcher (main thread only)."""
+        hooks = cls(agent)
+        for signum in FINAL_SIGNALS:
+            prev = signal.getsignal(signum)
+            if prev is None:
+                continue  # installed outside Python: not ours to wrap, and it could not be restored
+            hooks.previous[signum] = prev
+            signal.signal(signum, hooks.on_signal)
+        r, w = os.pipe()  # non-inheritable: a spawned program never writes into it
+        os.set_blocking(w, False)  # set_wakeup_fd requires it; a full pipe drops a byte, no more
+        try:
+            hooks._prev_wakeup_fd = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        except (ValueError, OSError):
+            os.close(r)
+            os.close(w)
+            return hooks  # the handlers alone still cover a main thread running Python
+        hooks._read_fd, hooks._write_fd = r, w
+        hooks._watcher = threading.Thread(target=hooks._watch, name="flightdeck-signals", daemon=True)
+        hooks._watcher.start()
+        ref = weakref.WeakMethod(hooks._after_fork_in_child)
+
+        def after_fork() -> None:
+            fn = ref()
+            if fn is not None:
+                fn()
+
+        os.register_at_fork(after_in_child=after_fork)
+        return hooks
+
+    def uninstall(self) -> bool:
+        """Restore what was there before where it is still ours; False outside the main thread
+        (nothing can be changed there; the handlers then only chain)."""
+        self.active = False
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        for signum, prev in self.previous.items():
+            if signal.getsignal(signum) == self.on_signal:
+                signal.signal(signum, prev)
+        if self._write_fd >= 0:
+            current = signal.set_wakeup_fd(self._prev_wakeup_fd)
+            if current != self._write_fd:
+                signal.set_wakeup_fd(current)  # someone replaced ours since: leave theirs
+            with contextlib.suppress(OSError):
+                os.write(self._write_fd, b"\0")  # the watcher's stop sentinel (no signal is 0)
+            if self._watcher is not None:
+                self._watcher.join(2.0)
+            for fd in (self._read_fd, self._write_fd):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            self._read_fd = self._write_fd = -1
+        return True
+
+    # -- the two ways a signal arrives --
+
+    def on_signal(self, signum: int, frame: FrameType | None) -> None:
+        """The Python-level handler (main thread): the snapshot, then the previous handler."""
+        prev = self.previous.get(signum, signal.SIG_DFL)
+        if self.active and os.getpid() == self._pid:
+            self._final(signum, frame, main=True)
+        if callable(prev):
+            prev(signum, frame)
+        elif prev != signal.SIG_IGN:
+            signal.signal(signum, signal.SIG_DFL)
+            signal.raise_signal(signum)
+
+    def _watch(self) -> None:
+        while True:
+            try:
+                data = os.read(self._read_fd, 64)
+            except OSError:
+                return
+            if not data or 0 in data:
+                return
+            if self._prev_wakeup_fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.write(self._prev_wakeup_fd, data)  # the previous owner (asyncio) sees them too
+            for signum in sorted(set(data)):
+                if signum in self.previous and self.active:
+                    try:
+                        self._from_watcher(signum)
+                    except Exception:
+                        logger.warning("flightdeck agent: signal snapshot failed", exc_info=True)
+
+    def _from_watcher(self, signum: int) -> None:
+        if signal.getsignal(signum) != self.on_signal:
+            return  # the job installed its own handler since: it owns the signal
+        episode = self._final(signum, None, main=False)
+        if self.previous[signum] not in (signal.SIG_DFL, None):
+            return  # a Python handler (or SIG_IGN) can only run in the main thread: as without us
+        if not episode.main_entered.wait(MAIN_THREAD_GRACE_S):
+            logger.warning(
+                "flightdeck agent: main thread blocked in native code; ending the process with %s",
+                signal.Signals(signum).name,
+            )
+            _die_by_default_action(signum)
+
+    def _final(self, signum: int, frame: FrameType | None, *, main: bool) -> _SignalEpisode:
+        """The final snapshot of this delivery, written once whoever sees it first."""
+        now = time.monotonic()
+        with self._lock:
+            ep = self._episode
+            owner = (
+                ep is None
+                or ep.signum != signum
+                or (ep.done.is_set() and now - ep.done_at > _SIGNAL_DEDUPE_S)
+            )
+            if owner:
+                ep = self._episode = _SignalEpisode(signum)
+            assert ep is not None
+            if main:
+                ep.main_entered.set()
+        if not owner:
+            ep.done.wait(SIGNAL_FRAMES_BUDGET_S + 1.0)
+            return ep
+        try:
+            agent = self._agent()
+            if agent is not None:
+                going = self.previous.get(signum) != signal.SIG_IGN
+                agent.final_on_signal(signum, frame, going=going)
+        finally:
+            ep.done_at = time.monotonic()
+            ep.done.set()
+        return ep
+
+    def _after_fork_in_child(self) -> None:
+        # A forked child (a data-loader worker) is no rank: it gets the previous handlers back and
+        # must not write signal numbers into the parent's pipe.
+        if not self.active:
+            return
+        self.active = False
+        for signum, prev in self.previous.items():
+            if signal.getsignal(signum) == self.on_signal:
+                signal.signal(signum, prev)
+        if self._write_fd >= 0:
+            with contextlib.suppress(ValueError):  # forked from a thread other than the main one
+                current = signal.set_wakeup_fd(self._prev_wakeup_fd)
+                if current != self._write_fd:
+                    signal.set_wakeup_fd(current)
+        for fd in (self._read_fd, self._write_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def _die_by_default_action(signum: int) -> None:
+    """End the process as the signal's default action would, from a thread other than the main
+    one (where `signal.signal` is refused): reset the C-level disposition and send it again."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.signal.restype = ctypes.c_void_p
+        libc.signal.argtypes = (ctypes.c_int, ctypes.c_void_p)
+        libc.signal(signum, None)  # None is NULL: SIG_DFL
+        os.kill(os.getpid(), signum)
+        time.sleep(2.0)
+    except Exception:
+        logger.warning("flightdeck agent: could not restore the default action", exc_info=True)
+    os._exit(128 + signum)
 
 
 class _AlreadyLogged(Exception):

@@ -206,13 +206,17 @@ def test_restart_does_not_ship_again_what_was_shipped(tmp_path: Path, recorder: 
     n = len(recorder.entry_rows())
     assert n > 0
 
+    docs = len(recorder.docs())
     second = Harness(settings_for(tmp_path, recorder.url))
     try:
         second.flush_and_push()
+        assert second.metric("flightdeck_collector_files_seen_total") == 0  # none read again
     finally:
         second.close()
 
-    assert len(recorder.entry_rows()) == n  # snapshots again (heartbeats), no entry twice
+    assert len(recorder.entry_rows()) == n
+    # No snapshot again either (its time would move the job's last_seen): one heartbeat only.
+    assert [d["snapshots"] for d in recorder.docs()[docs:]] == [[]]
 
 
 # --- bad input --------------------------------------------------------------------------------
