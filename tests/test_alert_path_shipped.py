@@ -94,7 +94,11 @@ def test_render_changes_only_addresses(tmp_path: Path) -> None:
     assert _masked(prometheus) == _masked(shipped_prometheus)
     assert _masked(alertmanager) == _masked(shipped_alertmanager)
     urls = sorted(h["url"] for r in alertmanager["receivers"] for h in r["webhook_configs"])
-    assert urls == ["http://127.0.0.1:4/flightdeck/critical", "http://127.0.0.1:4/flightdeck/warning"]
+    assert urls == [
+        "http://127.0.0.1:4/flightdeck/critical",
+        "http://127.0.0.1:4/flightdeck/warning",
+        "http://127.0.0.1:4/flightdeck/watchdog",
+    ]
     text = json.dumps([prometheus, alertmanager])
     for compose_name in ("alertmanager:9093", "localhost:9090", "alert-receiver", '"flightdeck"]'):
         assert compose_name not in text
