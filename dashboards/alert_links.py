@@ -37,6 +37,8 @@ def write(out: Path, *, flightdeck_url: str, runbook_url: str) -> list[Path]:
     for name in RULE_FILES:
         text = (ALERTS_DIR / name).read_text(encoding="utf-8")
         path = out / name
-        path.write_text(render(text, flightdeck_url=flightdeck_url, runbook_url=runbook_url), encoding="utf-8")
+        path.write_text(
+            render(text, flightdeck_url=flightdeck_url, runbook_url=runbook_url), encoding="utf-8"
+        )
         written.append(path)
     return written

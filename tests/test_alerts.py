@@ -154,7 +154,10 @@ def test_rule_uses_only_documented_metrics(rule: dict[str, Any]) -> None:
     """Rules query only series in docs/metrics.md, recorded earlier in this file, or Prometheus'
     own per-target `up`."""
     allowed = (
-        documented_series().keys() | {r["record"] for r in _rules() if "record" in r} | {"up"} | PIPELINE_SERIES
+        documented_series().keys()
+        | {r["record"] for r in _rules() if "record" in r}
+        | {"up"}
+        | PIPELINE_SERIES
     )
     used = metric_names(rule["expr"])
     assert used or rule.get("alert") == "Watchdog"  # vector(1)
@@ -247,13 +250,18 @@ def test_links_come_from_one_pair_of_base_urls(tmp_path: Path) -> None:
     for name in RULE_FILES:
         text = (ALERTS / name).read_text(encoding="utf-8")
         assert render(text, flightdeck_url=DEFAULT_FLIGHTDECK_URL, runbook_url=DEFAULT_RUNBOOK_URL) == text
-    write(tmp_path, flightdeck_url="https://fd.corp.test/", runbook_url="https://wiki.corp.test/fd/runbook.md")
+    write(
+        tmp_path, flightdeck_url="https://fd.corp.test/", runbook_url="https://wiki.corp.test/fd/runbook.md"
+    )
     rendered = yaml.safe_load((tmp_path / "flightdeck.rules.yml").read_text(encoding="utf-8"))
     alerts = [r for g in rendered["groups"] for r in g["rules"] if "alert" in r]
     assert len(alerts) == len(EXPECTED_ALERTS)
     for rule in alerts:
         assert rule["annotations"]["incident_url"].startswith("https://fd.corp.test/"), rule["alert"]
-        assert rule["annotations"]["runbook_url"] == f"https://wiki.corp.test/fd/runbook.md#{rule['alert'].lower()}"
+        assert (
+            rule["annotations"]["runbook_url"]
+            == f"https://wiki.corp.test/fd/runbook.md#{rule['alert'].lower()}"
+        )
     for name in RULE_FILES:
         text = (tmp_path / name).read_text(encoding="utf-8")
         assert DEFAULT_RUNBOOK_URL not in text and f'"{DEFAULT_FLIGHTDECK_URL}' not in text
