@@ -22,7 +22,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from flightdeck.collector.frdump import merge
 from flightdeck.demo.ranks import free_port
+from flightdeck.nixl_records import Histogram, NixlSample
 from flightdeck.wire import Snapshot, snapshot_from_dump
 
 if TYPE_CHECKING:
@@ -58,6 +60,39 @@ def incident(name: str, job: str) -> list[Snapshot]:
     raise ValueError(f"unknown incident {name!r}")
 
 
+def healthy_job(job: str) -> list[Snapshot]:
+    """The final snapshots of a real healthy 4-rank job (scenario `healthy_4`), rank order."""
+    finals = [snapshot_from_dump(merge(ds), job=job) for _, ds in sorted(scenario_dumps("healthy_4").items())]
+    return finals
+
+
+def nixl_sample(
+    host: str, agent: str, *, tx_bytes: int, read_time_ns: int, registered: int
+) -> dict[str, Any]:
+    """One NIXL telemetry sample (wire form) of a running agent."""
+    bounds = (10.0, 100.0, 1000.0)
+    return NixlSample(
+        host=host,
+        agent=agent,
+        pid=42,
+        local_rank=0,
+        source="mp",
+        read_time_ns=read_time_ns,
+        run="run-1",
+        format_version=1,
+        tx_bytes=tx_bytes,
+        rx_bytes=tx_bytes // 2,
+        tx_requests=tx_bytes // 1000,
+        rx_requests=tx_bytes // 2000,
+        memory_registered_bytes=registered,
+        memory_deregistered_bytes=0,
+        errors=(),
+        events_dropped=0,
+        xfer_time=Histogram(bounds, (1, 1, 0, 0), 60, 2),
+        post_time=Histogram.empty(bounds),
+    ).to_wire()
+
+
 class ServerProcess:
     """A real `flightdeck server` on 127.0.0.1:`port` with default thresholds and a collector token.
 
@@ -67,8 +102,15 @@ class ServerProcess:
     """
 
     def __init__(
-        self, data_dir: Path, *, env: dict[str, str] | None = None, token: str | None = None
+        self,
+        data_dir: Path,
+        *,
+        env: dict[str, str] | None = None,
+        token: str | None = None,
+        migrate: bool = False,
     ) -> None:
+        """`token`: use this collector token (a replica on a database another one made it in);
+        `migrate`: run `flightdeck migrate` first (replicas: once, before any of them starts)."""
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.data_dir = data_dir
@@ -77,6 +119,10 @@ class ServerProcess:
         self.env = base_env | {"FLIGHTDECK_DATA_DIR": str(data_dir), "FLIGHTDECK_PORT": str(self.port)}
         self.env |= env or {}
         self._cmd = [sys.executable, "-m", "flightdeck"]
+        if migrate:
+            subprocess.run(
+                [*self._cmd, "migrate"], env=self.env, capture_output=True, check=True, timeout=120
+            )
         self.token = (
             token
             or subprocess.run(
