@@ -138,6 +138,11 @@ class ServerProcess:
         self._log = (data_dir / "server.log").open("ab")
 
     @property
+    def cmd(self) -> list[str]:
+        """The `flightdeck` command line (add a subcommand; run it with `env`)."""
+        return list(self._cmd)
+
+    @property
     def address(self) -> str:
         """`127.0.0.1:port` for Prometheus."""
         return f"127.0.0.1:{self.port}"
@@ -162,13 +167,16 @@ class ServerProcess:
         except OSError:
             return False
 
-    def post(self, snaps: list[Snapshot], *, nixl: list[dict[str, Any]] | None = None) -> None:
-        """POST one batch holding `snaps` (and NIXL samples) to the ingest API."""
+    def post(
+        self, snaps: list[Snapshot], *, nixl: list[dict[str, Any]] | None = None, token: str | None = None
+    ) -> None:
+        """POST one batch holding `snaps` (and NIXL samples) to the ingest API, with `token`
+        (default: this server's collector token)."""
         data, headers = body(make_batch(snaps, nixl=nixl))
         req = urllib.request.Request(
             f"{self.base}/api/v1/ingest",
             data=data,
-            headers={**headers, "Authorization": f"Bearer {self.token}"},
+            headers={**headers, "Authorization": f"Bearer {token or self.token}"},
             method="POST",
         )
         with urllib.request.urlopen(req, timeout=60) as r:
