@@ -1,5 +1,6 @@
 """Replicas export once (issue 20): two real server replicas on one PostgreSQL
-(FLIGHTDECK_CLUSTER=true) and a real Prometheus scraping both with the shipped configuration.
+(FLIGHTDECK_CLUSTER=true) and a real Prometheus scraping both with the shipped configuration;
+and a failover to the other replica under the shipped alert path (one page, nothing resolved).
 Each job's series come from the replica owning the job, the cluster-wide ones (jobs by status,
 collectors, NIXL agents) from the leader, so `sum()` over both replicas equals the figures of a
 single server (SQLite) fed the same batches.
@@ -22,10 +23,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 if TYPE_CHECKING:
     from tests.ops_stack import ALERTMANAGER_BINARIES, PROMETHEUS_BINARIES, HangTarget, OpsStack, find_binary
-    from tests.paging_stack import ServerProcess, healthy_job, incident, nixl_sample
+    from tests.paging_stack import ServerProcess, healthy_job, incident, nixl_sample, notifications
 else:
     from ops_stack import ALERTMANAGER_BINARIES, PROMETHEUS_BINARIES, HangTarget, OpsStack, find_binary
-    from paging_stack import ServerProcess, healthy_job, incident, nixl_sample
+    from paging_stack import ServerProcess, healthy_job, incident, nixl_sample, notifications
 
 pytestmark = [
     pytest.mark.slow,
@@ -177,3 +178,45 @@ def test_two_replicas_sum_to_one_servers_figures(replicas: list[ServerProcess], 
             assert sorted(s["jobs"] for s in shares) == [0, 2], shares
     finally:
         single.close()
+
+
+def _exports_hang(server: ServerProcess, job: str) -> bool:
+    try:
+        return f'flightdeck_job_hang_active{{group="0",job="{job}"}} 1.0' in server.metrics()
+    except OSError:
+        return False
+
+
+@pytest.mark.timeout(300)
+def test_failover_to_the_other_replica_neither_resolves_nor_refires_the_page(
+    replicas: list[ServerProcess], tmp_path: Path
+) -> None:
+    """A hang pages; the replica owning the job is SIGKILLed; the other takes the job over and
+    exports the hang: still one page, nothing resolved (the shipped alert path)."""
+    targets = [
+        HangTarget(address=s.address, metrics_path="/metrics", trigger_hang=lambda: None) for s in replicas
+    ]
+    with OpsStack(rule_files=[], targets=targets, workdir=tmp_path / "ops", shipped=True) as stack:
+        stack.wait_for_targets_up(timeout=90)
+        stack.wait_for_alertmanager_discovered(timeout=90)
+        replicas[0].post(incident("hang", "j"))
+        stack.webhook.wait_for(lambda d: bool(notifications([d], "j", "firing")), timeout=120)
+        owner = _wait(lambda: next((s for s in replicas if _exports_hang(s, "j")), None), 60, "the owner")
+        other = next(s for s in replicas if s is not owner)
+        owner.kill()
+        _wait(lambda: _exports_hang(other, "j"), 120, "the other replica to export the hang")
+        rows = stack.query('prometheus_rule_group_iterations_total{rule_group=~".*;flightdeck-page"}')
+        start = float(rows[0]["value"][1]) if rows else 0.0
+        _wait(
+            lambda: any(
+                float(r["value"][1]) >= start + 5
+                for r in stack.query(
+                    'prometheus_rule_group_iterations_total{rule_group=~".*;flightdeck-page"}'
+                )
+            ),
+            120,
+            "five more evaluations",
+        )
+        deliveries = list(stack.webhook.deliveries)
+        assert len(notifications(deliveries, "j", "firing")) == 1, deliveries
+        assert notifications(deliveries, "j", "resolved") == [], deliveries
