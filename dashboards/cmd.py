@@ -1,4 +1,5 @@
-"""`flightdeck dashboards build`: write the Grafana dashboards as JSON (or check them for drift)."""
+"""`flightdeck dashboards build`: write the Grafana dashboards as JSON (or check them for drift);
+`flightdeck dashboards alerts`: write the alert rules with a site's incident and runbook links."""
 
 from __future__ import annotations
 
@@ -6,20 +7,34 @@ import argparse
 import sys
 from pathlib import Path
 
-from flightdeck.dashboards.defaults import BUILD_DIR, DEFAULT_FLIGHTDECK_URL
+from flightdeck.dashboards.defaults import ALERTS_DIR, BUILD_DIR, DEFAULT_FLIGHTDECK_URL, DEFAULT_RUNBOOK_URL
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the `dashboards` arguments to `parser`."""
-    parser.add_argument("action", choices=["build"], help="build: render every dashboard to JSON")
     parser.add_argument(
-        "--out", type=Path, default=BUILD_DIR, help=f"output directory (default: {BUILD_DIR})"
+        "action",
+        choices=["build", "alerts"],
+        help="build: render every dashboard to JSON; alerts: render the alert rules (and their "
+        "promtool tests) with --flightdeck-url and --runbook-url as the links' bases",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help=f"output directory (default: {BUILD_DIR} for build; for alerts, required: the shipped "
+        f"{ALERTS_DIR} is the rendering of the defaults)",
     )
     parser.add_argument(
         "--flightdeck-url",
         default=DEFAULT_FLIGHTDECK_URL,
-        help="default of the dashboards' flightdeck_url variable, the base of every incident link "
-        f"(default: {DEFAULT_FLIGHTDECK_URL})",
+        help="where the Flightdeck UI answers: the base of every incident link, in the dashboards "
+        f"and the alert rules (default: {DEFAULT_FLIGHTDECK_URL})",
+    )
+    parser.add_argument(
+        "--runbook-url",
+        default=DEFAULT_RUNBOOK_URL,
+        help=f"where docs/runbook.md is published: the base of every alert's runbook_url (default: {DEFAULT_RUNBOOK_URL})",
     )
     parser.add_argument(
         "--check", action="store_true", help="write nothing; exit 1 if the files in --out are out of date"
@@ -27,7 +42,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Build (or check) the dashboards; returns the exit code."""
+    """Build (or check) the dashboards, or render the alert rules; returns the exit code."""
+    if args.action == "alerts":
+        return _alerts(args)
+    if args.out is None:
+        args.out = BUILD_DIR
     try:
         from flightdeck.dashboards.build import drift, write
     except ModuleNotFoundError as exc:
@@ -48,6 +67,22 @@ def run(args: argparse.Namespace) -> int:
             print("run `flightdeck dashboards build` and commit the result", file=sys.stderr)
         return 1 if stale else 0
     for path in write(args.out, args.flightdeck_url):
+        print(path)
+    return 0
+
+
+def _alerts(args: argparse.Namespace) -> int:
+    from flightdeck.dashboards.alert_links import write
+
+    if args.out is None:
+        print("flightdeck dashboards alerts: --out DIR is required", file=sys.stderr)
+        return 2
+    try:
+        paths = write(args.out, flightdeck_url=args.flightdeck_url, runbook_url=args.runbook_url)
+    except ValueError as exc:
+        print(f"flightdeck dashboards alerts: {exc}", file=sys.stderr)
+        return 2
+    for path in paths:
         print(path)
     return 0
 

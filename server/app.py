@@ -28,6 +28,7 @@ from flightdeck import __version__
 from flightdeck.server import store
 from flightdeck.server.db import Database, connect
 from flightdeck.server.errors import InternalErrorMiddleware, ServerError, UnavailableError, error_answer
+from flightdeck.server.export import ExportPolicy, StoreFacts
 from flightdeck.server.ingest import IngestService
 from flightdeck.server.ingest_http import IngestEndpoint
 from flightdeck.server.live import JobState, LiveDiagnosis
@@ -259,7 +260,23 @@ def build_services(
                 shared.collector_push_ns[tok.name] = tok.last_push_ns
         for a in store.nixl_agents(session=session):
             shared.set_nixl(a.host, a.agent, a.source, store.nixl_totals(a), a.sample)
-    reg.register(StateCollector(live=live, shared=shared, ingest=metrics, clock=clock))
+    # Before the first scrape can be answered (the app serves only once this returns): the open
+    # findings are loaded (`live.load` above), and with replicas this process knows whether it
+    # leads, so that no scrape sees an open incident resolved or a cluster-wide series twice.
+    if live.cluster is not None:
+        live.cluster.lead()
+    facts = StoreFacts(db=db, on_db_error=metrics.db_errors.inc, read_nixl=settings.cluster)
+    facts.refresh(force=True)
+    reg.register(
+        StateCollector(
+            live=live,
+            shared=shared,
+            ingest=metrics,
+            clock=clock,
+            facts=facts,
+            policy=ExportPolicy(live.cluster),
+        )
+    )
     reg.register(webhook_metrics)
     register_process_metrics(reg)
     ingest = IngestService(

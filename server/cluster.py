@@ -12,6 +12,12 @@ folds their snapshots in. Its own batches it takes from memory (`remember`), in 
 A process that takes a job over rebuilds the job's summaries from the database and marks the
 feed rows visible to that same read as seen, so each batch is folded in exactly once.
 
+What each process exports to Prometheus follows the same split: a job's series come from its
+owner only, and the cluster-wide series (jobs by status, collectors, NIXL agents) from the
+leader, the one process holding the leader lock (`store.try_lead`, on the same connection): so
+`sum()` over the replicas' series equals what one process alone would export. A leader that dies
+releases the lock with its connection; another process takes it at its next housekeeping.
+
 Per rank, feed order is delivery order: a collector sends a rank's next batch only after the
 server acknowledged (committed) the previous one, so its feed id is larger.
 """
@@ -63,6 +69,8 @@ class Cluster:
         self._on_db_error = on_db_error
         self._conn: Connection | None = None
         self.owned: set[int] = set()
+        #: Whether this process holds the leader lock (exports the cluster-wide series).
+        self.leader = False
         #: feed ids folded in (or covered by a rebuild), with their stamp: pruned past the lookback.
         self._seen: dict[int, int] = {}
         #: feed id -> (stamp, job id, snapshots) of this process's own batches of owned jobs.
@@ -89,6 +97,17 @@ class Cluster:
         except OperationalError:
             self._lost()
         return got
+
+    def lead(self) -> bool:
+        """Try to become the leader (if not already); returns whether this process leads."""
+        if self.leader:
+            return True
+        try:
+            with self._session() as session:
+                self.leader = store.try_lead(session=session)
+        except OperationalError:
+            self._lost()
+        return self.leader
 
     def release(self, job_id: int) -> None:
         """Give a job's diagnosis up (the job went idle)."""
@@ -117,6 +136,7 @@ class Cluster:
         self._on_db_error()
         log.warning("cluster: lost the lock connection; %d jobs released", len(self.owned))
         self.owned.clear()
+        self.leader = False
         if self._conn is not None:
             try:
                 self._conn.invalidate()
@@ -126,8 +146,9 @@ class Cluster:
             self._conn = None
 
     def close(self) -> None:
-        """Close the lock connection (releases every job)."""
+        """Close the lock connection (releases every job and the leader lock)."""
         self.owned.clear()
+        self.leader = False
         if self._conn is not None:
             self._conn.close()
             self._conn = None
@@ -182,11 +203,13 @@ class Cluster:
         return out
 
     def housekeeping(self) -> bool:
-        """Prune the feed and the memory of it every HOUSEKEEPING_S; True when it ran."""
+        """Prune the feed and the memory of it, and try to lead, every HOUSEKEEPING_S; True when
+        it ran."""
         now = self._clock()
         if now - self._last_housekeeping < HOUSEKEEPING_S * NS:
             return False
         self._last_housekeeping = now
+        self.lead()
         horizon = now - int(2 * FEED_LOOKBACK_S * NS)
         self._seen = {i: t for i, t in self._seen.items() if t >= horizon}
         self._local = {i: v for i, v in self._local.items() if v[0] >= horizon}

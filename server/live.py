@@ -17,6 +17,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
@@ -91,6 +92,10 @@ class JobState:
     #: rank -> snapshot time (epoch ns) of its latest snapshot.
     rank_seen_ns: dict[int, int] = field(default_factory=dict)
     report: Report | None = None
+    #: The job's open findings as stored, loaded at start (one process alone): what the metrics
+    #: export until the job's first diagnosis here sets `report`, so that an open incident stays
+    #: exported across a restart (Prometheus' first scrape must not see it resolved).
+    restored: list[Finding] = field(default_factory=list)
     #: (group, seq) -> epoch ns a state_mismatch there was first diagnosed (`settle_state_mismatches`).
     state_mismatch_since: dict[tuple[str | None, int | None], int] = field(default_factory=dict)
     #: The last diagnosis's `Report.agreed`, for the next (reset when the summaries are rebuilt).
@@ -125,6 +130,21 @@ class JobState:
         (one C call under the GIL, so the copy is whole; iterating the dict itself raised
         "dictionary changed size during iteration" when a host's first batch came in)."""
         return list(self.batch_lag.values())
+
+
+def _stored_finding(data: dict[str, Any]) -> Finding:
+    """A stored finding (`Finding.to_json()`) with the fields the metrics read."""
+    elapsed = data.get("elapsed_s")
+    return Finding(
+        kind=data["kind"],
+        detail=str(data.get("detail") or ""),
+        process_group=data.get("process_group"),
+        collective_seq_id=data.get("collective_seq_id"),
+        op=data.get("op"),
+        culprit_ranks=[int(r) for r in data.get("culprit_ranks") or []],
+        waiting_ranks=[int(r) for r in data.get("waiting_ranks") or []],
+        elapsed_s=None if elapsed is None else float(elapsed),
+    )
 
 
 def job_status(report: Report, summaries: Sequence[RankSummary], world_size: int | None) -> str:
@@ -263,14 +283,23 @@ class LiveDiagnosis:
 
     def load(self) -> None:
         """Know every stored job (status for the metrics). Active jobs are marked for a rebuild of
-        their summaries from the database, so a hang is still found after a restart."""
+        their summaries from the database, so a hang is still found after a restart; until then
+        their open findings are exported as stored (`JobState.restored`). With several replicas
+        nothing is restored: a job's owner exports it, and a process taking a job over exports
+        it from its own first diagnosis (restored findings could be stale by then)."""
         now_ns = self._clock()
         with self._db.read() as session:
             for j in store.list_jobs(session=session):
                 active = (
                     j.status != "finished" and (now_ns - j.last_seen_ns) / NS <= self._settings.job_idle_s
                 )
+                restored = (
+                    [_stored_finding(row.data) for row in store.open_findings(session=session, job_id=j.id)]
+                    if active and self.cluster is None
+                    else []
+                )
                 self.jobs[j.id] = JobState(
+                    restored=restored,
                     job_id=j.id,
                     name=j.name,
                     attempt=j.attempt,

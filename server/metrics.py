@@ -24,6 +24,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from flightdeck.analysis.findings import CONFIG_KINDS, MISMATCH_KINDS
+from flightdeck.server.export import ExportPolicy, StoreFacts
 from flightdeck.server.live import SKEW_BUCKETS, LiveDiagnosis
 from flightdeck.server.models import JOB_STATUSES
 
@@ -214,15 +215,30 @@ def _cumulative(bounds: Iterable[float], counts: list[int]) -> list[tuple[str, f
 
 
 class StateCollector(Collector):
-    """Per-job, per-collector and NIXL metrics, computed from in-memory state at scrape time."""
+    """Per-job, per-collector and NIXL metrics, computed from in-memory state at scrape time.
+
+    `policy` says which of them this process exports (several replicas: a job's from its owner,
+    the cluster-wide ones from the leader; alone: all). `facts` is the store's view of collector
+    tokens (a revoked one is not exported) and, with replicas, of the NIXL agents; without it the
+    collectors are exported from this process's own memory only.
+    """
 
     def __init__(
-        self, *, live: LiveDiagnosis, shared: SharedState, ingest: IngestMetrics, clock: Callable[[], int]
+        self,
+        *,
+        live: LiveDiagnosis,
+        shared: SharedState,
+        ingest: IngestMetrics,
+        clock: Callable[[], int],
+        facts: StoreFacts | None = None,
+        policy: ExportPolicy | None = None,
     ) -> None:
         self._ingest = ingest
         self._live = live
         self._shared = shared
         self._clock = clock
+        self._facts = facts
+        self._policy = policy if policy is not None else ExportPolicy(None)
 
     def collect(self) -> Iterable[Metric]:
         """Yield the metric families (called by the registry on every scrape)."""
@@ -294,21 +310,28 @@ class StateCollector(Collector):
         by_status: Tally[str] = Tally({s: 0 for s in JOB_STATUSES})
         # Two attempts of one job share the `job` label: the newest attempt speaks for it.
         newest: dict[str, Any] = {}
+        policy = self._policy
         for js in self._live.jobs_snapshot():
             by_status[js.status] += 1
+            if not policy.job(js.job_id):
+                continue  # its owner exports it
             cur = newest.get(js.name)
             if cur is None or js.attempt > cur.attempt:
                 newest[js.name] = js
-        for status, n in sorted(by_status.items()):
-            jobs.add_metric([status], n)
+        if policy.leads():
+            for status, n in sorted(by_status.items()):
+                jobs.add_metric([status], n)
         for name, js in sorted(newest.items()):
             report = js.report
             hang_groups: dict[str, Any] = {}
             mm_groups: dict[str, Any] = {}
             lost_ranks: set[int] = set()
             open_kinds: Tally[str] = Tally()
-            if report is not None and js.status != "finished":
-                for f in report.findings:
+            # Until its first diagnosis after a restart, a job's open findings as stored (so an
+            # open incident is exported from the first scrape on: neither resolved nor re-fired).
+            findings = report.findings if report is not None else js.restored
+            if js.status != "finished":
+                for f in findings:
                     open_kinds[f.kind] += 1
                     g = f.process_group or ""
                     if f.kind in ("hang", "state_mismatch"):
@@ -368,8 +391,21 @@ class StateCollector(Collector):
             "Seconds since the collector's last accepted batch.",
             labels=["collector"],
         )
+        if not self._policy.leads():
+            yield age  # the leader exports every collector, once
+            return
         with self._shared.lock:
             pushes = dict(self._shared.collector_push_ns)
+        if self._facts is not None:
+            # Revoked tokens are left out (read from the store every few seconds: any process may
+            # have revoked it); otherwise the later of this process's and the store's last push
+            # (with replicas a collector's batches land on any of them). A token created since
+            # the last read is known from its pushes here.
+            stored, revoked = self._facts.collectors()
+            for name, last in stored.items():
+                if last is not None:
+                    pushes[name] = max(last, pushes.get(name, last))
+            pushes = {name: t for name, t in pushes.items() if name not in revoked}
         for name, t in sorted(pushes.items()):
             age.add_metric([name], max(0.0, (now_ns - t) / NS))
         yield age
@@ -395,8 +431,15 @@ class StateCollector(Collector):
         mem = GaugeMetricFamily(
             "flightdeck_nixl_memory_registered_bytes", "Registered minus deregistered memory.", labels=labels
         )
-        with self._shared.lock:
-            agents = sorted(self._shared.nixl.items())
+        agents: list[tuple[tuple[str, str], tuple[str, dict[str, Any], dict[str, Any]]]] = []
+        if not self._policy.leads():
+            pass  # the leader exports every agent, once
+        elif self._policy.clustered and self._facts is not None:
+            # Replicas each hear from some agents: the leader exports them all from the store.
+            agents = sorted((k, (f.source, f.totals, f.sample)) for k, f in self._facts.nixl().items())
+        else:
+            with self._shared.lock:
+                agents = sorted(self._shared.nixl.items())
         for (host, agent), (_source, totals, sample) in agents:
             lv = [host, agent]
             tx_b.add_metric(lv, float(totals.get("tx_bytes", 0)))

@@ -1686,6 +1686,18 @@ def try_own_job(*, session: Session, job_id: int) -> bool:
     return bool(session.execute(q, {"c": _JOB_LOCK_CLASS, "j": job_id}).scalar_one())
 
 
+#: First key of the advisory lock held by the cluster's leader ("FDL"), the one process that
+#: exports the cluster-wide series (jobs by status, collectors, NIXL agents) to Prometheus.
+_LEADER_LOCK_CLASS = 0x46444C
+
+
+def try_lead(*, session: Session) -> bool:
+    """Take the session-level advisory lock of the cluster's leader without waiting; True if held
+    (as `try_own_job`: on a connection the caller keeps open; released when it closes)."""
+    q = text("SELECT pg_try_advisory_lock(:c, 0)")
+    return bool(session.execute(q, {"c": _LEADER_LOCK_CLASS}).scalar_one())
+
+
 def ping(*, session: Session) -> None:
     """A round trip: raises OperationalError when the connection is broken."""
     session.execute(text("SELECT 1"))

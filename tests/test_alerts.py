@@ -11,6 +11,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import yaml
 
+from flightdeck.dashboards.alert_links import RULE_FILES, render, write
+from flightdeck.dashboards.defaults import DEFAULT_FLIGHTDECK_URL, DEFAULT_RUNBOOK_URL
+
 if TYPE_CHECKING:
     from tests.metrics_doc import documented_series, metric_names
 else:
@@ -35,10 +38,30 @@ EXPECTED_ALERTS = {
     "FlightdeckConfigSkew",
     "FlightdeckServerDown",
     "FlightdeckWebhookBacklog",
+    # the alerting pipeline watching itself (issue 23)
+    "Watchdog",
+    "PrometheusRuleEvaluationFailures",
+    "PrometheusNotificationsFailing",
+    "PrometheusConfigReloadFailed",
+    "AlertmanagerNotificationsFailing",
+    "AlertmanagerConfigReloadFailed",
 }
 
-#: the one base URL every incident link starts with (edit the anchors in the rule file).
-INCIDENT_BASE = "http://127.0.0.1:8470/"
+#: Prometheus' and Alertmanager's own series the self-monitoring rules read (from their scrape
+#: jobs `prometheus` and `alertmanager` in prometheus.yml).
+PIPELINE_SERIES = {
+    "prometheus_rule_evaluation_failures_total",
+    "prometheus_notifications_errors_total",
+    "prometheus_notifications_dropped_total",
+    "prometheus_config_last_reload_successful",
+    "alertmanager_notifications_failed_total",
+    "alertmanager_config_last_reload_successful",
+}
+
+#: the one base URL every incident link starts with, and where the runbook is published (the
+#: shipped rule file is the rendering of these defaults: `flightdeck dashboards alerts`).
+INCIDENT_BASE = DEFAULT_FLIGHTDECK_URL + "/"
+RUNBOOK_BASE = DEFAULT_RUNBOOK_URL
 
 
 def _rules() -> list[dict[str, Any]]:
@@ -86,7 +109,8 @@ def test_every_alert_is_unit_tested_firing_and_quiet() -> None:
             (firing if check.get("exp_alerts") else quiet).add(check["alertname"])
     alerts = set(_alerts())
     assert alerts - firing == set(), "alerts without a firing test"
-    assert alerts - quiet == set(), "alerts without a not-firing test"
+    # the Watchdog has no quiet case: it always fires (that is what it is for)
+    assert alerts - quiet == {"Watchdog"}, "alerts without a not-firing test"
     recorded = {rule["record"] for rule in _rules() if "record" in rule}
     tested = {check["expr"] for case in document["tests"] for check in case.get("promql_expr_test", [])}
     assert recorded <= tested, "recording rules without a promql_expr_test"
@@ -101,11 +125,12 @@ def test_expected_alerts_exist() -> None:
 def test_alert_is_complete(name: str) -> None:
     """Severity, summary, description, incident and runbook links are all present and consistent."""
     rule = _alerts()[name]
-    assert rule["labels"]["severity"] in {"critical", "warning"}
+    # `none`: the Watchdog only, which its own receiver takes (never the pager)
+    assert rule["labels"]["severity"] in ({"none"} if name == "Watchdog" else {"critical", "warning"})
     annotations = rule["annotations"]
     for key in ("summary", "description", "incident_url", "runbook_url"):
         assert annotations.get(key, "").strip(), f"{name} lacks {key}"
-    assert annotations["runbook_url"] == f"docs/runbook.md#{name.lower()}"
+    assert annotations["runbook_url"] == f"{RUNBOOK_BASE}#{name.lower()}"
     assert annotations["incident_url"].startswith(INCIDENT_BASE)
     if "job" in annotations["incident_url"]:
         assert annotations["incident_url"] == INCIDENT_BASE + "jobs/{{ $labels.job }}"
@@ -128,9 +153,14 @@ def test_job_alerts_name_job_group_and_culprits() -> None:
 def test_rule_uses_only_documented_metrics(rule: dict[str, Any]) -> None:
     """Rules query only series in docs/metrics.md, recorded earlier in this file, or Prometheus'
     own per-target `up`."""
-    allowed = documented_series().keys() | {r["record"] for r in _rules() if "record" in r} | {"up"}
+    allowed = (
+        documented_series().keys()
+        | {r["record"] for r in _rules() if "record" in r}
+        | {"up"}
+        | PIPELINE_SERIES
+    )
     used = metric_names(rule["expr"])
-    assert used
+    assert used or rule.get("alert") == "Watchdog"  # vector(1)
     assert used <= allowed, f"undocumented: {sorted(used - allowed)}"
     for text in rule.get("annotations", {}).values():
         for expr in re.findall(r'query\s+"([^"]+)"', text):
@@ -188,3 +218,114 @@ def test_shipped_intervals_fit_the_page_budget() -> None:
     # everything else keeps the 15 s global resolution
     assert _seconds(prometheus["global"]["scrape_interval"]) == 15
     assert "interval" not in groups["flightdeck"]
+
+
+def _anchors(markdown: str) -> set[str]:
+    """The heading anchors of a Markdown page as GitHub (and most forges) generate them."""
+    out = set()
+    for heading in re.findall(r"^#+ (.+?)\s*$", markdown, flags=re.MULTILINE):
+        slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        out.add(slug)
+    return out
+
+
+def test_every_link_is_absolute_and_the_runbook_anchor_exists() -> None:
+    """Every incident_url and runbook_url is an absolute http(s) URL; each runbook_url is the
+    runbook's published address plus an anchor that docs/runbook.md has."""
+    from urllib.parse import urlsplit
+
+    anchors = _anchors(RUNBOOK.read_text(encoding="utf-8"))
+    for name, rule in _alerts().items():
+        for key in ("incident_url", "runbook_url"):
+            parts = urlsplit(rule["annotations"][key])
+            assert parts.scheme in ("http", "https") and parts.netloc, f"{name}: {key} is not absolute"
+        runbook = urlsplit(rule["annotations"]["runbook_url"])
+        assert runbook.path.endswith("/runbook.md"), name
+        assert runbook.fragment in anchors, f"{name}: no #{runbook.fragment} in docs/runbook.md"
+
+
+def test_links_come_from_one_pair_of_base_urls(tmp_path: Path) -> None:
+    """The shipped files are the rendering of the defaults; rendered with a site's bases, every
+    link starts with them, no default remains, and the promtool tests still pass."""
+    for name in RULE_FILES:
+        text = (ALERTS / name).read_text(encoding="utf-8")
+        assert render(text, flightdeck_url=DEFAULT_FLIGHTDECK_URL, runbook_url=DEFAULT_RUNBOOK_URL) == text
+    write(
+        tmp_path, flightdeck_url="https://fd.corp.test/", runbook_url="https://wiki.corp.test/fd/runbook.md"
+    )
+    rendered = yaml.safe_load((tmp_path / "flightdeck.rules.yml").read_text(encoding="utf-8"))
+    alerts = [r for g in rendered["groups"] for r in g["rules"] if "alert" in r]
+    assert len(alerts) == len(EXPECTED_ALERTS)
+    for rule in alerts:
+        assert rule["annotations"]["incident_url"].startswith("https://fd.corp.test/"), rule["alert"]
+        assert (
+            rule["annotations"]["runbook_url"]
+            == f"https://wiki.corp.test/fd/runbook.md#{rule['alert'].lower()}"
+        )
+    for name in RULE_FILES:
+        text = (tmp_path / name).read_text(encoding="utf-8")
+        assert DEFAULT_RUNBOOK_URL not in text and f'"{DEFAULT_FLIGHTDECK_URL}' not in text
+    _run([_promtool(), "test", "rules", "flightdeck.rules.test.yml"], cwd=tmp_path)
+    with pytest.raises(ValueError):
+        render("", flightdeck_url="fd.corp.test", runbook_url=DEFAULT_RUNBOOK_URL)
+
+
+def test_paging_alerts_survive_the_blips_the_server_has() -> None:
+    """The paging alerts keep firing through a server blip (docs/alerting.md: a 60 s stall, a
+    restart, a failover, each plus a scrape and an evaluation), and FlightdeckServerDown waits
+    that long too, so a blip pages nothing; the lost rank fires no later than its hang."""
+    groups = {g["name"]: g for g in yaml.safe_load(RULES.read_text(encoding="utf-8"))["groups"]}
+    page = groups["flightdeck-page"]
+    for rule in page["rules"]:
+        assert _seconds(rule["keep_firing_for"]) >= 60 + 2 * _seconds(page["interval"]) + 30, rule["alert"]
+        assert _seconds(rule["for"]) == 0, rule["alert"]
+    keep = max(_seconds(r["keep_firing_for"]) for r in page["rules"])
+    assert _seconds(_alerts()["FlightdeckServerDown"]["for"]) >= keep
+
+
+def _amtool() -> str:
+    amtool = shutil.which("amtool")
+    if amtool is None:
+        pytest.skip("amtool not installed (Debian: apt-get install prometheus-alertmanager); CI installs it")
+    return amtool
+
+
+AM_CONFIG = REPO / "dashboards" / "alertmanager" / "alertmanager.yml"
+
+
+@pytest.mark.parametrize(
+    ("labels", "receiver"),
+    [
+        (["alertname=FlightdeckCollectiveHang", "severity=critical", "job=j", "group=0"], "oncall-webhook"),
+        (["alertname=FlightdeckRankLost", "severity=critical", "job=j"], "oncall-webhook"),
+        (["alertname=FlightdeckServerDown", "severity=critical", "job=flightdeck"], "oncall-webhook"),
+        (["alertname=FlightdeckStraggler", "severity=warning", "job=j", "rank=3"], "ticket-webhook"),
+        (["alertname=Watchdog", "severity=none"], "watchdog"),
+        # unknown or missing severities: the default receiver, which does not page
+        (["alertname=SomethingNew", "severity=info"], "ticket-webhook"),
+        (["alertname=SomethingNew", "severity=page"], "ticket-webhook"),
+        (["alertname=SomethingNew"], "ticket-webhook"),
+    ],
+)
+def test_alertmanager_routes(labels: list[str], receiver: str) -> None:
+    """`amtool config routes test` sends each alert to the receiver docs/alerting.md promises."""
+    result = subprocess.run(
+        [_amtool(), "config", "routes", "test", f"--config.file={AM_CONFIG}", *labels],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [receiver]
+
+
+def test_alertmanager_config_and_root_receiver() -> None:
+    """amtool accepts the config; the root route's receiver is not the pager; the critical route
+    groups one training job's alerts into one notification and the lost rank inhibits its hang."""
+    _run([_amtool(), "check-config", str(AM_CONFIG)], cwd=AM_CONFIG.parent)
+    doc = yaml.safe_load(AM_CONFIG.read_text(encoding="utf-8"))
+    assert doc["route"]["receiver"] != "oncall-webhook"
+    (critical,) = [r for r in doc["route"]["routes"] if r.get("matchers") == ['severity="critical"']]
+    assert "job" in critical["group_by"] and "alertname" not in critical["group_by"]
+    inhibits = {(tuple(i["source_matchers"]), tuple(i["target_matchers"])) for i in doc["inhibit_rules"]}
+    assert (('alertname="FlightdeckRankLost"',), ('alertname="FlightdeckCollectiveHang"',)) in inhibits

@@ -1,0 +1,242 @@
+"""Test and bench helper: real `flightdeck server` processes under the shipped alert path, and the
+incidents that must page exactly once (issue 20, "one page per incident").
+
+`ServerProcess` is a real server on a fixed 127.0.0.1 port (so Prometheus' static target survives
+a restart), with default thresholds, that can be SIGSTOPped, SIGCONTed, stopped and started again
+on the same data. `incident(name)` gives the snapshots of real gloo jobs (tests/data/fr) that open
+an incident when POSTed: `hang` (scenario `skip` as a live server sees it stuck: one hang, no lost
+rank) and `lost_rank` (scenario `sigkill`: the killed rank's snapshots stop, the others' go on;
+lost ranks and the hang they cause). `notifications()` counts what reached the paging receiver.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from flightdeck.collector.frdump import merge
+from flightdeck.demo.ranks import free_port
+from flightdeck.nixl_records import Histogram, NixlSample
+from flightdeck.wire import Snapshot, snapshot_from_dump
+
+if TYPE_CHECKING:
+    from tests.ops_stack import PAGE_PATH, Delivery
+    from tests.test_server_support import body, make_batch, scenario_dumps, snapshots
+else:
+    from ops_stack import PAGE_PATH, Delivery
+    from test_server_support import body, make_batch, scenario_dumps, snapshots
+
+
+def incident(name: str, job: str) -> list[Snapshot]:
+    """The snapshots that open incident `name` ("hang" or "lost_rank") for `job`."""
+    if name == "hang":
+        dumps = scenario_dumps("skip")
+        # Ranks 0, 1, 3 wait in seq 12 (their stall snapshots); rank 2 went on without it, its
+        # periodic snapshot taken at the same moment: nobody looks silent, so no rank is lost.
+        stall_t = max(d.snapshot_time_ns or 0 for ds in dumps.values() for d in ds if d.kind == "stall")
+        out = []
+        for ds in dumps.values():
+            stall = [d for d in ds if d.kind == "stall"]
+            if stall:
+                out.append(snapshot_from_dump(stall[0], job=job))
+            else:
+                periodic = next(d for d in ds if d.kind == "periodic")
+                out.append(replace(snapshot_from_dump(periodic, job=job), snapshot_time_ns=stall_t))
+        return out
+    if name == "lost_rank":
+        return [
+            s
+            for ds in scenario_dumps("sigkill").values()
+            for s in snapshots([d for d in ds if d.kind != "final"], job=job)
+        ]
+    raise ValueError(f"unknown incident {name!r}")
+
+
+def healthy_job(job: str) -> list[Snapshot]:
+    """The final snapshots of a real healthy 4-rank job (scenario `healthy_4`), rank order."""
+    finals = [snapshot_from_dump(merge(ds), job=job) for _, ds in sorted(scenario_dumps("healthy_4").items())]
+    return finals
+
+
+def nixl_sample(
+    host: str, agent: str, *, tx_bytes: int, read_time_ns: int, registered: int
+) -> dict[str, Any]:
+    """One NIXL telemetry sample (wire form) of a running agent."""
+    bounds = (10.0, 100.0, 1000.0)
+    return NixlSample(
+        host=host,
+        agent=agent,
+        pid=42,
+        local_rank=0,
+        source="mp",
+        read_time_ns=read_time_ns,
+        run="run-1",
+        format_version=1,
+        tx_bytes=tx_bytes,
+        rx_bytes=tx_bytes // 2,
+        tx_requests=tx_bytes // 1000,
+        rx_requests=tx_bytes // 2000,
+        memory_registered_bytes=registered,
+        memory_deregistered_bytes=0,
+        errors=(),
+        events_dropped=0,
+        xfer_time=Histogram(bounds, (1, 1, 0, 0), 60, 2),
+        post_time=Histogram.empty(bounds),
+    ).to_wire()
+
+
+class ServerProcess:
+    """A real `flightdeck server` on 127.0.0.1:`port` with default thresholds and a collector token.
+
+    `env` adds settings (a PostgreSQL URL and FLIGHTDECK_CLUSTER for replicas); without a
+    database URL it uses SQLite in `data_dir`. The caller's FLIGHTDECK_* variables are dropped:
+    they would change the defaults under test.
+    """
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        env: dict[str, str] | None = None,
+        token: str | None = None,
+        migrate: bool = False,
+    ) -> None:
+        """`token`: use this collector token (a replica on a database another one made it in);
+        `migrate`: run `flightdeck migrate` first (replicas: once, before any of them starts)."""
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.data_dir = data_dir
+        data_dir.mkdir(parents=True, exist_ok=True)
+        base_env = {k: v for k, v in os.environ.items() if not k.startswith("FLIGHTDECK_")}
+        self.env = base_env | {"FLIGHTDECK_DATA_DIR": str(data_dir), "FLIGHTDECK_PORT": str(self.port)}
+        self.env |= env or {}
+        self._cmd = [sys.executable, "-m", "flightdeck"]
+        if migrate:
+            subprocess.run(
+                [*self._cmd, "migrate"], env=self.env, capture_output=True, check=True, timeout=120
+            )
+        self.token = (
+            token
+            or subprocess.run(
+                [*self._cmd, "token", "create", "paging-test", "--any-host"],
+                env=self.env,
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=60,
+            ).stdout.strip()
+        )
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._log = (data_dir / "server.log").open("ab")
+
+    @property
+    def cmd(self) -> list[str]:
+        """The `flightdeck` command line (add a subcommand; run it with `env`)."""
+        return list(self._cmd)
+
+    @property
+    def address(self) -> str:
+        """`127.0.0.1:port` for Prometheus."""
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 90.0) -> None:
+        """Start the process; return once /healthz answers 200."""
+        self.proc = subprocess.Popen(
+            [*self._cmd, "server"], env=self.env, stdout=self._log, stderr=subprocess.STDOUT
+        )
+        deadline = time.monotonic() + timeout
+        while not self.healthy():
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                self.stop()
+                raise RuntimeError(f"flightdeck server did not come up (log: {self.data_dir / 'server.log'})")
+            time.sleep(0.2)
+
+    def healthy(self) -> bool:
+        """Whether /healthz answers 200."""
+        try:
+            with urllib.request.urlopen(f"{self.base}/healthz", timeout=2) as r:
+                return bool(r.status == 200)
+        except OSError:
+            return False
+
+    def post(
+        self, snaps: list[Snapshot], *, nixl: list[dict[str, Any]] | None = None, token: str | None = None
+    ) -> None:
+        """POST one batch holding `snaps` (and NIXL samples) to the ingest API, with `token`
+        (default: this server's collector token)."""
+        data, headers = body(make_batch(snaps, nixl=nixl))
+        req = urllib.request.Request(
+            f"{self.base}/api/v1/ingest",
+            data=data,
+            headers={**headers, "Authorization": f"Bearer {token or self.token}"},
+            method="POST",
+        )
+        with urllib.request.urlopen(req, timeout=60) as r:
+            assert r.status == 200
+
+    def open_findings(self, job: str) -> list[dict[str, Any]]:
+        """The job's open findings (GET /api/v1/jobs/{job}/findings); [] while unreachable."""
+        try:
+            with urllib.request.urlopen(f"{self.base}/api/v1/jobs/{job}/findings", timeout=5) as r:
+                doc = json.loads(r.read())
+        except OSError:
+            return []
+        return [row["finding"] for row in doc.get("findings", []) if row["open"]]
+
+    def metrics(self) -> str:
+        """The /metrics exposition."""
+        with urllib.request.urlopen(f"{self.base}/metrics", timeout=10) as r:
+            return str(r.read().decode())
+
+    def pause(self) -> None:
+        """SIGSTOP the process (a stalled server: it accepts connections, answers nothing)."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT it."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+
+    def kill(self) -> None:
+        """SIGKILL the process (a replica that dies)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        """Terminate the process (SIGCONT first, in case it is stopped)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGCONT)
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+    def close(self) -> None:
+        """Stop and close the log."""
+        self.stop()
+        self._log.close()
+
+
+def notifications(deliveries: list[Delivery], job: str, status: str) -> list[Delivery]:
+    """Notifications to the paging receiver about `job` whose group status is `status` ("firing"
+    or "resolved"): one per page the on-call engineer gets."""
+    return [
+        d
+        for d in deliveries
+        if d.path == PAGE_PATH
+        and d.payload.get("status") == status
+        and any(a["labels"].get("job") == job for a in d.payload.get("alerts", []))
+    ]
