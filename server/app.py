@@ -298,6 +298,7 @@ def create_app(
     drive them step by step (`services.live.step(force=True)`). `report` gets one line per failed
     attempt to reach the database at start.
     """
+    from flightdeck.server.admin import router as admin_router
     from flightdeck.server.routes import router
 
     services = build_services(
@@ -318,6 +319,10 @@ def create_app(
         version=__version__,
         description="Live hang and mismatch detection for PyTorch distributed jobs.",
         lifespan=lifespan,
+        # Closed reads close the docs too: the schema would be the one unauthenticated read.
+        docs_url=None if settings.require_read_token else "/docs",
+        redoc_url=None if settings.require_read_token else "/redoc",
+        openapi_url=None if settings.require_read_token else "/openapi.json",
     )
     app.state.services = services
 
@@ -340,6 +345,7 @@ def create_app(
     app.add_exception_handler(ServerError, handle)
     app.add_exception_handler(DBAPIError, handle_db)
     app.include_router(router)
+    app.include_router(admin_router)
     web = StoreData(db=services.db, live=services.live, clock=clock, job_idle_s=settings.job_idle_s)
     app.include_router(make_router(web, WebSettings(token=settings.web_token)))
     app.add_middleware(WebHeadersMiddleware)

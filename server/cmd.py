@@ -33,6 +33,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 #: Exit codes of `flightdeck server` that say why it did not start (1: anything else).
+EXIT_SETTINGS = 2
 EXIT_DB_UNREACHABLE = 3
 EXIT_SCHEMA = 4
 
@@ -44,17 +45,23 @@ def _say(line: str) -> None:
 def run(args: argparse.Namespace) -> int:
     """Build the settings, then serve until interrupted; returns the exit code."""
     import uvicorn
+    from pydantic import ValidationError
 
     from flightdeck.server.app import create_app
     from flightdeck.server.schema import DatabaseUnreachableError, SchemaError
-    from flightdeck.server.settings import ServerSettings
+    from flightdeck.server.settings import ServerSettings, settings_problems
 
     overrides: dict[str, object] = {
         k: v for k, v in (("host", args.host), ("port", args.port), ("database_url", args.database_url)) if v
     }
     if getattr(args, "migrate", None):
         overrides["migrate"] = True
-    settings = ServerSettings(**overrides)  # type: ignore[arg-type]
+    try:
+        settings = ServerSettings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        for line in settings_problems(exc):
+            _say(f"refusing to start: {line}")
+        return EXIT_SETTINGS
     try:
         app = create_app(settings, report=_say)
     except DatabaseUnreachableError as exc:
