@@ -5,7 +5,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    FLIGHTDECK_DATA_DIR=/var/lib/flightdeck
+    FLIGHTDECK_SERVER_DATA_DIR=/var/lib/flightdeck
 
 # An unprivileged system user owns the data directory; nothing runs as root after the build.
 RUN groupadd --system --gid 10001 flightdeck \

@@ -31,7 +31,9 @@ EXIT_OK, EXIT_QUEUED, EXIT_CONFIG, EXIT_STATE = 0, 1, 2, 3
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the collector's options to its subcommand parser."""
-    parser.add_argument("--config", type=Path, help="TOML settings file (FLIGHTDECK_* variables win over it)")
+    parser.add_argument(
+        "--config", type=Path, help="TOML settings file (FLIGHTDECK_COLLECTOR_* variables win over it)"
+    )
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument(
         "--check", action="store_true", help="validate the settings and paths, print them, exit"

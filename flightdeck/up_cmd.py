@@ -36,14 +36,14 @@ class UpSettings(BaseSettings):
     )
     spool_dir: Path = Field(
         default_factory=default_spool_dir,
-        description="Spool the training jobs' agents write to (their FLIGHTDECK_SPOOL_DIR); the "
+        description="Spool the training jobs' agents write to (their FLIGHTDECK_AGENT_SPOOL_DIR); the "
         "collector also watches PyTorch's own dump paths.",
     )
     stall_after_s: float | None = Field(
         default=None,
         ge=1.0,
         description="Seconds a collective may stay unfinished before it is a hang; default: the "
-        "server's FLIGHTDECK_STALL_AFTER_S (5).",
+        "server's FLIGHTDECK_SERVER_STALL_AFTER_S (5).",
     )
 
 
@@ -66,9 +66,9 @@ Flightdeck is up: {url}   (incidents at {url}/jobs/<job>, API at {url}/docs)
   spool: {spool_dir}
 
 In your training jobs (same machine, same user):
-  export FLIGHTDECK_SPOOL_DIR={spool_dir}   # where the agent writes; this collector watches it
-  export FLIGHTDECK_JOB=my-run-42   # the name the job is shown under (default: the scheduler's id,
-                                    # TORCHELASTIC_RUN_ID or SLURM_JOB_ID; plain torchrun makes a UUID)
+  export FLIGHTDECK_AGENT_SPOOL_DIR={spool_dir}   # where the agent writes; this collector watches it
+  export FLIGHTDECK_AGENT_JOB=my-run-42   # the name the job is shown under (default: the scheduler's id,
+                                          # TORCHELASTIC_RUN_ID or SLURM_JOB_ID; plain torchrun makes a UUID)
   python -m flightdeck.agent train.py ...            # or: torchrun --nproc-per-node N -m flightdeck.agent train.py ...
   # or, in the script after init_process_group:  import flightdeck.agent; flightdeck.agent.start()
 

@@ -45,7 +45,7 @@ def check_admin(settings: ServerSettings, authorization: str | None) -> None:
     """Raise unless `authorization` carries the admin token (ForbiddenError when the admin API is
     off or the token is wrong, AuthError when none is given)."""
     if settings.admin_token is None:
-        raise ForbiddenError("the admin API is off: set FLIGHTDECK_ADMIN_TOKEN on the server")
+        raise ForbiddenError("the admin API is off: set FLIGHTDECK_SERVER_ADMIN_TOKEN on the server")
     token = bearer(authorization)
     if token is None:
         raise AuthError("the admin API needs 'Authorization: Bearer <admin token>'")

@@ -16,18 +16,22 @@ SWITCH_INTERVAL_S = 0.0005
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    """Declare the arguments of `flightdeck server` (everything else: FLIGHTDECK_* settings)."""
-    parser.add_argument("--host", default=None, help="bind address (default: FLIGHTDECK_HOST or 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=None, help="TCP port (default: FLIGHTDECK_PORT or 8470)")
+    """Declare the arguments of `flightdeck server` (everything else: FLIGHTDECK_SERVER_* settings)."""
     parser.add_argument(
-        "--database-url", default=None, help="SQLAlchemy URL (default: FLIGHTDECK_DATABASE_URL)"
+        "--host", default=None, help="bind address (default: FLIGHTDECK_SERVER_HOST or 127.0.0.1)"
+    )
+    parser.add_argument(
+        "--port", type=int, default=None, help="TCP port (default: FLIGHTDECK_SERVER_PORT or 8470)"
+    )
+    parser.add_argument(
+        "--database-url", default=None, help="SQLAlchemy URL (default: FLIGHTDECK_SERVER_DATABASE_URL)"
     )
     parser.add_argument(
         "--migrate",
         action="store_true",
         default=None,
         help="bring a missing or older database schema up to this version at start "
-        "(default: FLIGHTDECK_MIGRATE; unset: SQLite yes, PostgreSQL no)",
+        "(default: FLIGHTDECK_SERVER_MIGRATE; unset: SQLite yes, PostgreSQL no)",
     )
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
 

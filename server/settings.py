@@ -1,6 +1,8 @@
-"""The server's settings: one class, read from `FLIGHTDECK_*` environment variables in `main()`.
+"""The server's settings: one class, read from `FLIGHTDECK_SERVER_*` environment variables in `main()`.
 
-Every field carries a description; `tests/test_server_settings.py` fails when one does not.
+The old names (`FLIGHTDECK_<SETTING>`, shared with the collector and the agent) are still read for
+one release, with a warning naming the new one (`flightdeck.env_names`). Every field carries a
+description; `tests/test_server_settings.py` fails when one does not.
 """
 
 from __future__ import annotations
@@ -8,9 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from pydantic import Field, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from flightdeck.env_names import SERVER_PREFIX
 from flightdeck.paths import default_data_dir
+from flightdeck.settings_sources import LegacyEnvSource
 
 #: Shortest accepted bearer secret (read, admin and web tokens).
 MIN_SECRET_CHARS = 16
@@ -58,13 +62,26 @@ def settings_problems(exc: ValidationError) -> list[str]:
 
 
 #: Prefix of the server's environment variables.
-ENV_PREFIX = "FLIGHTDECK_"
+ENV_PREFIX = SERVER_PREFIX
 
 
 class ServerSettings(BaseSettings):
-    """Configuration of `flightdeck server` (environment prefix `FLIGHTDECK_`)."""
+    """Configuration of `flightdeck server` (environment prefix `FLIGHTDECK_SERVER_`)."""
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Keyword arguments, `FLIGHTDECK_SERVER_*`, then the old `FLIGHTDECK_*` names (warned)."""
+        legacy = LegacyEnvSource(settings_cls, prefix=ENV_PREFIX, process="flightdeck server")
+        return (init_settings, env_settings, legacy, dotenv_settings, file_secret_settings)
 
     data_dir: Path = Field(
         default_factory=default_data_dir,

@@ -15,7 +15,7 @@ import time
 def configure(parser: argparse.ArgumentParser) -> None:
     """Declare the arguments of `flightdeck token`."""
     parser.add_argument(
-        "--database-url", default=None, help="SQLAlchemy URL (default: FLIGHTDECK_DATABASE_URL)"
+        "--database-url", default=None, help="SQLAlchemy URL (default: FLIGHTDECK_SERVER_DATABASE_URL)"
     )
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     p = sub.add_parser("create", help="create a token for a collector and print it (once)")

@@ -7,6 +7,7 @@ import logging
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 
 from flightdeck import agent as agent_mod
 from flightdeck.agent import AgentConfig, ProgressSampler, progress_of
+from flightdeck.env_names import LegacyEnvWarning
 from tests.fr_jobs.dumps import load_dump, load_sidecar
 from tests.fr_jobs.runner import JobResult, run_job
 from tests.fr_jobs.scenarios import TEST_SCENARIOS
@@ -75,6 +77,34 @@ def main_stack(meta: dict[str, Any]) -> list[str]:
 
 
 # --- config and progress (fast) -------------------------------------------------------------------
+
+
+def test_config_from_agent_prefixed_env() -> None:
+    env = {
+        "FLIGHTDECK_AGENT_SPOOL_DIR": "/x",
+        "FLIGHTDECK_AGENT_INTERVAL_S": "0.5",
+        "FLIGHTDECK_AGENT_FULL_EVERY_S": "10",
+        "FLIGHTDECK_AGENT_JOB": "j1",
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", LegacyEnvWarning)
+        cfg = AgentConfig.from_env(env)
+        assert not AgentConfig.from_env({"FLIGHTDECK_AGENT_ENABLED": "0"}).enabled
+    assert cfg == AgentConfig(spool_dir=Path("/x"), interval_s=0.5, full_every_s=10.0, job="j1")
+
+
+def test_agent_old_names_warn_and_the_new_one_wins() -> None:
+    with pytest.warns(
+        LegacyEnvWarning, match="FLIGHTDECK_SPOOL_DIR is deprecated, set FLIGHTDECK_AGENT_SPOOL_DIR"
+    ):
+        assert AgentConfig.from_env({"FLIGHTDECK_SPOOL_DIR": "/old"}).spool_dir == Path("/old")
+    with pytest.warns(LegacyEnvWarning, match="FLIGHTDECK_AGENT is deprecated, set FLIGHTDECK_AGENT_ENABLED"):
+        assert not AgentConfig.from_env({"FLIGHTDECK_AGENT": "0"}).enabled
+    both = {"FLIGHTDECK_JOB": "old", "FLIGHTDECK_AGENT_JOB": "new"}
+    with pytest.warns(
+        LegacyEnvWarning, match="FLIGHTDECK_JOB is ignored because FLIGHTDECK_AGENT_JOB is set"
+    ):
+        assert AgentConfig.from_env(both).job == "new"
 
 
 def test_config_from_env_and_overrides() -> None:

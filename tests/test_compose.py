@@ -105,13 +105,13 @@ def test_services_and_health_ordering(compose: Path) -> None:
         "grafana",
     }
     assert services["flightdeck"]["deploy"]["replicas"] == 2
-    assert services["flightdeck"]["environment"]["FLIGHTDECK_CLUSTER"] == "true"
+    assert services["flightdeck"]["environment"]["FLIGHTDECK_SERVER_CLUSTER"] == "true"
     assert "ports" not in services["flightdeck"]
     assert [p["target"] for p in services["flightdeck-lb"]["ports"]] == [8470]
     assert services["flightdeck"]["depends_on"]["postgres"]["condition"] == "service_healthy"
     assert "pg_isready" in " ".join(services["postgres"]["healthcheck"]["test"])
     assert services["postgres"]["image"].startswith("postgres:16")
-    url = services["flightdeck"]["environment"]["FLIGHTDECK_DATABASE_URL"]
+    url = services["flightdeck"]["environment"]["FLIGHTDECK_SERVER_DATABASE_URL"]
     assert url.startswith("postgresql+psycopg://flightdeck:") and url.endswith("@postgres:5432/flightdeck")
 
 

@@ -168,12 +168,12 @@ def compose_server(pg_database: str, tmp_path: Path) -> Iterator[tuple[ServerPro
     env = dict(resolved_compose(secrets)["services"]["flightdeck"]["environment"])
     # Only where the database and the data folder are: compose's host `postgres` is not here.
     test_db = make_url(pg_database)
-    shipped = make_url(env["FLIGHTDECK_DATABASE_URL"])
+    shipped = make_url(env["FLIGHTDECK_SERVER_DATABASE_URL"])
     assert shipped.password == secrets["POSTGRES_PASSWORD"]
-    env["FLIGHTDECK_DATABASE_URL"] = shipped.set(
+    env["FLIGHTDECK_SERVER_DATABASE_URL"] = shipped.set(
         host=test_db.host, port=test_db.port, database=test_db.database, username=test_db.username
     ).render_as_string(hide_password=False)
-    env["FLIGHTDECK_DATA_DIR"] = str(tmp_path / "data")
+    env["FLIGHTDECK_SERVER_DATA_DIR"] = str(tmp_path / "data")
     server = ServerProcess(env, tmp_path / "server.log")
     try:
         yield server, secrets
@@ -187,11 +187,13 @@ def test_compose_turns_every_guard_on() -> None:
     secrets = real_secrets()
     doc = resolved_compose(secrets)
     env = doc["services"]["flightdeck"]["environment"]
-    assert env["FLIGHTDECK_REQUIRE_READ_TOKEN"] == "true"
-    assert env["FLIGHTDECK_READ_TOKEN"] == secrets["FLIGHTDECK_READ_TOKEN"]
-    assert env["FLIGHTDECK_WEB_TOKEN"] == secrets["FLIGHTDECK_WEB_TOKEN"]
-    assert env["FLIGHTDECK_ADMIN_TOKEN"] == secrets["FLIGHTDECK_ADMIN_TOKEN"]
-    assert env.get("FLIGHTDECK_ALLOW_UNAUTHENTICATED_INGEST", "false") == "false"
+    assert env["FLIGHTDECK_SERVER_REQUIRE_READ_TOKEN"] == "true"
+    assert env["FLIGHTDECK_SERVER_READ_TOKEN"] == secrets["FLIGHTDECK_READ_TOKEN"]
+    assert env["FLIGHTDECK_SERVER_WEB_TOKEN"] == secrets["FLIGHTDECK_WEB_TOKEN"]
+    assert env["FLIGHTDECK_SERVER_ADMIN_TOKEN"] == secrets["FLIGHTDECK_ADMIN_TOKEN"]
+    assert env.get("FLIGHTDECK_SERVER_ALLOW_UNAUTHENTICATED_INGEST", "false") == "false"
+    # Only the server's own names: an old shared FLIGHTDECK_* name would warn at every start.
+    assert all(k.startswith("FLIGHTDECK_SERVER_") for k in env if k.startswith("FLIGHTDECK_"))
     assert doc["secrets"]["flightdeck_read_token"] == {"environment": "FLIGHTDECK_READ_TOKEN"}
     assert "flightdeck_read_token" in doc["services"]["prometheus"]["secrets"]
     scrape = yaml.safe_load(PROMETHEUS_CONFIG.read_text(encoding="utf-8"))["scrape_configs"]
@@ -238,11 +240,11 @@ def test_admin_token_manages_collector_tokens_over_http(tmp_path: Path) -> None:
     """Create, use, list and revoke a collector token through the admin API of a real server."""
     admin_token = "admin-" + uuid.uuid4().hex
     env = {
-        "FLIGHTDECK_DATA_DIR": str(tmp_path / "data"),
-        "FLIGHTDECK_ADMIN_TOKEN": admin_token,
-        "FLIGHTDECK_REQUIRE_READ_TOKEN": "true",
+        "FLIGHTDECK_SERVER_DATA_DIR": str(tmp_path / "data"),
+        "FLIGHTDECK_SERVER_ADMIN_TOKEN": admin_token,
+        "FLIGHTDECK_SERVER_REQUIRE_READ_TOKEN": "true",
         # Revocation is seen on the next request (no cached verdict), so the test need not wait.
-        "FLIGHTDECK_AUTH_CACHE_S": "0",
+        "FLIGHTDECK_SERVER_AUTH_CACHE_S": "0",
     }
     server = ServerProcess(env, tmp_path / "server.log")
     admin = {"Authorization": f"Bearer {admin_token}"}
@@ -282,10 +284,10 @@ def test_admin_token_manages_collector_tokens_over_http(tmp_path: Path) -> None:
 
 def test_admin_api_is_off_without_an_admin_token(tmp_path: Path) -> None:
     """No admin token configured: the admin API refuses everyone (403), with the reason."""
-    server = ServerProcess({"FLIGHTDECK_DATA_DIR": str(tmp_path / "data")}, tmp_path / "server.log")
+    server = ServerProcess({"FLIGHTDECK_SERVER_DATA_DIR": str(tmp_path / "data")}, tmp_path / "server.log")
     try:
         r = httpx.get(f"{server.url}/api/v1/admin/tokens", headers={"Authorization": "Bearer " + "x" * 40})
-        assert r.status_code == 403 and "FLIGHTDECK_ADMIN_TOKEN" in r.text
+        assert r.status_code == 403 and "FLIGHTDECK_SERVER_ADMIN_TOKEN" in r.text
     finally:
         server.stop()
 
@@ -299,16 +301,11 @@ def test_placeholder_secrets_of_env_example_are_refused_at_start(tmp_path: Path)
     """The server started with .env.example as it ships refuses to start: exit code 2 and one
     line per placeholder, naming the variable and never printing the value."""
     env = dict(resolved_compose(read_env_file(ENV_EXAMPLE))["services"]["flightdeck"]["environment"])
-    env["FLIGHTDECK_DATA_DIR"] = str(tmp_path / "data")
+    env["FLIGHTDECK_SERVER_DATA_DIR"] = str(tmp_path / "data")
     result = _start_and_fail(env)
     assert result.returncode == 2, result.stderr
-    for name in (
-        "FLIGHTDECK_ADMIN_TOKEN",
-        "FLIGHTDECK_READ_TOKEN",
-        "FLIGHTDECK_WEB_TOKEN",
-        "FLIGHTDECK_DATABASE_URL",
-    ):
-        assert f"refusing to start: {name}" in result.stderr
+    for name in ("ADMIN_TOKEN", "READ_TOKEN", "WEB_TOKEN", "DATABASE_URL"):
+        assert f"refusing to start: FLIGHTDECK_SERVER_{name}" in result.stderr
     assert "placeholder" in result.stderr
     assert "change-me" not in result.stderr
 
@@ -323,7 +320,8 @@ def test_placeholder_secrets_of_env_example_are_refused_at_start(tmp_path: Path)
 )
 def test_unusable_secrets_are_refused_at_start(tmp_path: Path, value: str, reason: str) -> None:
     """An empty, short or placeholder admin token stops the server with the reason."""
-    result = _start_and_fail({"FLIGHTDECK_DATA_DIR": str(tmp_path), "FLIGHTDECK_ADMIN_TOKEN": value})
+    env = {"FLIGHTDECK_SERVER_DATA_DIR": str(tmp_path), "FLIGHTDECK_SERVER_ADMIN_TOKEN": value}
+    result = _start_and_fail(env)
     assert result.returncode == 2
-    assert f"FLIGHTDECK_ADMIN_TOKEN (admin_token): {reason}" in result.stderr
+    assert f"FLIGHTDECK_SERVER_ADMIN_TOKEN (admin_token): {reason}" in result.stderr
     assert not value or value not in result.stderr

@@ -40,8 +40,8 @@ def test_invalid_port_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_banner_gives_the_job_settings(tmp_path: Path) -> None:
     text = banner("http://127.0.0.1:8470", tmp_path / "spool", tmp_path / "data")
-    assert f"export FLIGHTDECK_SPOOL_DIR={tmp_path / 'spool'}" in text
-    assert "export FLIGHTDECK_JOB=" in text  # plain torchrun names jobs by UUID otherwise
+    assert f"export FLIGHTDECK_AGENT_SPOOL_DIR={tmp_path / 'spool'}" in text
+    assert "export FLIGHTDECK_AGENT_JOB=" in text  # plain torchrun names jobs by UUID otherwise
     assert "python -m flightdeck.agent train.py" in text
     assert "torchrun --nproc-per-node N -m flightdeck.agent train.py" in text
 

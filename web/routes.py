@@ -63,7 +63,7 @@ _STATIC_TYPES = {
 
 @dataclass(frozen=True, slots=True)
 class WebSettings:
-    """Settings of the web pages (the server maps its `FLIGHTDECK_WEB_*` settings onto these)."""
+    """Settings of the web pages (the server maps its `FLIGHTDECK_SERVER_WEB_*` settings onto these)."""
 
     #: When set, every page needs `Authorization: Bearer <token>` (or this token as the basic-auth
     #: password, which is what a browser can send). None: no login, for a trusted network.
