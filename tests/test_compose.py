@@ -142,18 +142,61 @@ def test_mounted_host_paths_exist(compose: Path) -> None:
 
 
 def test_dockerfile() -> None:
-    """The image runs as a non-root user, health-checks /healthz and starts the server on 8470."""
+    """Two stages: the wheel is built in the first; the runtime stage installs only that wheel with
+    the server extra, locked by docker/constraints.txt, runs as a non-root user, health-checks
+    /healthz and starts the server on 8470."""
     text = (REPO / "Dockerfile").read_text(encoding="utf-8")
     lines = [line.strip() for line in text.splitlines()]
+    froms = [line.split() for line in lines if line.startswith("FROM ")]
+    assert froms == [
+        ["FROM", "python:3.11.11-slim", "AS", "build"],
+        ["FROM", "python:3.11.11-slim"],
+    ]
+    runtime = text.split("\nFROM ", 2)[2]
+    assert "pip wheel --no-deps --wheel-dir /wheels ." in text
+    assert "COPY --from=build /wheels /tmp/wheels" in runtime
+    assert "COPY docker/constraints.txt /tmp/constraints.txt" in runtime
     assert (
-        lines[next(i for i, line in enumerate(lines) if line.startswith("FROM"))] == "FROM python:3.11-slim"
+        'pip install --constraint /tmp/constraints.txt "$(ls /tmp/wheels/torch_flightdeck-*.whl)[server]"'
+        in runtime
     )
+    # The runtime stage has no source tree: only the wheel.
+    assert "COPY flightdeck" not in runtime and "COPY server" not in runtime
     users = [line.split()[1] for line in lines if line.startswith("USER ")]
     assert users and not users[-1].startswith(("root", "0"))
-    assert 'pip install ".[server]"' in text
     assert "HEALTHCHECK" in text and "http://127.0.0.1:8470/healthz" in text
     assert lines[-1] == 'CMD ["flightdeck", "server", "--host", "0.0.0.0", "--port", "8470"]'
-    assert ".env" in (REPO / ".dockerignore").read_text(encoding="utf-8").split()
+    ignored = (REPO / ".dockerignore").read_text(encoding="utf-8").split()
+    assert ".env" in ignored and "docker" not in ignored
+
+
+def test_images_are_pinned_to_releases(compose: Path) -> None:
+    """No floating tag: every image names a patch release (digests: see docker-compose.yml)."""
+    images = {name: s["image"] for name, s in _config(compose)["services"].items() if name != "flightdeck"}
+    for name, image in images.items():
+        tag = image.rsplit(":", 1)[1]
+        # PostgreSQL numbers its patch releases MAJOR.MINOR; the others MAJOR.MINOR.PATCH.
+        release = r"\d+\.\d+" if image.startswith("postgres:") else r"v?\d+\.\d+\.\d+"
+        assert re.fullmatch(release + r"(-alpine)?", tag), f"{name}: {image} is not a patch release"
+
+
+def test_nginx_re_resolves_and_retries_only_idempotent_requests() -> None:
+    """The proxy asks Docker's DNS again (scaling needs no restart), with an nginx that supports
+    the upstream's `resolve`; POSTs are retried on the next replica only for ingest."""
+    conf = (REPO / "dashboards" / "nginx" / "flightdeck-lb.conf").read_text(encoding="utf-8")
+    code = "\n".join(line.split("#", 1)[0] for line in conf.splitlines())
+    assert re.search(r"^resolver 127\.0\.0\.11 valid=10s", code, re.M)
+    assert re.search(r"^\s*zone flightdeck \d+k;", code, re.M)
+    assert re.search(r"^\s*server flightdeck:8470 resolve;", code, re.M)
+    image = yaml.safe_load(COMPOSE_FILE.read_text(encoding="utf-8"))["services"]["flightdeck-lb"]["image"]
+    version = tuple(int(x) for x in re.match(r"nginx:(\d+)\.(\d+)\.(\d+)", image).groups())  # type: ignore[union-attr]
+    assert version >= (1, 27, 3), image
+    locations = dict(re.findall(r"location ([^{]+?)\s*\{(.*?)\}", code, re.S))
+    assert "non_idempotent" in locations["= /api/v1/ingest"]
+    assert "non_idempotent" not in locations["/"]
+    from flightdeck.server.ingest_http import INGEST_PATH
+
+    assert INGEST_PATH == "/api/v1/ingest"
 
 
 def test_promtool_check_config(tmp_path: Path) -> None:
