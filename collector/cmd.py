@@ -90,6 +90,12 @@ def check(settings: CollectorSettings, out: TextIO) -> list[str]:
             problems.append(f"nixl_telemetry_dir {p}: ring files are consumed, which needs write access")
     listen = settings.metrics_listen
     print(f"metrics:    {'http://' + listen + '/metrics' if listen else 'off'}", file=out)
+    if settings.spool_dirs:
+        spools = ", ".join(str(Path(os.path.expanduser(d))) for d in settings.spool_dirs)
+        notes.append(
+            f"the agents must write to a spool watched here ({spools}): "
+            f"FLIGHTDECK_AGENT_SPOOL_DIR={Path(os.path.expanduser(settings.spool_dirs[0]))} in the jobs"
+        )
     for n in notes:
         print(f"note: {n}", file=out)
     for p_ in problems:

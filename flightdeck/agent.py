@@ -900,6 +900,19 @@ class Agent:
             _write_atomic(path.with_name(path.name + ".meta.json"), json.dumps(meta, sort_keys=True).encode())
             _write_atomic(path, raw)
             self.snapshots_written += 1
+            first = self.snapshots_written == 1
+        if first:
+            # Once, so that a job whose spool no collector watches can be told from its own log.
+            logger.info(
+                "flightdeck agent: rank %d writes its snapshots to %s (spool %s%s; a collector must "
+                "watch that spool: its spool_dirs)",
+                rank,
+                self._dir,
+                self.config.spool_dir,
+                ""
+                if self.config.spool_dir != Path(DEFAULT_SPOOL_DIR)
+                else ", the default: set FLIGHTDECK_AGENT_SPOOL_DIR",
+            )
         return True
 
     def _config(self) -> dict[str, Any]:

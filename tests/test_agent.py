@@ -347,3 +347,27 @@ def test_sidecar_json_is_sorted_and_plain() -> None:
         pytest.skip("sample data not generated")
     text = sample.read_text()
     assert text == json.dumps(json.loads(text), sort_keys=True)
+
+
+def test_agent_logs_once_where_it_writes(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A real one-rank gloo group in this process: the first snapshot logs (INFO) the directory
+    and the spool a collector must watch; later ones say nothing more."""
+    import torch.distributed as dist
+
+    store = dist.HashStore()
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    agent = agent_mod.Agent(AgentConfig(spool_dir=tmp_path / "spool", job="logged"))
+    try:
+        with caplog.at_level(logging.INFO, logger="flightdeck.agent"):
+            agent.snapshot("periodic")
+            agent.snapshot("periodic")
+    finally:
+        agent.stop()
+        dist.destroy_process_group()
+    said = [r.getMessage() for r in caplog.records if "writes its snapshots to" in r.getMessage()]
+    where = tmp_path / "spool" / "logged" / "0"
+    assert said == [
+        f"flightdeck agent: rank 0 writes its snapshots to {where} (spool {tmp_path / 'spool'}; a "
+        "collector must watch that spool: its spool_dirs)"
+    ]
+    assert agent.snapshots_written == 2 and (where / "rank_0.pkl").is_file()

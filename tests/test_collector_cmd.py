@@ -100,6 +100,11 @@ def test_check_prints_what_it_watches_and_exits_0(tmp_path: Path) -> None:
     )
     assert f"nixl mp   {tmp_path / 'mp'}  (missing" in r.stdout
     assert "server:     http://127.0.0.1:1" in r.stdout
+    spool = tmp_path / "spool"
+    assert (
+        f"note: the agents must write to a spool watched here ({spool}): FLIGHTDECK_AGENT_SPOOL_DIR={spool}"
+        in r.stdout
+    )
 
 
 @pytest.mark.parametrize(
