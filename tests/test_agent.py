@@ -354,7 +354,7 @@ def test_agent_logs_once_where_it_writes(tmp_path: Path, caplog: pytest.LogCaptu
     and the spool a collector must watch; later ones say nothing more."""
     import torch.distributed as dist
 
-    store = dist.HashStore()
+    store = dist.HashStore()  # type: ignore[attr-defined]
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     agent = agent_mod.Agent(AgentConfig(spool_dir=tmp_path / "spool", job="logged"))
     try:

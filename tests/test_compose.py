@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
@@ -240,3 +240,24 @@ def test_amtool_check_config() -> None:
         [amtool, "check-config", str(ALERTMANAGER_CONFIG)], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_compose_resolves_the_guards_as_the_secure_defaults_test_does(compose: Path, tmp_path: Path) -> None:
+    """The real compose binary resolves the server's environment exactly as
+    tests/test_secure_defaults.py's own interpolation does (which the running-server check uses),
+    and hands Prometheus the read token as a secret."""
+    if TYPE_CHECKING:
+        from tests.test_secure_defaults import real_secrets, resolved_compose
+    else:
+        from test_secure_defaults import real_secrets, resolved_compose
+
+    secrets = real_secrets()
+    env_file = tmp_path / "test.env"
+    env_file.write_text("".join(f"{k}={v}\n" for k, v in secrets.items()), encoding="utf-8")
+    result = _compose(compose, "config", "--format", "json", env_file=env_file)
+    assert result.returncode == 0, result.stderr
+    services = json.loads(result.stdout)["services"]
+    ours = resolved_compose(secrets)["services"]["flightdeck"]["environment"]
+    assert services["flightdeck"]["environment"] == ours
+    assert ours["FLIGHTDECK_SERVER_REQUIRE_READ_TOKEN"] == "true"
+    assert [s["source"] for s in services["prometheus"]["secrets"]] == ["flightdeck_read_token"]
