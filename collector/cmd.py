@@ -6,7 +6,8 @@
     flightdeck collector --requeue-dead-letters      put refused batches back in the queue, then exit
 
 Exit codes: 0 fine; 1 `--once` left batches queued; 2 unusable configuration; 3 unusable state_dir
-(read-only, not a directory, or its queue database unreadable: one line on stderr says which).
+(read-only, not a directory, or its queue database unreadable: one line on stderr says which);
+4 `--once` stopped because the server rejected the token (401/403: one line says the server's reason).
 """
 
 from __future__ import annotations
@@ -26,12 +27,14 @@ from flightdeck.collector.settings import CollectorSettings, SettingsError
 
 log = logging.getLogger("flightdeck.collector")
 
-EXIT_OK, EXIT_QUEUED, EXIT_CONFIG, EXIT_STATE = 0, 1, 2, 3
+EXIT_OK, EXIT_QUEUED, EXIT_CONFIG, EXIT_STATE, EXIT_TOKEN = 0, 1, 2, 3, 4
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the collector's options to its subcommand parser."""
-    parser.add_argument("--config", type=Path, help="TOML settings file (FLIGHTDECK_* variables win over it)")
+    parser.add_argument(
+        "--config", type=Path, help="TOML settings file (FLIGHTDECK_COLLECTOR_* variables win over it)"
+    )
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument(
         "--check", action="store_true", help="validate the settings and paths, print them, exit"
@@ -87,6 +90,12 @@ def check(settings: CollectorSettings, out: TextIO) -> list[str]:
             problems.append(f"nixl_telemetry_dir {p}: ring files are consumed, which needs write access")
     listen = settings.metrics_listen
     print(f"metrics:    {'http://' + listen + '/metrics' if listen else 'off'}", file=out)
+    if settings.spool_dirs:
+        spools = ", ".join(str(Path(os.path.expanduser(d))) for d in settings.spool_dirs)
+        notes.append(
+            f"the agents must write to a spool watched here ({spools}): "
+            f"FLIGHTDECK_AGENT_SPOOL_DIR={Path(os.path.expanduser(settings.spool_dirs[0]))} in the jobs"
+        )
     for n in notes:
         print(f"note: {n}", file=out)
     for p_ in problems:
@@ -165,7 +174,20 @@ def _serve(settings: CollectorSettings, *, once: bool) -> int:
     _tune_gc()
     try:
         if once:
-            return EXIT_OK if collector.once() else EXIT_QUEUED
+            if collector.once():
+                return EXIT_OK
+            rejection = collector.pusher.token_rejection
+            if rejection is None:
+                return EXIT_QUEUED
+            status, message = rejection
+            print(
+                f"flightdeck collector: the server at {settings.server_url} rejected the token "
+                f"(HTTP {status}: {message}); nothing more was sent and the batches stay queued. "
+                "Check token / token_file (FLIGHTDECK_COLLECTOR_TOKEN_FILE), or make a token with "
+                f"`flightdeck token create NAME --host {settings.host_name}` on the server.",
+                file=sys.stderr,
+            )
+            return EXIT_TOKEN
         stopping = threading.Event()
 
         def on_signal(signum: int, frame: FrameType | None) -> None:

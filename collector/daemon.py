@@ -346,7 +346,7 @@ class Collector:
         if self._settling or self._bad:
             time.sleep(self.settings.push_interval_s)
             self.flush()
-        return self.pusher.drain(timeout_s=self.settings.push_deadline_s)
+        return self.pusher.drain(timeout_s=self.settings.push_deadline_s, give_up_on_auth=True)
 
     def close(self, *, drain_s: float | None = None) -> bool:
         """Stop everything: final flush, push what can be pushed within `drain_s`, join threads.

@@ -286,7 +286,7 @@ class Installer:
         group = self.opts.jobs_group or USER
         self.out(
             f"training jobs: run them as users in group {group} (usermod -aG {group} USER) with "
-            f"FLIGHTDECK_SPOOL_DIR={self.opts.spool}"
+            f"FLIGHTDECK_AGENT_SPOOL_DIR={self.opts.spool}"
         )
 
 

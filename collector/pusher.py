@@ -12,6 +12,8 @@ Answers:
   Nothing is dead-lettered: the batches stay queued, one ERROR line says so (once per episode),
   `flightdeck_collector_token_rejected` is 1, and sending is retried after a long, capped backoff
   (`auth_retry_max_s`); a changed token (token_file) is tried at once, without a restart.
+  `drain(give_up_on_auth=True)` (`--once`) stops at the first rejection instead: `token_rejection`
+  says why, the batches stay queued.
 - any other 4xx: the server refuses the batch itself; it goes to the dead-letter table with the
   server's message and is never retried by itself (`flightdeck collector --requeue-dead-letters`).
 - 422 that says the rest was applied (`"applied": true` and the `refused` snapshots and NIXL samples
@@ -193,6 +195,8 @@ class Pusher:
         #: Consecutive token rejections, and no request before this monotonic time.
         self._auth_failures = 0
         self._auth_until = 0.0
+        #: (HTTP status, server's message) of the last token rejection; None once accepted again.
+        self.token_rejection: tuple[int | None, str] | None = None
 
     # --- the thread ---------------------------------------------------------------------------
 
@@ -209,10 +213,12 @@ class Pusher:
                 log.exception("pusher: unexpected error; retrying in 1 s")
                 self.stop.wait(1.0)
 
-    def drain(self, *, timeout_s: float) -> bool:
+    def drain(self, *, timeout_s: float, give_up_on_auth: bool = False) -> bool:
         """Deliver queued batches until the queue is empty or `timeout_s` passed; True when empty.
 
         Used by `--once` and at shutdown, from the calling thread (the pusher thread is stopped).
+        `give_up_on_auth`: return False at once when the server rejects the token (`--once`: no
+        waiting for a token that a one-shot run will not get; `token_rejection` says why).
         """
         end = self.monotonic() + timeout_s
         # Our own stop event: the thread's is already set when draining at shutdown.
@@ -223,14 +229,24 @@ class Pusher:
                 return True
             if self.monotonic() >= end:
                 return False
-            self.deliver(batch, deadline=end, stop=stop)
+            self.deliver(batch, deadline=end, stop=stop, give_up_on_auth=give_up_on_auth)
+            if give_up_on_auth and self.token_rejection is not None:
+                return False
 
     # --- one batch ----------------------------------------------------------------------------
 
-    def deliver(self, batch: QueuedBatch, *, deadline: float, stop: threading.Event | None = None) -> Outcome:
+    def deliver(
+        self,
+        batch: QueuedBatch,
+        *,
+        deadline: float,
+        stop: threading.Event | None = None,
+        give_up_on_auth: bool = False,
+    ) -> Outcome:
         """Send one batch, retrying retryable failures until `deadline` (monotonic seconds).
 
-        `stop` (default: the pusher's own) cuts the waits between attempts short.
+        `stop` (default: the pusher's own) cuts the waits between attempts short;
+        `give_up_on_auth`: a rejected token ends the delivery (PENDING) instead of waiting.
         """
         stop = stop or self.stop
         while True:
@@ -247,6 +263,7 @@ class Pusher:
                 if self._auth_failures:
                     log.info("the server accepts the collector token again; sending the queued batches")
                     self._auth_failures = 0
+                    self.token_rejection = None
                     self.metrics.token_rejected.set(0)
                 self.queue.ack(batch.seq)
                 self.metrics.batches_sent.inc()
@@ -256,6 +273,8 @@ class Pusher:
             self.metrics.batches_failed.labels(reason=answer.reason).inc()
             if answer.reason == "auth":
                 self._token_rejected(answer)
+                if give_up_on_auth:
+                    return Outcome.PENDING
                 continue
             if not answer.retry:
                 attempts = self.max_attempts
@@ -328,6 +347,7 @@ class Pusher:
     def _token_rejected(self, answer: _Answer) -> None:
         """The server refused the token: keep everything queued, say so once, back off long."""
         self._auth_failures += 1
+        self.token_rejection = (answer.status, answer.message)
         self.metrics.auth_failures.inc()
         self.metrics.token_rejected.set(1)
         cap = min(self.auth_backoff_max_s, AUTH_BACKOFF_BASE_S * 2 ** min(self._auth_failures - 1, 16))

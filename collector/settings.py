@@ -1,8 +1,10 @@
-"""The collector's settings: one class, read from `FLIGHTDECK_*` variables and an optional TOML file.
+"""The collector's settings: one class, read from `FLIGHTDECK_COLLECTOR_*` variables and an optional
+TOML file.
 
-Precedence, highest first: keyword arguments (tests), environment (`FLIGHTDECK_<FIELD>`, lists and
-tables as JSON), the TOML file given with `--config` (top-level keys named like the fields), the
-defaults below. Unknown keys in the TOML file are an error, so a typo does not silently fall back to
+Precedence, highest first: keyword arguments (tests), environment (`FLIGHTDECK_COLLECTOR_<FIELD>`,
+lists and tables as JSON), the old names (`FLIGHTDECK_<FIELD>`, read for one release with a warning
+naming the new one: `flightdeck.env_names`), the TOML file given with `--config` (top-level keys
+named like the fields), the defaults below. Unknown keys in the TOML file are an error, so a typo does not silently fall back to
 a default. Every field carries its documentation in `Field(description=...)`; `--check` prints them
 and a test fails when one is missing.
 """
@@ -26,7 +28,10 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-ENV_PREFIX = "FLIGHTDECK_"
+from flightdeck.env_names import COLLECTOR_PREFIX
+from flightdeck.settings_sources import LegacyEnvSource
+
+ENV_PREFIX = COLLECTOR_PREFIX
 #: PyTorch's variables naming the dump file prefix (rank appended), newest name first.
 TORCH_PREFIX_ENV_VARS = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 #: Where releases before the comm_lib rename wrote their dumps.
@@ -260,8 +265,10 @@ class CollectorSettings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        """Keyword arguments, then the environment, then the TOML file (no .env, no secrets dir)."""
-        return (init_settings, env_settings, _FileSource(settings_cls))
+        """Keyword arguments, the environment, the old names, then the TOML file (no .env, no
+        secrets dir)."""
+        legacy = LegacyEnvSource(settings_cls, prefix=ENV_PREFIX, process="flightdeck collector")
+        return (init_settings, env_settings, legacy, _FileSource(settings_cls))
 
     @classmethod
     def load(cls, config: Path | None = None, **overrides: Any) -> Self:
@@ -316,7 +323,9 @@ class CollectorSettings(BaseSettings):
     def ingest_url(self) -> str:
         """`<server_url>/api/v1/ingest`; raises SettingsError when server_url is unset."""
         if not self.server_url:
-            raise SettingsError("server_url is not set (FLIGHTDECK_SERVER_URL or server_url in --config)")
+            raise SettingsError(
+                "server_url is not set (FLIGHTDECK_COLLECTOR_SERVER_URL or server_url in --config)"
+            )
         return self.server_url + "/api/v1/ingest"
 
     @property

@@ -81,6 +81,7 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any, Literal
 
+from flightdeck.env_names import AGENT_PREFIX, warn_legacy
 from flightdeck.records import PROGRESS_MAX_FRAMES, Frame, Progress, progress_to_dict
 from flightdeck.ring_split import RECENT_SUFFIX, RING_META_KEY, Part, RingSplitter
 
@@ -90,21 +91,31 @@ SnapshotKind = Literal["periodic", "stall", "final"]
 #: A flight-recorder dump function: `fn(include_stack_traces) -> pickle bytes`.
 DumpFn = Callable[[bool], bytes]
 
-ENV_PREFIX = "FLIGHTDECK_"
+ENV_PREFIX = AGENT_PREFIX
 #: Environment variables read by `AgentConfig.from_env`, with what they set.
 ENV_VARS: dict[str, str] = {
-    "FLIGHTDECK_AGENT": "enabled (0/false/no/off disables the agent, 1 or unset enables it)",
-    "FLIGHTDECK_SPOOL_DIR": "spool_dir",
-    "FLIGHTDECK_INTERVAL_S": "interval_s",
-    "FLIGHTDECK_STALL_AFTER_S": "deprecated and ignored (a warning): the server's FLIGHTDECK_STALL_AFTER_S "
-    "decides what is a hang; the agent writes its stack snapshot after a fixed STACKS_AFTER_S",
-    "FLIGHTDECK_FULL_EVERY_S": "full_every_s",
-    "FLIGHTDECK_JOB": "job",
-    "FLIGHTDECK_CHECKPOINT_DIR": "config report: where the job reads/writes distributed checkpoints "
+    "FLIGHTDECK_AGENT_ENABLED": "enabled (0/false/no/off disables the agent, 1 or unset enables it)",
+    "FLIGHTDECK_AGENT_SPOOL_DIR": "spool_dir",
+    "FLIGHTDECK_AGENT_INTERVAL_S": "interval_s",
+    "FLIGHTDECK_AGENT_FULL_EVERY_S": "full_every_s",
+    "FLIGHTDECK_AGENT_JOB": "job",
+    "FLIGHTDECK_AGENT_CHECKPOINT_DIR": "config report: where the job reads/writes distributed checkpoints "
     "(jobs sharing it across torch 2.14 / 2.15 are flagged by the server)",
+    "FLIGHTDECK_STALL_AFTER_S": "deprecated and ignored (a warning): the server's "
+    "FLIGHTDECK_SERVER_STALL_AFTER_S decides what is a hang; the agent writes its stack snapshot "
+    "after a fixed STACKS_AFTER_S",
     "FLIGHTDECK_TEST_VERSION_OVERRIDE": "TEST ONLY: a JSON object replacing the reported versions "
     "(torch_version, torch_git_version, cuda_version, nccl_version, python_version); the report is "
     "marked `simulated`",
+}
+#: The names the agent read before it had its own prefix (read for one release, with a warning).
+LEGACY_ENV_VARS: dict[str, str] = {
+    "FLIGHTDECK_AGENT": "FLIGHTDECK_AGENT_ENABLED",
+    "FLIGHTDECK_SPOOL_DIR": "FLIGHTDECK_AGENT_SPOOL_DIR",
+    "FLIGHTDECK_INTERVAL_S": "FLIGHTDECK_AGENT_INTERVAL_S",
+    "FLIGHTDECK_FULL_EVERY_S": "FLIGHTDECK_AGENT_FULL_EVERY_S",
+    "FLIGHTDECK_JOB": "FLIGHTDECK_AGENT_JOB",
+    "FLIGHTDECK_CHECKPOINT_DIR": "FLIGHTDECK_AGENT_CHECKPOINT_DIR",
 }
 #: The flight-recorder ring size variables, the one torch reads first first; torch's default.
 FR_BUFFER_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
@@ -162,13 +173,13 @@ _JOB_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 @dataclass(frozen=True, slots=True)
 class AgentConfig:
-    """Settings of the in-job agent; `from_env` reads them from `FLIGHTDECK_*` variables."""
+    """Settings of the in-job agent; `from_env` reads them from `FLIGHTDECK_AGENT_*` variables."""
 
     spool_dir: Path = Path(DEFAULT_SPOOL_DIR)
-    """Root of the spool; files go to `<spool_dir>/<job>/<attempt>/` (FLIGHTDECK_SPOOL_DIR)."""
+    """Root of the spool; files go to `<spool_dir>/<job>/<attempt>/` (FLIGHTDECK_AGENT_SPOOL_DIR)."""
 
     interval_s: float = 1.0
-    """Seconds between periodic snapshots (FLIGHTDECK_INTERVAL_S); at least 0.05. A hang is
+    """Seconds between periodic snapshots (FLIGHTDECK_AGENT_INTERVAL_S); at least 0.05. A hang is
     reported about `stall_after_s` (the server's) plus one interval plus one collector push after
     the fault: 1 s keeps that within 3 s of the threshold."""
 
@@ -178,16 +189,16 @@ class AgentConfig:
     `STACKS_AFTER_S`."""
 
     full_every_s: float = 30.0
-    """Seconds between periodic snapshots of the whole ring (FLIGHTDECK_FULL_EVERY_S); the ones in
+    """Seconds between periodic snapshots of the whole ring (FLIGHTDECK_AGENT_FULL_EVERY_S); the ones in
     between hold only what changed since (`rank_<R>.recent.pkl`). 0 (or less than `interval_s`):
     the whole ring every time."""
 
     job: str | None = None
-    """Job id (FLIGHTDECK_JOB); None: TORCHELASTIC_RUN_ID, SLURM_JOB_ID, else agreed across ranks
+    """Job id (FLIGHTDECK_AGENT_JOB); None: TORCHELASTIC_RUN_ID, SLURM_JOB_ID, else agreed across ranks
     through the c10d store. Characters other than letters, digits, `.`, `_`, `-` become `_`."""
 
     enabled: bool = True
-    """False turns `start()` and the launcher into no-ops (FLIGHTDECK_AGENT=0)."""
+    """False turns `start()` and the launcher into no-ops (FLIGHTDECK_AGENT_ENABLED=0)."""
 
     def __post_init__(self) -> None:
         if not self.interval_s >= 0.05:  # also rejects NaN
@@ -201,25 +212,26 @@ class AgentConfig:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> AgentConfig:
-        """Build the config from `FLIGHTDECK_*` variables; keyword overrides win over the env."""
-        env = os.environ if env is None else env
+        """Build the config from `FLIGHTDECK_AGENT_*` variables (the old names warn); keyword
+        overrides win over the env."""
+        env = agent_env(os.environ if env is None else env)
         values: dict[str, Any] = {}
-        if "FLIGHTDECK_AGENT" in env:
-            values["enabled"] = _parse_bool("FLIGHTDECK_AGENT", env["FLIGHTDECK_AGENT"])
-        if env.get("FLIGHTDECK_SPOOL_DIR"):
-            values["spool_dir"] = Path(env["FLIGHTDECK_SPOOL_DIR"])
+        if "FLIGHTDECK_AGENT_ENABLED" in env:
+            values["enabled"] = _parse_bool("FLIGHTDECK_AGENT_ENABLED", env["FLIGHTDECK_AGENT_ENABLED"])
+        if env.get("FLIGHTDECK_AGENT_SPOOL_DIR"):
+            values["spool_dir"] = Path(env["FLIGHTDECK_AGENT_SPOOL_DIR"])
         for name, key in (
-            ("interval_s", "FLIGHTDECK_INTERVAL_S"),
+            ("interval_s", "FLIGHTDECK_AGENT_INTERVAL_S"),
             ("stall_after_s", "FLIGHTDECK_STALL_AFTER_S"),
-            ("full_every_s", "FLIGHTDECK_FULL_EVERY_S"),
+            ("full_every_s", "FLIGHTDECK_AGENT_FULL_EVERY_S"),
         ):
             if env.get(key):
                 try:
                     values[name] = float(env[key])
                 except ValueError:
                     raise ValueError(f"{key} must be a number of seconds, got {env[key]!r}") from None
-        if env.get("FLIGHTDECK_JOB"):
-            values["job"] = env["FLIGHTDECK_JOB"]
+        if env.get("FLIGHTDECK_AGENT_JOB"):
+            values["job"] = env["FLIGHTDECK_AGENT_JOB"]
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(overrides) - known
         if unknown:
@@ -246,10 +258,24 @@ def _warn_stall_after_deprecated() -> None:
         _deprecation_logged = True
         logger.warning(
             "flightdeck agent: FLIGHTDECK_STALL_AFTER_S (stall_after_s) is deprecated and ignored: "
-            "the server's FLIGHTDECK_STALL_AFTER_S decides what is a hang, and the agent writes its "
+            "the server's FLIGHTDECK_SERVER_STALL_AFTER_S decides what is a hang, and the agent writes its "
             "stack snapshot after a fixed %.0f s",
             STACKS_AFTER_S,
         )
+
+
+def agent_env(env: Mapping[str, str]) -> dict[str, str]:
+    """`env` with each old agent variable (`LEGACY_ENV_VARS`) copied to its new name where that
+    is unset; each old one set warns (the new name wins when both are)."""
+    out = dict(env)
+    for old, new in LEGACY_ENV_VARS.items():
+        if old in env:
+            if new in env:
+                warn_legacy(old, new, process="flightdeck agent", ignored=True)
+            else:
+                warn_legacy(old, new, process="flightdeck agent")
+                out[new] = env[old]
+    return out
 
 
 def _parse_bool(key: str, raw: str) -> bool:
@@ -921,6 +947,19 @@ class Agent:
             _write_atomic(path.with_name(path.name + ".meta.json"), json.dumps(meta, sort_keys=True).encode())
             _write_atomic(path, raw)
             self.snapshots_written += 1
+            first = self.snapshots_written == 1
+        if first:
+            # Once, so that a job whose spool no collector watches can be told from its own log.
+            logger.info(
+                "flightdeck agent: rank %d writes its snapshots to %s (spool %s%s; a collector must "
+                "watch that spool: its spool_dirs)",
+                rank,
+                self._dir,
+                self.config.spool_dir,
+                ""
+                if self.config.spool_dir != Path(DEFAULT_SPOOL_DIR)
+                else ", the default: set FLIGHTDECK_AGENT_SPOOL_DIR",
+            )
         return True
 
     def _config(self) -> dict[str, Any]:
@@ -937,7 +976,9 @@ class Agent:
             self._config_groups.update(groups)
         report["groups"] = dict(self._config_groups)
         report["env"] = reported_env(env)
-        report["checkpoint_dir"] = env.get("FLIGHTDECK_CHECKPOINT_DIR") or None
+        report["checkpoint_dir"] = (
+            env.get("FLIGHTDECK_AGENT_CHECKPOINT_DIR") or env.get("FLIGHTDECK_CHECKPOINT_DIR") or None
+        )
         if report != self.config_report:
             self.config_changes += 1
             logger.info(
@@ -1300,7 +1341,7 @@ def start(
     """Start the agent for this process (idempotent); keyword arguments override the environment.
 
     Call it after `init_process_group`. Returns the running agent, or None when disabled
-    (FLIGHTDECK_AGENT=0) or misconfigured (logged; the job goes on).
+    (FLIGHTDECK_AGENT_ENABLED=0) or misconfigured (logged; the job goes on).
     """
     global _agent
     with _agent_lock:
@@ -1379,7 +1420,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         logger.warning("flightdeck agent: bad configuration (%s); running without it", exc)
         enabled = False
     if enabled:
-        os.environ["FLIGHTDECK_AGENT"] = "1"  # so child interpreters can tell the agent is wanted
+        os.environ["FLIGHTDECK_AGENT_ENABLED"] = "1"  # so child interpreters can tell the agent is wanted
         try:
             install_init_hook()
         except Exception:

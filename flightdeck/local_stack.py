@@ -170,9 +170,9 @@ class LocalStack:
                 f"port {port} on 127.0.0.1 is in use (another `flightdeck up`?); choose another with --port"
             )
         data_dir.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "FLIGHTDECK_DATA_DIR": str(data_dir)}
+        env = {**os.environ, "FLIGHTDECK_SERVER_DATA_DIR": str(data_dir)}
         if stall_after_s is not None:
-            env["FLIGHTDECK_STALL_AFTER_S"] = str(stall_after_s)
+            env["FLIGHTDECK_SERVER_STALL_AFTER_S"] = str(stall_after_s)
         # Its own embedded database: always brought up to this version.
         args = ["server", "--host", "127.0.0.1", "--port", str(port), "--database-url", sqlite_url(data_dir)]
         args.append("--migrate")
@@ -206,24 +206,27 @@ class LocalStack:
         `torch_dumps`: also watch PyTorch's own dump paths (the collector's default); `host_name`:
         the host it reports (default: this machine's name).
         """
-        env = {k: v for k, v in os.environ.items() if k != "FLIGHTDECK_TOKEN"}
-        # FLIGHTDECK_HOST means the bind address to the server and the reported name to the collector.
-        env.pop("FLIGHTDECK_HOST", None)
+        # The token comes from token_file; a token in the caller's environment would clash with it.
+        unset = {"FLIGHTDECK_COLLECTOR_TOKEN", "FLIGHTDECK_TOKEN"}
+        # The old shared FLIGHTDECK_HOST (read for one release) was also the server's bind address:
+        # a shell that set it for a server must not rename this collector's host.
+        unset.add("FLIGHTDECK_HOST")
+        env = {k: v for k, v in os.environ.items() if k not in unset}
         env.update(
-            FLIGHTDECK_SERVER_URL=server_url,
-            FLIGHTDECK_SPOOL_DIRS=json.dumps([str(p) for p in spool_dirs]),
-            FLIGHTDECK_STATE_DIR=str(state_dir),
+            FLIGHTDECK_COLLECTOR_SERVER_URL=server_url,
+            FLIGHTDECK_COLLECTOR_SPOOL_DIRS=json.dumps([str(p) for p in spool_dirs]),
+            FLIGHTDECK_COLLECTOR_STATE_DIR=str(state_dir),
             # Port 0: several collectors (and a system-wide one) must not fight over 9478.
-            FLIGHTDECK_METRICS_LISTEN="127.0.0.1:0",
+            FLIGHTDECK_COLLECTOR_METRICS_LISTEN="127.0.0.1:0",
         )
         if token_file is not None:
-            env["FLIGHTDECK_TOKEN_FILE"] = str(token_file)
+            env["FLIGHTDECK_COLLECTOR_TOKEN_FILE"] = str(token_file)
         if not torch_dumps:
-            env["FLIGHTDECK_TORCH_DUMP_PREFIXES"] = "[]"
+            env["FLIGHTDECK_COLLECTOR_TORCH_DUMP_PREFIXES"] = "[]"
         if host_name is not None:
-            env["FLIGHTDECK_HOST"] = host_name
+            env["FLIGHTDECK_COLLECTOR_HOST"] = host_name
         if push_interval_s is not None:
-            env["FLIGHTDECK_PUSH_INTERVAL_S"] = str(push_interval_s)
+            env["FLIGHTDECK_COLLECTOR_PUSH_INTERVAL_S"] = str(push_interval_s)
         return self._spawn(name, ["collector", "--log-level", log_level], env)
 
     def exited(self) -> Child | None:

@@ -280,7 +280,7 @@ class RankConfig:
     groups: tuple[GroupConfig, ...] = ()
     #: `TORCH_*` / `NCCL_*` variables (name, value), sorted; secret-looking values redacted.
     env: tuple[tuple[str, str], ...] = ()
-    #: Where the job reads and writes distributed checkpoints (FLIGHTDECK_CHECKPOINT_DIR).
+    #: Where the job reads and writes distributed checkpoints (FLIGHTDECK_AGENT_CHECKPOINT_DIR).
     checkpoint_dir: str | None = None
     #: True when versions were replaced by the test-only FLIGHTDECK_TEST_VERSION_OVERRIDE hook.
     simulated: bool = False

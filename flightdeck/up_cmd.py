@@ -12,9 +12,11 @@ For PostgreSQL, several hosts or another bind address, run `flightdeck server` a
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 
@@ -36,14 +38,14 @@ class UpSettings(BaseSettings):
     )
     spool_dir: Path = Field(
         default_factory=default_spool_dir,
-        description="Spool the training jobs' agents write to (their FLIGHTDECK_SPOOL_DIR); the "
+        description="Spool the training jobs' agents write to (their FLIGHTDECK_AGENT_SPOOL_DIR); the "
         "collector also watches PyTorch's own dump paths.",
     )
     stall_after_s: float | None = Field(
         default=None,
         ge=1.0,
         description="Seconds a collective may stay unfinished before it is a hang; default: the "
-        "server's FLIGHTDECK_STALL_AFTER_S (5).",
+        "server's FLIGHTDECK_SERVER_STALL_AFTER_S (5).",
     )
 
 
@@ -58,17 +60,36 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
 
 
-def banner(url: str, spool_dir: Path, data_dir: Path) -> str:
-    """What to tell the user once everything runs: the URL and the lines for the training jobs."""
+def banner(
+    url: str,
+    spool_dir: Path,
+    data_dir: Path,
+    *,
+    torch_prefixes: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+) -> str:
+    """What to tell the user once everything runs: the URL, what the collector watches (the
+    spool and `torch_prefixes`) and the lines for the training jobs. A spool set in `env` (this
+    shell) that the collector does not watch is pointed out."""
+    watched = [f"    spool  {spool_dir}   (the agents' snapshots: FLIGHTDECK_AGENT_SPOOL_DIR below)"]
+    watched += [f"    torch  {p}<rank>   (PyTorch's own dump files)" for p in torch_prefixes]
+    notes = ""
+    for name in ("FLIGHTDECK_AGENT_SPOOL_DIR", "FLIGHTDECK_SPOOL_DIR"):
+        have = (env or {}).get(name)
+        if have and Path(have).expanduser().resolve() != spool_dir:
+            notes += f"\nNote: this shell has {name}={have}: jobs started from it write where this collector does not look.\n"
+            break
     return f"""\
 Flightdeck is up: {url}   (incidents at {url}/jobs/<job>, API at {url}/docs)
   data:  {data_dir}
   spool: {spool_dir}
-
+  the collector watches:
+{chr(10).join(watched)}
+{notes}
 In your training jobs (same machine, same user):
-  export FLIGHTDECK_SPOOL_DIR={spool_dir}   # where the agent writes; this collector watches it
-  export FLIGHTDECK_JOB=my-run-42   # the name the job is shown under (default: the scheduler's id,
-                                    # TORCHELASTIC_RUN_ID or SLURM_JOB_ID; plain torchrun makes a UUID)
+  export FLIGHTDECK_AGENT_SPOOL_DIR={spool_dir}   # where the agent writes; this collector watches it
+  export FLIGHTDECK_AGENT_JOB=my-run-42   # the name the job is shown under (default: the scheduler's id,
+                                          # TORCHELASTIC_RUN_ID or SLURM_JOB_ID; plain torchrun makes a UUID)
   python -m flightdeck.agent train.py ...            # or: torchrun --nproc-per-node N -m flightdeck.agent train.py ...
   # or, in the script after init_process_group:  import flightdeck.agent; flightdeck.agent.start()
 
@@ -124,7 +145,11 @@ def run(args: argparse.Namespace) -> int:
             token_file=token_file,
             log_level=args.log_level,
         )
-        print(banner(url, spool_dir, data_dir), flush=True)
+        from flightdeck.collector.settings import default_torch_prefixes
+
+        # The collector's default torch prefixes, as it resolves them in this same environment.
+        prefixes = default_torch_prefixes(os.environ)
+        print(banner(url, spool_dir, data_dir, torch_prefixes=prefixes, env=os.environ), flush=True)
         while not stopping.wait(0.5):
             dead = stack.exited()
             if dead is not None:

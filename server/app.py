@@ -17,11 +17,14 @@ from dataclasses import dataclass, field
 
 import httpx
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.exception_handlers import http_exception_handler, request_validation_exception_handler
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CollectorRegistry
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from flightdeck import __version__
@@ -42,7 +45,7 @@ from flightdeck.server.metrics import (
 from flightdeck.server.schema import SchemaGuard, ensure_schema, wait_for_database
 from flightdeck.server.settings import ServerSettings
 from flightdeck.server.webhooks import WebhookSender
-from flightdeck.web.routes import SecurityHeadersMiddleware, WebSettings, make_router
+from flightdeck.web.routes import SecurityHeadersMiddleware, WebSettings, error_page, make_router
 from flightdeck.web.store_data import StoreData
 
 log = logging.getLogger(__name__)
@@ -315,6 +318,7 @@ def create_app(
     drive them step by step (`services.live.step(force=True)`). `report` gets one line per failed
     attempt to reach the database at start.
     """
+    from flightdeck.server.admin import router as admin_router
     from flightdeck.server.routes import router
 
     services = build_services(
@@ -335,6 +339,10 @@ def create_app(
         version=__version__,
         description="Live hang and mismatch detection for PyTorch distributed jobs.",
         lifespan=lifespan,
+        # Closed reads close the docs too: the schema would be the one unauthenticated read.
+        docs_url=None if settings.require_read_token else "/docs",
+        redoc_url=None if settings.require_read_token else "/redoc",
+        openapi_url=None if settings.require_read_token else "/openapi.json",
     )
     app.state.services = services
 
@@ -354,9 +362,30 @@ def create_app(
             raise exc
         return await handle(request, services.db_unavailable())
 
+    def wants_html(request: Request) -> bool:
+        # The dashboard's pages (not the API, not ?format=json): a person reads the answer.
+        path = request.url.path
+        return not path.startswith(NON_WEB_PREFIXES) and request.query_params.get("format") != "json"
+
+    async def handle_http(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, StarletteHTTPException)
+        if wants_html(request):
+            return error_page(exc.status_code, str(exc.detail), headers=exc.headers)
+        return await http_exception_handler(request, exc)
+
+    async def handle_validation(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RequestValidationError)
+        if wants_html(request):
+            reasons = "; ".join(f"{e['loc'][-1]}: {e['msg']}" for e in exc.errors())
+            return error_page(422, f"bad parameter: {reasons}")
+        return await request_validation_exception_handler(request, exc)
+
     app.add_exception_handler(ServerError, handle)
     app.add_exception_handler(DBAPIError, handle_db)
+    app.add_exception_handler(StarletteHTTPException, handle_http)
+    app.add_exception_handler(RequestValidationError, handle_validation)
     app.include_router(router)
+    app.include_router(admin_router)
     web = StoreData(db=services.db, live=services.live, clock=clock, job_idle_s=settings.job_idle_s)
     app.include_router(make_router(web, WebSettings(token=settings.web_token)))
     app.add_middleware(WebHeadersMiddleware)

@@ -16,23 +16,28 @@ SWITCH_INTERVAL_S = 0.0005
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    """Declare the arguments of `flightdeck server` (everything else: FLIGHTDECK_* settings)."""
-    parser.add_argument("--host", default=None, help="bind address (default: FLIGHTDECK_HOST or 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=None, help="TCP port (default: FLIGHTDECK_PORT or 8470)")
+    """Declare the arguments of `flightdeck server` (everything else: FLIGHTDECK_SERVER_* settings)."""
     parser.add_argument(
-        "--database-url", default=None, help="SQLAlchemy URL (default: FLIGHTDECK_DATABASE_URL)"
+        "--host", default=None, help="bind address (default: FLIGHTDECK_SERVER_HOST or 127.0.0.1)"
+    )
+    parser.add_argument(
+        "--port", type=int, default=None, help="TCP port (default: FLIGHTDECK_SERVER_PORT or 8470)"
+    )
+    parser.add_argument(
+        "--database-url", default=None, help="SQLAlchemy URL (default: FLIGHTDECK_SERVER_DATABASE_URL)"
     )
     parser.add_argument(
         "--migrate",
         action="store_true",
         default=None,
         help="bring a missing or older database schema up to this version at start "
-        "(default: FLIGHTDECK_MIGRATE; unset: SQLite yes, PostgreSQL no)",
+        "(default: FLIGHTDECK_SERVER_MIGRATE; unset: SQLite yes, PostgreSQL no)",
     )
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
 
 
 #: Exit codes of `flightdeck server` that say why it did not start (1: anything else).
+EXIT_SETTINGS = 2
 EXIT_DB_UNREACHABLE = 3
 EXIT_SCHEMA = 4
 
@@ -44,17 +49,23 @@ def _say(line: str) -> None:
 def run(args: argparse.Namespace) -> int:
     """Build the settings, then serve until interrupted; returns the exit code."""
     import uvicorn
+    from pydantic import ValidationError
 
     from flightdeck.server.app import create_app
     from flightdeck.server.schema import DatabaseUnreachableError, SchemaError
-    from flightdeck.server.settings import ServerSettings
+    from flightdeck.server.settings import ServerSettings, settings_problems
 
     overrides: dict[str, object] = {
         k: v for k, v in (("host", args.host), ("port", args.port), ("database_url", args.database_url)) if v
     }
     if getattr(args, "migrate", None):
         overrides["migrate"] = True
-    settings = ServerSettings(**overrides)  # type: ignore[arg-type]
+    try:
+        settings = ServerSettings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        for line in settings_problems(exc):
+            _say(f"refusing to start: {line}")
+        return EXIT_SETTINGS
     try:
         app = create_app(settings, report=_say)
     except DatabaseUnreachableError as exc:

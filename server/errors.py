@@ -4,6 +4,7 @@
      ├── AuthError                   401  missing, unknown or revoked collector token
      ├── ForbiddenError              403  the token may not write this batch (another host's ranks)
      ├── NotFoundError               404  no such job / resource
+ ├── ConflictError               409  the resource exists already (a collector token's name)
      ├── PayloadTooLargeError        413  body (or its decompressed form) above max_request_bytes
      ├── UnsupportedEncodingError    415  a Content-Encoding other than gzip / identity
      ├── InvalidBatchError           422  not JSON, bad gzip, or not the wire format (message says why);
@@ -65,6 +66,12 @@ class NotFoundError(ServerError):
     """The job (or other resource) does not exist."""
 
     status_code = 404
+
+
+class ConflictError(ServerError):
+    """The resource to create exists already."""
+
+    status_code = 409
 
 
 class PayloadTooLargeError(ServerError):

@@ -1,7 +1,7 @@
 """`flightdeck migrate`: bring the database schema up to this version (Alembic head), then exit.
 
 For a PostgreSQL database, which `flightdeck server` does not migrate unless told to
-(`--migrate`, `FLIGHTDECK_MIGRATE`): run it once per upgrade, before the new servers start.
+(`--migrate`, `FLIGHTDECK_SERVER_MIGRATE`): run it once per upgrade, before the new servers start.
 Several at once take turns (an advisory lock); an up-to-date schema is left as it is.
 """
 
@@ -14,7 +14,7 @@ import sys
 def configure(parser: argparse.ArgumentParser) -> None:
     """Declare the arguments of `flightdeck migrate`."""
     parser.add_argument(
-        "--database-url", default=None, help="SQLAlchemy URL (default: FLIGHTDECK_DATABASE_URL)"
+        "--database-url", default=None, help="SQLAlchemy URL (default: FLIGHTDECK_SERVER_DATABASE_URL)"
     )
     parser.add_argument(
         "--check", action="store_true", help="only say whether the schema is current (exit 0) or not (exit 4)"

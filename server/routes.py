@@ -1,4 +1,5 @@
-"""HTTP routes: ingest, the JSON read API, /metrics and /healthz (OpenAPI docs at /docs)."""
+"""HTTP routes: ingest, the JSON read API, /metrics and /healthz (OpenAPI docs at /docs while reads
+are open; the admin API is `admin`)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from sqlalchemy.orm import Session
 from flightdeck.analysis.diagnose import missing_ranks
 from flightdeck.nixl_rates import RATE_WINDOW_S, window_stats
 from flightdeck.server import store
+from flightdeck.server.access import check_read
 from flightdeck.server.app import Services
 from flightdeck.server.errors import NotFoundError
 from flightdeck.server.ingest_http import INGEST_PATH, ingest_request
@@ -36,9 +38,9 @@ ServicesDep = Annotated[Services, Depends(services_dep)]
 
 
 async def read_auth(request: Request, svc: ServicesDep) -> None:
-    """Require a collector token on reads when `require_read_token` is set."""
+    """Require a token that may read when `require_read_token` is set (see `access`)."""
     if svc.settings.require_read_token:
-        await run_in_threadpool(svc.ingest.authenticate, request.headers.get("authorization"))
+        await run_in_threadpool(check_read, svc.settings, svc.ingest, request.headers.get("authorization"))
 
 
 ReadAuth = Depends(read_auth)
@@ -208,7 +210,7 @@ def get_nixl_agents(svc: ServicesDep) -> list[dict[str, Any]]:
 # --- operations ----------------------------------------------------------------------------------
 
 
-@router.get("/metrics", tags=["operations"], response_class=Response)
+@router.get("/metrics", tags=["operations"], response_class=Response, dependencies=[ReadAuth])
 def metrics(svc: ServicesDep) -> Response:
     """Prometheus metrics (see docs/metrics.md)."""
     return Response(generate_latest(svc.registry), media_type=CONTENT_TYPE_LATEST)

@@ -76,7 +76,9 @@ def schema_problem(revision: str | None) -> tuple[str, str] | None:
 
 
 #: What the operator does about a missing or older schema.
-HOW_TO_MIGRATE = "run `flightdeck migrate`, or start the server with --migrate (FLIGHTDECK_MIGRATE=true)"
+HOW_TO_MIGRATE = (
+    "run `flightdeck migrate`, or start the server with --migrate (FLIGHTDECK_SERVER_MIGRATE=true)"
+)
 
 
 def ensure_schema(db: Database, *, migrate_if_needed: bool) -> str:
@@ -143,7 +145,7 @@ def wait_for_database(
         if left <= 0:
             raise DatabaseUnreachableError(
                 f"database {where} not reachable after {attempt} attempts in {deadline_s:g} s "
-                f"(FLIGHTDECK_DB_STARTUP_TIMEOUT_S): {reason}"
+                f"(FLIGHTDECK_SERVER_DB_STARTUP_TIMEOUT_S): {reason}"
             )
         wait = min(delay, left)
         report(f"database {where} not reachable (attempt {attempt}: {reason}); retrying in {wait:.1f} s")

@@ -1,22 +1,87 @@
-"""The server's settings: one class, read from `FLIGHTDECK_*` environment variables in `main()`.
+"""The server's settings: one class, read from `FLIGHTDECK_SERVER_*` environment variables in `main()`.
 
-Every field carries a description; `tests/test_server_settings.py` fails when one does not.
+The old names (`FLIGHTDECK_<SETTING>`, shared with the collector and the agent) are still read for
+one release, with a warning naming the new one (`flightdeck.env_names`). Every field carries a
+description; `tests/test_server_settings.py` fails when one does not.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from flightdeck.env_names import SERVER_PREFIX
 from flightdeck.paths import default_data_dir
+from flightdeck.settings_sources import LegacyEnvSource
+
+#: Shortest accepted bearer secret (read, admin and web tokens).
+MIN_SECRET_CHARS = 16
+#: What the placeholders of `.env.example` look like; a secret holding one is refused at start.
+_PLACEHOLDER_MARKS = ("change-me", "changeme", "change_me")
+
+
+def is_placeholder(value: str) -> bool:
+    """Whether `value` is a placeholder from `.env.example` (or another obvious non-secret)."""
+    lowered = value.strip().lower()
+    return not lowered or any(mark in lowered for mark in _PLACEHOLDER_MARKS)
+
+
+def secret_problem(value: str) -> str | None:
+    """Why `value` is not usable as a bearer secret, or None. Never quotes the value."""
+    if not value.strip():
+        return "is empty: set a secret (python -c 'import secrets; print(secrets.token_urlsafe(32))')"
+    if is_placeholder(value):
+        return "is the placeholder from .env.example: set a real secret"
+    if len(value) < MIN_SECRET_CHARS:
+        return f"is shorter than {MIN_SECRET_CHARS} characters"
+    return None
+
+
+def make_url_password(url: str) -> str | None:
+    """The password in a database URL (None: none, or not a URL)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        return make_url(url).password
+    except ArgumentError:
+        return None
+
+
+def settings_problems(exc: ValidationError) -> list[str]:
+    """One line per invalid setting of `exc`, naming its environment variable; never the value
+    (it may be a secret)."""
+    lines = []
+    for err in exc.errors():
+        field = ".".join(str(p) for p in err["loc"]) or "settings"
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        lines.append(f"{ENV_PREFIX}{field.upper()} ({field}): {msg}" if err["loc"] else msg)
+    return lines
+
+
+#: Prefix of the server's environment variables.
+ENV_PREFIX = SERVER_PREFIX
 
 
 class ServerSettings(BaseSettings):
-    """Configuration of `flightdeck server` (environment prefix `FLIGHTDECK_`)."""
+    """Configuration of `flightdeck server` (environment prefix `FLIGHTDECK_SERVER_`)."""
 
-    model_config = SettingsConfigDict(env_prefix="FLIGHTDECK_", extra="ignore", frozen=True)
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Keyword arguments, `FLIGHTDECK_SERVER_*`, then the old `FLIGHTDECK_*` names (warned)."""
+        legacy = LegacyEnvSource(settings_cls, prefix=ENV_PREFIX, process="flightdeck server")
+        return (init_settings, env_settings, legacy, dotenv_settings, file_secret_settings)
 
     data_dir: Path = Field(
         default_factory=default_data_dir,
@@ -208,8 +273,23 @@ class ServerSettings(BaseSettings):
     )
     require_read_token: bool = Field(
         default=False,
-        description="Require a collector bearer token for the read API (/api/v1/...); "
-        "/metrics and /healthz stay open.",
+        description="Require a bearer token for the read API (/api/v1/...) and /metrics: a collector's "
+        "token, read_token or admin_token. The OpenAPI docs (/docs, /redoc, /openapi.json) are then "
+        "not served; /healthz stays open (it says only whether the database answers). "
+        "docker-compose.yml turns this on.",
+    )
+    read_token: str | None = Field(
+        default=None,
+        description="A bearer token for reads only (the read API and /metrics) when require_read_token "
+        "is on: what Prometheus scrapes with (docker-compose.yml hands it over as a credentials file). "
+        "At least 16 characters; placeholders (`change-me...`) are refused at start.",
+    )
+    admin_token: str | None = Field(
+        default=None,
+        description="Bearer token of the admin API: create, list and revoke collector tokens over HTTP "
+        "(/api/v1/admin/tokens); it may read as well. Unset: the admin API answers 403 and tokens are "
+        "managed with `flightdeck token` on the server's database only. At least 16 characters; "
+        "placeholders refused at start.",
     )
     allow_unauthenticated_ingest: bool = Field(
         default=False,
@@ -218,11 +298,29 @@ class ServerSettings(BaseSettings):
 
     web_token: str | None = Field(
         default=None,
-        min_length=16,
         description="When set, the incident dashboard (the HTML pages at /, /jobs/...) needs this "
         "token as `Authorization: Bearer <token>` or as the basic-auth password (what a browser "
-        "sends); unset: the pages are open, for a trusted network. The JSON API is unaffected.",
+        "sends); unset: the pages are open, for a trusted network. The JSON API is unaffected. "
+        "At least 16 characters; placeholders refused at start.",
     )
+
+    @field_validator("read_token", "admin_token", "web_token")
+    @classmethod
+    def _real_secret(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        problem = secret_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
+    @field_validator("database_url")
+    @classmethod
+    def _real_password(cls, value: str | None) -> str | None:
+        password = None if value is None else make_url_password(value)
+        if password is not None and is_placeholder(password):
+            raise ValueError("the database password is the placeholder from .env.example: set a real one")
+        return value
 
     @field_validator("webhook_urls")
     @classmethod

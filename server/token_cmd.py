@@ -15,7 +15,7 @@ import time
 def configure(parser: argparse.ArgumentParser) -> None:
     """Declare the arguments of `flightdeck token`."""
     parser.add_argument(
-        "--database-url", default=None, help="SQLAlchemy URL (default: FLIGHTDECK_DATABASE_URL)"
+        "--database-url", default=None, help="SQLAlchemy URL (default: FLIGHTDECK_SERVER_DATABASE_URL)"
     )
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     p = sub.add_parser("create", help="create a token for a collector and print it (once)")
@@ -44,10 +44,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the token action; returns the exit code."""
+    from pydantic import ValidationError
     from sqlalchemy.exc import IntegrityError
 
     from flightdeck.server import store
-    from flightdeck.server.cmd import EXIT_DB_UNREACHABLE, EXIT_SCHEMA
+    from flightdeck.server.cmd import EXIT_DB_UNREACHABLE, EXIT_SCHEMA, EXIT_SETTINGS
     from flightdeck.server.db import connect
     from flightdeck.server.ingest import hash_token, new_token
     from flightdeck.server.schema import (
@@ -56,15 +57,20 @@ def run(args: argparse.Namespace) -> int:
         ensure_schema,
         wait_for_database,
     )
-    from flightdeck.server.settings import ServerSettings
+    from flightdeck.server.settings import ServerSettings, settings_problems
     from flightdeck.server.token_scope import TokenScope
-
-    settings = ServerSettings(**({"database_url": args.database_url} if args.database_url else {}))
-    url = settings.effective_database_url
-    db = connect(url)
 
     def say(line: str) -> None:
         print(f"flightdeck token: {line}", file=sys.stderr, flush=True)
+
+    try:
+        settings = ServerSettings(**({"database_url": args.database_url} if args.database_url else {}))
+    except ValidationError as exc:
+        for line in settings_problems(exc):
+            say(line)
+        return EXIT_SETTINGS
+    url = settings.effective_database_url
+    db = connect(url)
 
     try:
         # As the server does: wait for the database, and migrate only what it would migrate.

@@ -48,6 +48,8 @@ ALERTMANAGER_BINARIES = ("prometheus-alertmanager", "alertmanager")
 REPO = Path(__file__).resolve().parents[1]
 #: What docker-compose.yml mounts into the Prometheus and Alertmanager containers.
 SHIPPED_PROMETHEUS = REPO / "dashboards" / "prometheus" / "prometheus.yml"
+#: The read token Prometheus scrapes with in `render_shipped` (a server may set it as its read_token).
+READ_TOKEN = "ops-stack-read-token-0123456789"
 SHIPPED_RULES_DIR = REPO / "dashboards" / "alerts"
 SHIPPED_ALERTMANAGER = REPO / "dashboards" / "alertmanager" / "alertmanager.yml"
 #: The webhook paths of the shipped receivers: critical alerts page, warnings make tickets.
@@ -272,6 +274,12 @@ def render_shipped(
             # DNS discovery of the compose replicas -> the servers this test or bench runs
             del job["dns_sd_configs"]
             job["static_configs"] = [{"targets": list(flightdeck_targets)}]
+            # compose's secret mount -> a token file here (servers with open reads ignore it)
+            if "authorization" in job:
+                workdir.mkdir(parents=True, exist_ok=True)
+                token_file = workdir / "flightdeck_read_token"
+                token_file.write_text(READ_TOKEN + "\n", encoding="utf-8")
+                job["authorization"]["credentials_file"] = str(token_file)
         else:
             for static in job["static_configs"]:
                 static["targets"] = _local_targets(static["targets"], mapping)

@@ -7,6 +7,7 @@ import logging
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 
 from flightdeck import agent as agent_mod
 from flightdeck.agent import AgentConfig, ProgressSampler, progress_of
+from flightdeck.env_names import LegacyEnvWarning
 from tests.fr_jobs.dumps import load_dump, load_sidecar
 from tests.fr_jobs.runner import JobResult, run_job
 from tests.fr_jobs.scenarios import TEST_SCENARIOS
@@ -75,6 +77,34 @@ def main_stack(meta: dict[str, Any]) -> list[str]:
 
 
 # --- config and progress (fast) -------------------------------------------------------------------
+
+
+def test_config_from_agent_prefixed_env() -> None:
+    env = {
+        "FLIGHTDECK_AGENT_SPOOL_DIR": "/x",
+        "FLIGHTDECK_AGENT_INTERVAL_S": "0.5",
+        "FLIGHTDECK_AGENT_FULL_EVERY_S": "10",
+        "FLIGHTDECK_AGENT_JOB": "j1",
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", LegacyEnvWarning)
+        cfg = AgentConfig.from_env(env)
+        assert not AgentConfig.from_env({"FLIGHTDECK_AGENT_ENABLED": "0"}).enabled
+    assert cfg == AgentConfig(spool_dir=Path("/x"), interval_s=0.5, full_every_s=10.0, job="j1")
+
+
+def test_agent_old_names_warn_and_the_new_one_wins() -> None:
+    with pytest.warns(
+        LegacyEnvWarning, match="FLIGHTDECK_SPOOL_DIR is deprecated, set FLIGHTDECK_AGENT_SPOOL_DIR"
+    ):
+        assert AgentConfig.from_env({"FLIGHTDECK_SPOOL_DIR": "/old"}).spool_dir == Path("/old")
+    with pytest.warns(LegacyEnvWarning, match="FLIGHTDECK_AGENT is deprecated, set FLIGHTDECK_AGENT_ENABLED"):
+        assert not AgentConfig.from_env({"FLIGHTDECK_AGENT": "0"}).enabled
+    both = {"FLIGHTDECK_JOB": "old", "FLIGHTDECK_AGENT_JOB": "new"}
+    with pytest.warns(
+        LegacyEnvWarning, match="FLIGHTDECK_JOB is ignored because FLIGHTDECK_AGENT_JOB is set"
+    ):
+        assert AgentConfig.from_env(both).job == "new"
 
 
 def test_config_from_env_and_overrides() -> None:
@@ -317,3 +347,27 @@ def test_sidecar_json_is_sorted_and_plain() -> None:
         pytest.skip("sample data not generated")
     text = sample.read_text()
     assert text == json.dumps(json.loads(text), sort_keys=True)
+
+
+def test_agent_logs_once_where_it_writes(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A real one-rank gloo group in this process: the first snapshot logs (INFO) the directory
+    and the spool a collector must watch; later ones say nothing more."""
+    import torch.distributed as dist
+
+    store = dist.HashStore()  # type: ignore[attr-defined]
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    agent = agent_mod.Agent(AgentConfig(spool_dir=tmp_path / "spool", job="logged"))
+    try:
+        with caplog.at_level(logging.INFO, logger="flightdeck.agent"):
+            agent.snapshot("periodic")
+            agent.snapshot("periodic")
+    finally:
+        agent.stop()
+        dist.destroy_process_group()
+    said = [r.getMessage() for r in caplog.records if "writes its snapshots to" in r.getMessage()]
+    where = tmp_path / "spool" / "logged" / "0"
+    assert said == [
+        f"flightdeck agent: rank 0 writes its snapshots to {where} (spool {tmp_path / 'spool'}; a "
+        "collector must watch that spool: its spool_dirs)"
+    ]
+    assert agent.snapshots_written == 2 and (where / "rank_0.pkl").is_file()

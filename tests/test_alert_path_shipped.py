@@ -66,11 +66,12 @@ needs_binaries = pytest.mark.skipif(
 
 
 def _masked(doc: Any) -> Any:
-    """`doc` with every address-bearing value blanked (what render_shipped may change)."""
+    """`doc` with every address-bearing value blanked (what render_shipped may change; the scrape
+    token file is compose's secret mount in the shipped file)."""
     if isinstance(doc, dict):
         out = {}
         for k, v in doc.items():
-            if k in ("targets", "url"):
+            if k in ("targets", "url", "credentials_file"):
                 out[k] = "<address>"
             elif k in ("dns_sd_configs", "static_configs"):
                 out["<discovery>"] = "<address>"

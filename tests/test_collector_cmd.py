@@ -19,10 +19,12 @@ if TYPE_CHECKING:
     from tests.test_collector_daemon import stand_ins
     from tests.test_collector_fixtures import REPO, thread_guard
     from tests.test_collector_recorder import Recorder, wait_for
+    from tests.test_collector_server import Server
 else:
     from test_collector_daemon import stand_ins
     from test_collector_fixtures import REPO, thread_guard
     from test_collector_recorder import Recorder, wait_for
+    from test_collector_server import Server
 
 
 @pytest.fixture(autouse=True)
@@ -98,6 +100,11 @@ def test_check_prints_what_it_watches_and_exits_0(tmp_path: Path) -> None:
     )
     assert f"nixl mp   {tmp_path / 'mp'}  (missing" in r.stdout
     assert "server:     http://127.0.0.1:1" in r.stdout
+    spool = tmp_path / "spool"
+    assert (
+        f"note: the agents must write to a spool watched here ({spool}): FLIGHTDECK_AGENT_SPOOL_DIR={spool}"
+        in r.stdout
+    )
 
 
 @pytest.mark.parametrize(
@@ -194,3 +201,35 @@ def test_once_ships_everything_and_exits_0(tmp_path: Path) -> None:
         )
         assert r.returncode == 0, r.stdout + r.stderr
         assert len(rec.entry_rows()) == sum(len(a.entries) for a in agents.values())
+
+
+@pytest.mark.parametrize("token", ["wrong", "revoked"])
+def test_once_with_a_rejected_token_exits_4_with_the_reason(tmp_path: Path, token: str) -> None:
+    """A real server refuses the token (unknown, or revoked): `--once` stops at the first 401
+    with one line naming the server's reason and exit code 4, instead of waiting for a token;
+    the batches stay queued for a run with a good one."""
+    server = Server(tmp_path / "server", tmp_path / "server.log")
+    server.start()
+    try:
+        secret = "fdk_not-a-token-of-this-server-0123456789"
+        if token == "revoked":
+            secret = server.token("create", "node-k")
+            server.token("revoke", "node-k")
+        cfg = write_config(tmp_path, server.url, token=secret)
+        agents = stand_ins(tmp_path / "spool", "healthy_2")
+        for a in agents.values():
+            a.write()
+        r = subprocess.run(
+            [sys.executable, "-m", "flightdeck", "collector", "--config", str(cfg), "--once"],
+            env=clean_env(),
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        server.stop()
+    assert r.returncode == 4, r.stdout + r.stderr
+    assert f"flightdeck collector: the server at {server.url} rejected the token (HTTP 401: " in r.stderr
+    assert "the batches stay queued" in r.stderr
+    assert secret not in r.stderr + r.stdout

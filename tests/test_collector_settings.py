@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
 import time
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,6 +15,7 @@ from prometheus_client import CollectorRegistry
 from flightdeck.collector.metrics import CollectorMetrics
 from flightdeck.collector.queue import QueueStats
 from flightdeck.collector.settings import CollectorSettings, SettingsError, default_torch_prefixes
+from flightdeck.env_names import LegacyEnvWarning
 
 if TYPE_CHECKING:
     from tests.metrics_doc import METRICS_DOC
@@ -97,3 +100,51 @@ def test_token_file_and_torch_prefixes(tmp_path: Path) -> None:
     ]
     with pytest.raises(SettingsError, match="server_url is not set"):
         _ = CollectorSettings().ingest_url
+
+
+def _clear(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.startswith("FLIGHTDECK_"):
+            monkeypatch.delenv(name)
+
+
+def test_collector_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`FLIGHTDECK_COLLECTOR_*` names, lists as JSON; the server's new names are not the collector's."""
+    _clear(monkeypatch)
+    monkeypatch.setenv("FLIGHTDECK_COLLECTOR_SERVER_URL", "http://127.0.0.1:8470/")
+    monkeypatch.setenv("FLIGHTDECK_COLLECTOR_SPOOL_DIRS", '["/a", "/b"]')
+    monkeypatch.setenv("FLIGHTDECK_COLLECTOR_HOST", "gpu-node-3")
+    monkeypatch.setenv("FLIGHTDECK_SERVER_HOST", "0.0.0.0")  # the server's bind address
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", LegacyEnvWarning)
+        s = CollectorSettings.load()
+    assert (s.server_url, s.spool_dirs, s.host_name) == (
+        "http://127.0.0.1:8470",
+        [Path("/a"), Path("/b")],
+        "gpu-node-3",
+    )
+
+
+def test_collector_old_names_warn_and_still_work(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """FLIGHTDECK_SERVER_URL and FLIGHTDECK_HOST, the collector's names of old, work for one
+    release and name the new variable; they win over the TOML file, as before."""
+    _clear(monkeypatch)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('host = "from-file"\n', encoding="utf-8")
+    monkeypatch.setenv("FLIGHTDECK_SERVER_URL", "http://127.0.0.1:8470")
+    monkeypatch.setenv("FLIGHTDECK_HOST", "gpu-node-3")
+    with pytest.warns(LegacyEnvWarning) as record:
+        s = CollectorSettings.load(cfg)
+    assert (s.server_url, s.host_name) == ("http://127.0.0.1:8470", "gpu-node-3")
+    said = " | ".join(str(w.message) for w in record)
+    assert "FLIGHTDECK_SERVER_URL is deprecated, set FLIGHTDECK_COLLECTOR_SERVER_URL instead" in said
+    assert "FLIGHTDECK_HOST is deprecated, set FLIGHTDECK_COLLECTOR_HOST instead" in said
+
+
+def test_collector_new_name_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    _clear(monkeypatch)
+    monkeypatch.setenv("FLIGHTDECK_COLLECTOR_PUSH_INTERVAL_S", "3")
+    monkeypatch.setenv("FLIGHTDECK_PUSH_INTERVAL_S", "9")
+    with pytest.warns(LegacyEnvWarning, match="FLIGHTDECK_PUSH_INTERVAL_S is ignored"):
+        s = CollectorSettings.load()
+    assert s.push_interval_s == 3.0

@@ -85,6 +85,7 @@ def test_cut_off_host_ranks_are_the_stranded_ones_in_the_collective_the_majority
     # Lost where the others are, not at its own (finished) last collective; and not called dead.
     assert {(f.process_group, f.collective_seq_id) for f in lost} == {("0", 11)}
     assert all("when its snapshots stopped" in f.detail and "died inside" not in f.detail for f in lost)
+    assert all("SIGABRT" not in f.detail and "suspect" not in f.detail for f in lost)
 
 
 def test_no_hang_while_the_majority_is_not_stuck_long_enough() -> None:
@@ -136,6 +137,11 @@ def test_crash_hang_is_found_before_stall_after_once_the_dead_rank_is_silent() -
     )
     assert [f.culprit_ranks for f in report.findings if f.kind == "rank_lost"] == [[3]]
     assert report.findings[0].kind == "rank_lost"
+    # Rank 3 was killed (SIGKILL): the snapshots show only that it left no final one; the detail
+    # says that much and guesses no cause (it used to suggest gloo's SIGABRT for every dead rank).
+    detail = report.findings[0].detail
+    assert "died inside that one, without writing its final snapshot" in detail, detail
+    assert "SIGABRT" not in detail and "suspect" not in detail
 
 
 def test_lost_rank_whose_last_collective_is_in_a_subgroup_the_others_do_not_hold() -> None:

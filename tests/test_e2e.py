@@ -163,7 +163,11 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
 def test_up_serves_and_collects(up: Up) -> None:
     """The banner names the URL and the jobs' settings; a snapshot dropped in the spool reaches the API."""
     assert f"Flightdeck is up: {up.url}" in up.out.text
-    assert f"export FLIGHTDECK_SPOOL_DIR={up.spool}" in up.out.text
+    assert f"export FLIGHTDECK_AGENT_SPOOL_DIR={up.spool}" in up.out.text
+    # What the collector watches: the spool, and PyTorch's own dump path of this environment.
+    assert f"    spool  {up.spool}   (the agents' snapshots" in up.out.text
+    torch_prefix = Path(up.spool).parent / "torch" / "comm_lib_trace_rank_"
+    assert f"    torch  {torch_prefix}<rank>   (PyTorch's own dump files)" in up.out.text
     assert "-m flightdeck.agent" in up.out.text
     assert get(f"{up.url}/healthz")[0] == 200
     assert (Path(up.spool).parent / "data" / "collector.token").stat().st_mode & 0o077 == 0

@@ -82,10 +82,10 @@ def test_metrics_named_are_documented() -> None:
 
 
 def test_server_settings_named_exist() -> None:
-    fields = {f"FLIGHTDECK_{name.upper()}" for name in ServerSettings.model_fields}
+    fields = {f"FLIGHTDECK_SERVER_{name.upper()}" for name in ServerSettings.model_fields}
     named = {s for s in SPANS if re.fullmatch(r"FLIGHTDECK_[A-Z0-9_]+", s)}
-    # FLIGHTDECK_CHECKPOINT_DIR is the in-job agent's; the rest are the server's.
-    assert named - {"FLIGHTDECK_CHECKPOINT_DIR"} <= fields, sorted(named - fields)
+    # FLIGHTDECK_AGENT_CHECKPOINT_DIR is the in-job agent's; the rest are the server's.
+    assert named - {"FLIGHTDECK_AGENT_CHECKPOINT_DIR"} <= fields, sorted(named - fields)
 
 
 def _rules() -> list[dict[str, Any]]:

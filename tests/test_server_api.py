@@ -937,6 +937,9 @@ def test_reads_can_require_a_token(database_url: str, clock: FakeClock) -> None:
     try:
         assert srv.client.get("/api/v1/jobs").status_code == 401
         assert srv.client.get("/api/v1/jobs", headers=AUTH).status_code == 200
-        assert srv.client.get("/metrics").status_code == 200
+        assert srv.client.get("/metrics").status_code == 401
+        assert srv.client.get("/metrics", headers=AUTH).status_code == 200
+        assert srv.client.get("/healthz").status_code == 200
+        assert srv.client.get("/openapi.json").status_code == 404
     finally:
         srv.svc.close()

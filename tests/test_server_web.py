@@ -156,6 +156,42 @@ def test_unknown_job_is_404(server: Server) -> None:
     assert r.headers["content-security-policy"] == CSP
 
 
+def test_page_errors_are_html_pages_and_api_errors_stay_json(server: Server) -> None:
+    """A person who mistypes a job, a path or a rank filter gets a page of the dashboard saying
+    so; the API (and a page's ?format=json twin) keeps answering JSON."""
+    _hung(server, skip_stuck_view())
+    for path, params, status, reason in [
+        ("/jobs/nope", {}, 404, "no such job"),
+        ("/no/such/page", {}, 404, "Not Found"),
+        ("/jobs/skip", {"ranks": "1-x"}, 400, "bad filter"),
+        ("/jobs/skip", {"start": "-1"}, 422, "bad parameter: start"),
+        ("/jobs/skip/ranks/9", {}, 404, "no such job or rank"),
+    ]:
+        r = server.client.get(path, params=params)
+        assert r.status_code == status, (path, r.text)
+        assert r.headers["content-type"].startswith("text/html"), (path, r.headers)
+        assert r.headers["content-security-policy"] == CSP
+        assert "<h1>" in r.text and reason in html.unescape(r.text), (path, r.text)
+        assert '"detail"' not in r.text
+    api = server.client.get("/api/v1/jobs/nope")
+    assert api.status_code == 404 and api.json()["detail"] == "no job 'nope'"
+    twin = server.client.get("/jobs/nope", params={"format": "json"})
+    assert twin.status_code == 404 and twin.json() == {"detail": "no such job"}
+    bad_api = server.client.get("/api/v1/jobs/skip/timeline", params={"limit": "0"})
+    assert bad_api.status_code == 422 and bad_api.headers["content-type"] == "application/json"
+
+
+def test_login_required_page_is_html_and_keeps_the_challenge(database_url: str, clock: FakeClock) -> None:
+    srv = make_server(database_url, clock, web_token="ui-token-0123456789abcdef")
+    try:
+        r = srv.client.get("/")
+        assert r.status_code == 401 and r.headers["content-type"].startswith("text/html")
+        assert r.headers["www-authenticate"].startswith("Basic ")
+        assert "Login required" in r.text
+    finally:
+        srv.svc.close()
+
+
 def test_script_in_job_name_and_frames_is_escaped(server: Server) -> None:
     evil_frame = Frame(EVIL, f"/tmp/{EVIL}.py", 7)
     snaps = []

@@ -40,10 +40,25 @@ def test_invalid_port_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_banner_gives_the_job_settings(tmp_path: Path) -> None:
     text = banner("http://127.0.0.1:8470", tmp_path / "spool", tmp_path / "data")
-    assert f"export FLIGHTDECK_SPOOL_DIR={tmp_path / 'spool'}" in text
-    assert "export FLIGHTDECK_JOB=" in text  # plain torchrun names jobs by UUID otherwise
+    assert f"export FLIGHTDECK_AGENT_SPOOL_DIR={tmp_path / 'spool'}" in text
+    assert "export FLIGHTDECK_AGENT_JOB=" in text  # plain torchrun names jobs by UUID otherwise
     assert "python -m flightdeck.agent train.py" in text
     assert "torchrun --nproc-per-node N -m flightdeck.agent train.py" in text
+
+
+def test_banner_names_what_the_collector_watches(tmp_path: Path) -> None:
+    """The spool and PyTorch's dump paths are named; a spool this shell sets elsewhere is flagged."""
+    spool = tmp_path / "spool"
+    prefixes = ["/tmp/nccl_trace_rank_"]
+    text = banner("http://x", spool, tmp_path / "data", torch_prefixes=prefixes, env={})
+    assert f"    spool  {spool}   (the agents' snapshots" in text
+    assert "    torch  /tmp/nccl_trace_rank_<rank>   (PyTorch's own dump files)" in text
+    assert "Note:" not in text
+    elsewhere = {"FLIGHTDECK_AGENT_SPOOL_DIR": str(tmp_path / "other")}
+    text = banner("http://x", spool, tmp_path / "data", torch_prefixes=prefixes, env=elsewhere)
+    assert f"Note: this shell has FLIGHTDECK_AGENT_SPOOL_DIR={tmp_path / 'other'}: jobs started" in text
+    same = {"FLIGHTDECK_AGENT_SPOOL_DIR": str(spool)}
+    assert "Note:" not in banner("http://x", spool, tmp_path / "data", env=same)
 
 
 def test_token_is_created_once_kept_private_and_replaced_when_revoked(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
+import functools
 import hashlib
 import hmac
 from collections.abc import Callable, Mapping
@@ -63,7 +64,7 @@ _STATIC_TYPES = {
 
 @dataclass(frozen=True, slots=True)
 class WebSettings:
-    """Settings of the web pages (the server maps its `FLIGHTDECK_WEB_*` settings onto these)."""
+    """Settings of the web pages (the server maps its `FLIGHTDECK_SERVER_WEB_*` settings onto these)."""
 
     #: When set, every page needs `Authorization: Bearer <token>` (or this token as the basic-auth
     #: password, which is what a browser can send). None: no login, for a trusted network.
@@ -155,6 +156,35 @@ def _auth_dependency(settings: WebSettings) -> Callable[[Request], None]:
 
 def _same(a: str, b: str) -> bool:
     return hmac.compare_digest(a.encode(), b.encode())
+
+
+#: What an error page is titled, by status (anything else: "Error").
+_ERROR_TITLES = {
+    400: "Bad request",
+    401: "Login required",
+    403: "Forbidden",
+    404: "Not found",
+    405: "Method not allowed",
+    422: "Bad request",
+}
+
+
+@functools.cache
+def _error_env(base_path: str) -> Any:
+    env = make_env()
+    env.globals["url"] = lambda path: base_path + path
+    return env
+
+
+def error_page(
+    status_code: int, detail: str, *, headers: Mapping[str, str] | None = None, base_path: str = ""
+) -> HTMLResponse:
+    """The HTML answer of a page that failed (404, a bad filter, a login): a page of the dashboard
+    with the reason, not the JSON body the API gives. `headers` (e.g. WWW-Authenticate) are kept."""
+    view = {"status": status_code, "title": _ERROR_TITLES.get(status_code, "Error"), "detail": detail}
+    html = render(_error_env(base_path), "error.html", {"v": view, "here": base_path + "/"})
+    all_headers = {**SECURITY_HEADERS, "Cache-Control": "no-store", **(headers or {})}
+    return HTMLResponse(html, status_code=status_code, headers=all_headers)
 
 
 def _jsonable(obj: Any) -> Any:

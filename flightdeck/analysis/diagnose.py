@@ -845,18 +845,19 @@ def _lost(by_rank: dict[int, RankSummary], now_ns: int, opts: Options) -> list[F
                     f"{','.join(e0.input_dtypes)} (collective_seq_id {e0.collective_seq_id})"
                 )
                 if r in finals_missing:
+                    # Only what the snapshots show: no final one, so the process ended without
+                    # its exit hook (a kill, a crash or an abort look the same from here).
                     where += (
                         f"{reached} when it died; the collectives in between completed, so it died inside that "
-                        "one. Unless it was killed from outside, suspect gloo's abort (SIGABRT) on a size or "
-                        "dtype it did not expect there."
+                        "one, without writing its final snapshot (killed, crashed or aborted: the snapshots "
+                        "do not say which; its exit status or log does)."
                     )
                 else:
                     # Silence is not death: a stopped process, a host or a link down look the same.
                     where += (
                         f"{reached} when its snapshots stopped; the collectives in between completed, so it "
                         "went silent in that one or just before it: it died or was stopped, or its host or "
-                        "link is down. If it died, suspect gloo's abort (SIGABRT) on a size or dtype it did "
-                        "not expect there."
+                        "link is down."
                     )
         t = s.snapshot_time_ns or now_ns
         out.append(

@@ -4,7 +4,7 @@
 
 Without `--server` it runs its own server (SQLite in a temporary directory, or `--data-dir`) on
 127.0.0.1, with the hang threshold `--stall-after` (default 5 s, the server's default); a server
-given with `--server` uses its own (FLIGHTDECK_STALL_AFTER_S, default 5 s). The threshold is the
+given with `--server` uses its own (FLIGHTDECK_SERVER_STALL_AFTER_S, default 5 s). The threshold is the
 server's alone: the agents have none (they write their stack snapshot after a fixed 2 s). It always
 runs its own collector(s), on spool directories of its own, so a system-wide collector is not
 needed; they push every `--push-interval` (default: the collector's, 1 s), the agents snapshot

@@ -39,8 +39,8 @@ class JobSpec:
     master_port: int
     spool_dir: Path
     worker_args: Sequence[str] = ()
-    #: the agent's FLIGHTDECK_INTERVAL_S; None: the agent's default (the agent has no hang
-    #: threshold: that is the server's FLIGHTDECK_STALL_AFTER_S alone)
+    #: the agent's FLIGHTDECK_AGENT_INTERVAL_S; None: the agent's default (the agent has no hang
+    #: threshold: that is the server's FLIGHTDECK_SERVER_STALL_AFTER_S alone)
     interval_s: float | None = 1.0
     extra_env: Mapping[str, str] = field(default_factory=dict)
 
@@ -54,12 +54,12 @@ def rank_env(spec: JobSpec, rank: int, local_rank: int, spool_dir: Path | None =
         WORLD_SIZE=str(spec.world_size),
         RANK=str(rank),
         LOCAL_RANK=str(local_rank),
-        FLIGHTDECK_SPOOL_DIR=str(spool_dir or spec.spool_dir),
-        FLIGHTDECK_JOB=spec.job,
+        FLIGHTDECK_AGENT_SPOOL_DIR=str(spool_dir or spec.spool_dir),
+        FLIGHTDECK_AGENT_JOB=spec.job,
         OMP_NUM_THREADS="1",
     )
     if spec.interval_s is not None:
-        env["FLIGHTDECK_INTERVAL_S"] = str(spec.interval_s)
+        env["FLIGHTDECK_AGENT_INTERVAL_S"] = str(spec.interval_s)
     env.update(spec.extra_env)
     return env
 
