@@ -1369,7 +1369,9 @@ class _WindowReader:
         if ranks is not None:
             where.append(EntryRow.rank.in_(list(ranks)))
         if self._conn.dialect.name != "sqlite":
-            return list(self._conn.execute(select(*_ENTRY_COLUMNS).where(EntryRow.job_id == job_id, *where)))
+            return list(
+                self._conn.execute(select(*_ENTRY_COLUMNS).where(EntryRow.job_id == job_id, *where)).all()
+            )
         spans = self._conn.execute(
             select(EntryRow.rank, func.min(EntryRow.record_id), func.max(EntryRow.record_id))
             .where(EntryRow.job_id == job_id, *where)
@@ -1386,7 +1388,7 @@ class _WindowReader:
                 EntryRow.record_id.between(min(lo for _, lo, _ in chunk), max(hi for _, _, hi in chunk)),
                 *again,
             )
-            out.extend(self._conn.execute(q))
+            out.extend(self._conn.execute(q).all())
         return out
 
     @staticmethod
