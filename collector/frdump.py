@@ -695,10 +695,13 @@ class EntryColumns:
         return _frames_fast(fr, self.ctx) if fr else ()
 
 
-def _entry_columns(raw_entries: list[Any], ctx: _Ctx, rank: int) -> EntryColumns | None:
-    """`EntryColumns` of a dump's entries, or None where they must be normalized one by one: a
-    value `_checked_columns` does not vouch for, record ids that do not strictly increase, or
-    coalesced groups (NCCL's `coalesced` end entries, which the reader folds)."""
+def _entry_columns(
+    raw_entries: list[Any], ctx: _Ctx, rank: int
+) -> tuple[EntryColumns, dict[str, str]] | None:
+    """`EntryColumns` of a dump's entries and each group's description as its first entry gives
+    it, or None where they must be normalized one by one: a value `_checked_columns` does not
+    vouch for, record ids that do not strictly increase, or coalesced groups (NCCL's `coalesced`
+    end entries, which the reader folds)."""
     cols = _checked_columns(raw_entries)
     if cols is None:
         return None
@@ -710,7 +713,10 @@ def _entry_columns(raw_entries: list[Any], ctx: _Ctx, rank: int) -> EntryColumns
     op = list(map(itemgetter(1), infos))
     if not COALESCED_END_OPS.isdisjoint(op):
         return None
-    return EntryColumns(
+    descs: dict[str, str] = {}
+    for name, desc in dict.fromkeys(map(tuple, pg)):
+        descs.setdefault(name, desc)
+    columns = EntryColumns(
         record_id=rid,
         group=list(map(itemgetter(0), pg)),
         collective_seq_id=seq,
@@ -728,6 +734,7 @@ def _entry_columns(raw_entries: list[Any], ctx: _Ctx, rank: int) -> EntryColumns
         ctx=ctx,
         rank=rank,
     )
+    return columns, descs
 
 
 def _entry_slow(raw: dict[str, Any], ctx: _Ctx, rank: int) -> Entry:
@@ -929,9 +936,10 @@ def parse_columns(
     try:
         ctx = _Ctx()
         raw_entries = raw.get("entries") or []
-        cols = _entry_columns(raw_entries, ctx, rank)
-        if cols is None:
+        got = _entry_columns(raw_entries, ctx, rank)
+        if got is None:
             return None
+        cols, descs = got
         dump = _dump_of(
             raw,
             ctx,
@@ -942,6 +950,7 @@ def parse_columns(
             groups=dict.fromkeys(cols.group),
             first_record_id=cols.record_id[0],
             backends={backend for backend, _op, _peer in ctx.ops.values()},
+            descs=descs,
         )
         if meta:
             _apply_meta(
@@ -967,20 +976,23 @@ def _dump_of(
     groups: Iterable[str],
     first_record_id: int | None,
     backends: set[str],
+    descs: dict[str, str] | None = None,
 ) -> RankDump:
     """The RankDump of a dump whose entries are normalized: `groups` are the entries' groups (in
-    record-id order), `backends` theirs, `first_record_id` the oldest record id (None: no entry)."""
+    record-id order), `backends` theirs, `first_record_id` the oldest record id (None: no entry),
+    `descs` each group's description by its first entry (None: read from the raw entries)."""
     raw_entries = raw.get("entries") or []
     known = _pg_config_groups(raw)
     for name in groups:
         if name not in known:
             known[name] = GroupInfo(name, "", None)
     # Descriptions come with the entries (process_group[1]); pg_config may lack them on gloo.
-    descs: dict[str, str] = {}
-    for e_raw in raw_entries:
-        pg = e_raw.get("process_group")
-        if isinstance(pg, list | tuple) and len(pg) > 1 and _s(pg[0]) not in descs:
-            descs[_s(pg[0])] = _s(pg[1])
+    if descs is None:
+        descs = {}
+        for e_raw in raw_entries:
+            pg = e_raw.get("process_group")
+            if isinstance(pg, list | tuple) and len(pg) > 1 and _s(pg[0]) not in descs:
+                descs[_s(pg[0])] = _s(pg[1])
     for name, d in descs.items():
         g = known[name]
         if not g.desc or g.desc == "undefined":

@@ -305,12 +305,14 @@ def add_columns(s: RankSummary, c: EntryColumns) -> None:
     fp_of = {k: fingerprint(signature_of(*k)) for k in dict.fromkeys(keys)}
     fps = list(map(fp_of.__getitem__, keys))
     sigs, sig_frames = s.sigs, s.sig_frames
-    for i in coll:
-        fp = fps[i]
+    # Each fingerprint's signature is its first collective's: distinct keys in the order they
+    # first appear, the first key of each fingerprint.
+    for k in dict.fromkeys(keys if coll_set is None else map(keys.__getitem__, coll)):
+        fp = fp_of[k]
         if fp not in sigs:
-            sigs[fp] = signature_of(*keys[i])
+            sigs[fp] = signature_of(*k)
     # The newest stack per fingerprint, in the order the fingerprints first had one.
-    framed = [i for i in coll if c.has_frames[i]]
+    framed = list(compress(coll, map(c.has_frames.__getitem__, coll)))
     for fp, i in dict(zip(map(fps.__getitem__, framed), framed, strict=True)).items():
         sig_frames[fp] = c.frames(i)
     op_ids_all = c.op_id
