@@ -25,6 +25,7 @@ from flightdeck.analysis.frames import LIBRARY_MARKERS
 from flightdeck.collector.frdump import (
     DumpError,
     discover,
+    gc_paused,
     load_dump_file,
     merge,
     rank_from_name,
@@ -78,6 +79,11 @@ class _RankFiles:
 
 def _load_rank(item: _RankFiles) -> tuple[RankSummary | None, list[tuple[str, str]]]:
     """Read, merge and summarize one rank's files (runs in a worker process)."""
+    with gc_paused():
+        return _read_rank(item)
+
+
+def _read_rank(item: _RankFiles) -> tuple[RankSummary | None, list[tuple[str, str]]]:
     errors: list[tuple[str, str]] = []
     if len(item.paths) == 1:
         try:
