@@ -637,7 +637,7 @@ def _columnar_entries(raw_entries: list[Any], ctx: _Ctx) -> list[Entry] | None:
     rid, seq, created, p2p_seq, op_id, prof, pg, isz, osz, idt, odt, state, retired, is_p2p = cols[:14]
     started, completed, duration, timeout, thread, frames = cols[14:]
     by_id = {id(f): _frames_fast(f, ctx) for f in frames if f}
-    infos = list(map(_op_info, prof, repeat(ctx)))
+    infos = _op_infos(prof, ctx)
     peer = [p if x else None for (_b, _o, p), x in zip(infos, is_p2p, strict=True)]
     return list(
         map(
@@ -667,6 +667,13 @@ def _columnar_entries(raw_entries: list[Any], ctx: _Ctx) -> list[Entry] | None:
             [by_id[id(f)] if f else () for f in frames],
         )
     )
+
+
+def _op_infos(prof: Sequence[str], ctx: _Ctx) -> list[tuple[str, str, int | None]]:
+    """`_op_info` of each profiling name: looked up once per distinct name, in the order the
+    names first appear (so its warnings come in the order `_entry` gives them)."""
+    infos = {p: _op_info(p, ctx) for p in dict.fromkeys(prof)}
+    return list(map(infos.__getitem__, prof))
 
 
 def _tuples_of_tuples(sizes: Iterable[list[list[int]]]) -> list[tuple[tuple[int, ...], ...]]:
@@ -727,7 +734,7 @@ def _entry_columns(
     timeout, frames = cols[17], cols[19]
     if not all(map(lt, rid, islice(rid, 1, None))):
         return None
-    infos = list(map(_op_info, prof, repeat(ctx)))
+    infos = _op_infos(prof, ctx)
     op = list(map(itemgetter(1), infos))
     if not COALESCED_END_OPS.isdisjoint(op):
         return None

@@ -302,12 +302,13 @@ def add_columns(s: RankSummary, c: EntryColumns) -> None:
         add_entries(s, [c.entry(i) for i in range(n)])
         return
     keys = list(zip(c.op, c.input_sizes, c.output_sizes, c.input_dtypes, c.output_dtypes, strict=True))
-    fp_of = {k: fingerprint(signature_of(*k)) for k in dict.fromkeys(keys)}
+    distinct = dict.fromkeys(keys)
+    fp_of = {k: fingerprint(signature_of(*k)) for k in distinct}
     fps = list(map(fp_of.__getitem__, keys))
     sigs, sig_frames = s.sigs, s.sig_frames
     # Each fingerprint's signature is its first collective's: distinct keys in the order they
     # first appear, the first key of each fingerprint.
-    for k in dict.fromkeys(keys if coll_set is None else map(keys.__getitem__, coll)):
+    for k in distinct if coll_set is None else dict.fromkeys(map(keys.__getitem__, coll)):
         fp = fp_of[k]
         if fp not in sigs:
             sigs[fp] = signature_of(*k)
@@ -316,6 +317,7 @@ def add_columns(s: RankSummary, c: EntryColumns) -> None:
     for fp, i in dict(zip(map(fps.__getitem__, framed), framed, strict=True)).items():
         sig_frames[fp] = c.frames(i)
     op_ids_all = c.op_id
+    any_free = not _SIZES_FREE.isdisjoint(c.op)
     for g, idx, mine, seqs, created in plans:
         track = s.tracks[g] = GroupTrack()
         op_ids = list(map(op_ids_all.__getitem__, mine))
@@ -328,7 +330,7 @@ def add_columns(s: RankSummary, c: EntryColumns) -> None:
         track.tail = [c.entry(i) for i in mine[-TAIL:]]
         if len(mine) < len(idx):
             track.p2p = [c.entry(i) for i in idx if c.is_p2p[i]]
-        free = [i for i in mine if c.op[i] in _SIZES_FREE][-TOTALS_KEPT:]
+        free = [i for i in mine if c.op[i] in _SIZES_FREE][-TOTALS_KEPT:] if any_free else []
         track.totals = {
             seqs_all[i]: (_elements(c.input_sizes[i]), _elements(c.output_sizes[i])) for i in free
         }
