@@ -19,6 +19,7 @@ import copy
 import json
 import os
 import pickle
+import resource
 import subprocess
 import sys
 import tempfile
@@ -174,9 +175,15 @@ def _load() -> str:
         return " ".join(fh.read().split()[:3])
 
 
-def measure(cmd: list[str], timeout_s: float) -> tuple[float, int, int, str]:
-    """Run a command; returns (wall seconds, peak tree RSS in MB, exit code, output tail)."""
+def measure(cmd: list[str], timeout_s: float) -> tuple[float, float, int, int, str]:
+    """Run a command; returns (wall seconds, CPU seconds of its process tree, peak tree RSS in MB,
+    exit code, output tail).
+
+    The CPU seconds (user + system of the command and the processes it waited for) say what the
+    work cost where the wall time also says how much of the machine others were using.
+    """
     start = time.monotonic()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         peak = 0
@@ -185,12 +192,17 @@ def measure(cmd: list[str], timeout_s: float) -> tuple[float, int, int, str]:
             if time.monotonic() - start > timeout_s:
                 proc.kill()
                 proc.wait()
-                return timeout_s, peak // 1024, -9, "timed out"
+                return timeout_s, _cpu_since(before), peak // 1024, -9, "timed out"
             time.sleep(0.05)
         wall = time.monotonic() - start
         log.seek(0)
         tail = log.read()[-600:].decode(errors="replace")
-    return wall, peak // 1024, proc.returncode, tail
+    return wall, _cpu_since(before), peak // 1024, proc.returncode, tail
+
+
+def _cpu_since(before: resource.struct_rusage) -> float:
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
 
 
 def main() -> int:
@@ -237,16 +249,16 @@ def main() -> int:
         ]
         floor_cmd = [sys.executable, str(Path(__file__).resolve()), "--unpickle-only", str(d)]
         floor_cmd += ["--workers", str(args.workers)]
-        fwall, frss, fcode, ftail = measure(floor_cmd, 600)
-        wall, rss, code, _tail = measure(fd_cmd, 600)
+        fwall, fcpu, frss, fcode, ftail = measure(floor_cmd, 600)
+        wall, cpu, rss, code, _tail = measure(fd_cmd, 600)
         print(
-            f"flightdeck analyze: {wall:.2f} s wall, peak RSS {rss} MB, exit {code}, "
+            f"flightdeck analyze: {wall:.2f} s wall, {cpu:.2f} s CPU, peak RSS {rss} MB, exit {code}, "
             f"{size / 1e6 / wall:.0f} MB/s ({args.workers} reader processes)"
         )
         print(
-            f"unpickling floor:   {fwall:.2f} s wall, peak RSS {frss} MB, exit {fcode} "
+            f"unpickling floor:   {fwall:.2f} s wall, {fcpu:.2f} s CPU, peak RSS {frss} MB, exit {fcode} "
             f"(read + restricted unpickling only, {args.workers} processes); "
-            f"analyze / floor: {wall / fwall:.2f}x"
+            f"analyze / floor: {wall / fwall:.2f}x wall, {cpu / fcpu:.2f}x CPU"
         )
         if fcode != 0:
             print("  floor failed: " + ftail.strip()[-300:])
@@ -261,11 +273,14 @@ def main() -> int:
             print(f"load average after: {_load()}")
             return 0
         tt_cmd = [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", "-p", "rank_", str(d)]
-        twall, trss, tcode, ttail = measure(tt_cmd, args.torch_timeout)
+        twall, tcpu, trss, tcode, ttail = measure(tt_cmd, args.torch_timeout)
         label = f"{twall:.2f} s" if tcode != -9 else f"> {args.torch_timeout:.0f} s (killed)"
-        print(f"torchfrtrace:       {label} wall, peak RSS {trss} MB, exit {tcode}")
+        print(f"torchfrtrace:       {label} wall, {tcpu:.2f} s CPU, peak RSS {trss} MB, exit {tcode}")
         print("  its last words: " + " | ".join(ttail.strip().splitlines()[-3:])[:400])
-        print(f"speed-up: {twall / wall:.1f}x" + (" (at least)" if tcode == -9 else ""))
+        print(
+            f"speed-up: {twall / wall:.1f}x wall, {tcpu / cpu:.1f}x CPU"
+            + (" (at least)" if tcode == -9 else "")
+        )
         print(f"load average after: {_load()}")
     return 0
 

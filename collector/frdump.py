@@ -624,7 +624,7 @@ def _columnar_entries(raw_entries: list[Any], ctx: _Ctx) -> list[Entry] | None:
 
     The `Entry` objects are built by `map` straight from the columns, and each distinct frames
     list is normalized once. The result is equal to `[_entry(e, ctx, rank) for e in raw_entries]`
-    (tests/test_frdump.py compares the two on every fixture). It saves ~13% of the instructions
+    (tests/test_reader_columns.py compares the two on every fixture). It saves ~13% of the instructions
     of reading, normalizing and summarizing a 2,000-entry file (callgrind, bench/analyze_scale.py's
     files: 186 -> 162 million per file), whoever normalizes the entries in full (the collector,
     ranks with several snapshots).
@@ -955,6 +955,13 @@ def parse_columns(
     """`parse_dump` for a fold that wants columns (`EntryColumns`): the dump's metadata (with
     `entries` left empty) and its entries as columns; None when the entries must be normalized
     one by one (`_entry_columns` says when), and then `parse_dump` does it.
+
+    With `flightdeck.analysis.summary.add_columns` it is what `flightdeck analyze`'s workers do
+    with a rank that has one file: no `Entry` for entries the summary keeps only as sequence
+    ids, fingerprints and times. Reading, normalizing and summarizing one of
+    bench/analyze_scale.py's 2,000-entry files took 162 million instructions by entries, 128
+    million by columns (callgrind; restricted unpickling alone: 25 million); the same summaries
+    on every fixture (tests/test_reader_columns.py).
 
     Raises NotADumpError where `parse_dump` does.
     """
