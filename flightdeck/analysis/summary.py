@@ -265,7 +265,7 @@ def add_columns(s: RankSummary, c: EntryColumns) -> None:
     or a value outside 64 bits) goes to `add_entries` with every entry built. With the reader's
     columns (`flightdeck.collector.frdump.parse_columns`) a 2,000-entry file of
     bench/analyze_scale.py is read and summarized in 128 million instructions instead of 162
-    (callgrind), the fold's own share ~17 million of them instead of ~40 for `add_entries`.
+    (callgrind).
     """
     n = len(c.record_id)
     coll = range(n) if not any(c.is_p2p) else list(compress(range(n), map(not_, c.is_p2p)))
