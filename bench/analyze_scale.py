@@ -3,9 +3,13 @@
 The job is synthesized from a real gloo dump (tests/data/fr/healthy_4): its entries, call sites and
 frames are repeated into a 2,000-entry ring per rank, written as pickles the way PyTorch writes
 them (with a valid pg_config, so that torchfrtrace can read them at all). One rank (the culprit)
-never enters the last collective. Prints wall time and peak RSS (whole process tree) of both.
+never enters the last collective. Prints wall time and peak RSS (whole process tree) of both, the
+unpickling floor (the same files only read and restrictedly unpickled, by as many worker processes
+as `flightdeck analyze` uses, in a fresh interpreter) and the ratio of `flightdeck analyze` to it,
+and the load average before and after.
 
     python bench/analyze_scale.py [--ranks 1024] [--entries 2000] [--culprit 637] [--skip-torch]
+        [--workers N]
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import copy
 import json
 import os
 import pickle
+import resource
 import subprocess
 import sys
 import tempfile
@@ -74,8 +79,58 @@ def build(out: Path, ranks: int, entries: int, culprit: int) -> int:
     return total
 
 
+def _children(pid: int) -> list[int] | None:
+    """The child processes of `pid` from /proc/PID/task/*/children; None where the kernel does not
+    give that file (then the whole process table is scanned)."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    out: list[int] = []
+    for t in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{t}/children") as fh:
+                out.extend(int(c) for c in fh.read().split())
+        except FileNotFoundError:
+            if not os.path.exists(f"/proc/{pid}/task/{t}"):
+                continue  # the thread ended
+            return None
+        except OSError:
+            continue
+    return out
+
+
 def _tree_rss_kb(pid: int) -> int:
-    """RSS of a process and all its descendants, from /proc."""
+    """RSS of a process and all its descendants, from /proc.
+
+    The tree is walked through each process's children files (a few reads every 50 ms), not by
+    reading every process's stat: on a 2-core machine that scan competed with the measured
+    workers for CPU.
+    """
+    total, stack = 0, [pid]
+    while stack:
+        p = stack.pop()
+        kids = _children(p)
+        if kids is None:
+            return _tree_rss_kb_scan(pid)
+        stack.extend(kids)
+        total += _rss_kb(p)
+    return total
+
+
+def _rss_kb(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _tree_rss_kb_scan(pid: int) -> int:
+    """`_tree_rss_kb` by scanning the whole process table (kernels without children files)."""
     children: dict[int, list[int]] = {}
     for d in os.listdir("/proc"):
         if not d.isdigit():
@@ -90,19 +145,45 @@ def _tree_rss_kb(pid: int) -> int:
     while stack:
         p = stack.pop()
         stack.extend(children.get(p, []))
-        try:
-            with open(f"/proc/{p}/status") as fh:
-                for line in fh:
-                    if line.startswith("VmRSS:"):
-                        total += int(line.split()[1])
-        except OSError:
-            pass
+        total += _rss_kb(p)
     return total
 
 
-def measure(cmd: list[str], timeout_s: float) -> tuple[float, int, int, str]:
-    """Run a command; returns (wall seconds, peak tree RSS in MB, exit code, output tail)."""
+def _unpickle(path: str) -> int:
+    """Read one file and unpickle it as the reader does (restricted), nothing more."""
+    from flightdeck.collector.frdump import read_dump_bytes, safe_loads
+
+    data, _st = read_dump_bytes(Path(path))
+    return len(safe_loads(data).get("entries") or [])
+
+
+def unpickle_only(paths: list[str], workers: int) -> int:
+    """The unpickling floor: every file read and restrictedly unpickled by `workers` forked
+    processes, handed out as `flightdeck analyze` hands out ranks; returns the entries read."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    if workers <= 1 or len(paths) < 16:
+        return sum(map(_unpickle, paths))
+    ctx = multiprocessing.get_context("fork")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        return sum(pool.map(_unpickle, paths, chunksize=max(1, len(paths) // (workers * 8))))
+
+
+def _load() -> str:
+    with open("/proc/loadavg") as fh:
+        return " ".join(fh.read().split()[:3])
+
+
+def measure(cmd: list[str], timeout_s: float) -> tuple[float, float, int, int, str]:
+    """Run a command; returns (wall seconds, CPU seconds of its process tree, peak tree RSS in MB,
+    exit code, output tail).
+
+    The CPU seconds (user + system of the command and the processes it waited for) say what the
+    work cost where the wall time also says how much of the machine others were using.
+    """
     start = time.monotonic()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         peak = 0
@@ -111,12 +192,17 @@ def measure(cmd: list[str], timeout_s: float) -> tuple[float, int, int, str]:
             if time.monotonic() - start > timeout_s:
                 proc.kill()
                 proc.wait()
-                return timeout_s, peak // 1024, -9, "timed out"
+                return timeout_s, _cpu_since(before), peak // 1024, -9, "timed out"
             time.sleep(0.05)
         wall = time.monotonic() - start
         log.seek(0)
         tail = log.read()[-600:].decode(errors="replace")
-    return wall, peak // 1024, proc.returncode, tail
+    return wall, _cpu_since(before), peak // 1024, proc.returncode, tail
+
+
+def _cpu_since(before: resource.struct_rusage) -> float:
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
 
 
 def main() -> int:
@@ -127,7 +213,19 @@ def main() -> int:
     ap.add_argument("--culprit", type=int, default=637)
     ap.add_argument("--skip-torch", action="store_true", help="do not run torchfrtrace")
     ap.add_argument("--torch-timeout", type=float, default=900.0)
+    ap.add_argument(
+        "--workers",
+        type=int,
+        default=min(os.cpu_count() or 1, 8),
+        help="reader processes of flightdeck analyze and of the unpickling floor (default: its default)",
+    )
+    ap.add_argument("--unpickle-only", type=Path, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.unpickle_only is not None:  # the floor's own process (see unpickle_only)
+        paths = sorted(str(p) for p in args.unpickle_only.iterdir() if p.name.startswith("rank_"))
+        print(unpickle_only(paths, args.workers))
+        return 0
+    print(f"load average before: {_load()}")
     with tempfile.TemporaryDirectory(prefix="fd-bench-") as tmp:
         d = Path(tmp)
         t = time.monotonic()
@@ -146,12 +244,24 @@ def main() -> int:
             "json",
             "--now",
             str(time.time() + 60),
+            "--workers",
+            str(args.workers),
         ]
-        wall, rss, code, _tail = measure(fd_cmd, 600)
+        floor_cmd = [sys.executable, str(Path(__file__).resolve()), "--unpickle-only", str(d)]
+        floor_cmd += ["--workers", str(args.workers)]
+        fwall, fcpu, frss, fcode, ftail = measure(floor_cmd, 600)
+        wall, cpu, rss, code, _tail = measure(fd_cmd, 600)
         print(
-            f"flightdeck analyze: {wall:.2f} s wall, peak RSS {rss} MB, exit {code}, "
-            f"{size / 1e6 / wall:.0f} MB/s"
+            f"flightdeck analyze: {wall:.2f} s wall, {cpu:.2f} s CPU, peak RSS {rss} MB, exit {code}, "
+            f"{size / 1e6 / wall:.0f} MB/s ({args.workers} reader processes)"
         )
+        print(
+            f"unpickling floor:   {fwall:.2f} s wall, {fcpu:.2f} s CPU, peak RSS {frss} MB, exit {fcode} "
+            f"(read + restricted unpickling only, {args.workers} processes); "
+            f"analyze / floor: {wall / fwall:.2f}x wall, {cpu / fcpu:.2f}x CPU"
+        )
+        if fcode != 0:
+            print("  floor failed: " + ftail.strip()[-300:])
         out = subprocess.run(fd_cmd, capture_output=True, text=True, check=False)
         verdict = json.loads(out.stdout)
         root = verdict["findings"][0]
@@ -160,13 +270,18 @@ def main() -> int:
             f"seq {root['collective_seq_id']} ({'right' if root['culprit_ranks'] == [args.culprit] else 'WRONG'})"
         )
         if args.skip_torch:
+            print(f"load average after: {_load()}")
             return 0
         tt_cmd = [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", "-p", "rank_", str(d)]
-        twall, trss, tcode, ttail = measure(tt_cmd, args.torch_timeout)
+        twall, tcpu, trss, tcode, ttail = measure(tt_cmd, args.torch_timeout)
         label = f"{twall:.2f} s" if tcode != -9 else f"> {args.torch_timeout:.0f} s (killed)"
-        print(f"torchfrtrace:       {label} wall, peak RSS {trss} MB, exit {tcode}")
+        print(f"torchfrtrace:       {label} wall, {tcpu:.2f} s CPU, peak RSS {trss} MB, exit {tcode}")
         print("  its last words: " + " | ".join(ttail.strip().splitlines()[-3:])[:400])
-        print(f"speed-up: {twall / wall:.1f}x" + (" (at least)" if tcode == -9 else ""))
+        print(
+            f"speed-up: {twall / wall:.1f}x wall, {tcpu / cpu:.1f}x CPU"
+            + (" (at least)" if tcode == -9 else "")
+        )
+        print(f"load average after: {_load()}")
     return 0
 
 

@@ -32,10 +32,11 @@ import os
 import pickle
 import re
 import stat as stat_mod
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from itertools import chain, repeat
-from operator import contains, itemgetter, methodcaller
+from itertools import chain, islice, repeat
+from operator import attrgetter, contains, itemgetter, lt, methodcaller
 from pathlib import Path
 from typing import Any
 
@@ -182,14 +183,34 @@ class SafeUnpickler(pickle.Unpickler):
         raise UnsafePickleError("pickle uses a persistent id; refused (dumps hold plain data)")
 
 
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """The cyclic garbage collector paused for the block (and on again after it, if it was on).
+
+    Reading a dump allocates tens of thousands of small containers (the decoded pickle, then the
+    columns and records made from it), and each allocation burst starts a collection that walks
+    the whole young decoded dump again; none of it is cyclic garbage. With collection paused
+    while one file is read and summarized, `flightdeck analyze`'s reader spent ~17% less CPU on
+    bench/analyze_scale.py's 2,000-entry files (perf: gc_collect_main, visit_decref,
+    visit_reachable and dict_traverse were 17% of its samples). Whatever cycles a hostile pickle
+    builds are collected once the collector runs again.
+    """
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
+
+
 def safe_loads(data: bytes) -> Any:
     """Unpickle untrusted bytes into plain data, or raise a `DumpError`."""
     # BufferedReader gives the C unpickler peek(), which makes it ~4x faster than a bare BytesIO.
     reader = io.BufferedReader(io.BytesIO(data), buffer_size=1 << 20)
-    gc_was_on = gc.isenabled()
-    gc.disable()  # the loader makes millions of small containers; collection cycles only cost time
     try:
-        return SafeUnpickler(reader).load()
+        with gc_paused():  # the loader makes millions of small containers; no cycles to collect
+            return SafeUnpickler(reader).load()
     except DumpError:
         raise
     except (
@@ -209,9 +230,6 @@ def safe_loads(data: bytes) -> Any:
         if isinstance(exc, EOFError) or "truncated" in msg or "ran out of input" in msg.lower():
             raise TruncatedDumpError(f"pickle is truncated ({msg})") from None
         raise NotADumpError(f"not a readable pickle ({type(exc).__name__}: {msg})") from None
-    finally:
-        if gc_was_on:
-            gc.enable()
 
 
 @dataclass(frozen=True, slots=True)
@@ -496,6 +514,254 @@ def _frames_fast(raw: list[dict[str, Any]], ctx: _Ctx) -> Stack:
         return _stack(raw, ctx)
 
 
+#: The fields every entry of a well-formed dump has, fetched in one C call per entry.
+_COLUMN_FIELDS = itemgetter(
+    "record_id",
+    "collective_seq_id",
+    "time_created_ns",
+    "p2p_seq_id",
+    "op_id",
+    "profiling_name",
+    "process_group",
+    "input_sizes",
+    "output_sizes",
+    "input_dtypes",
+    "output_dtypes",
+    "state",
+    "retired",
+    "is_p2p",
+)
+#: The fields an entry may lack (`dict.get`), in the order `_checked_columns` unpacks them.
+_OPTIONAL_FIELDS = (
+    "time_discovered_started_ns",
+    "time_discovered_completed_ns",
+    "duration_ms",
+    "timeout_ms",
+    "thread_name",
+    "frames",
+)
+_FRAME_FIELDS = itemgetter("name", "filename", "line")
+_NONE = type(None)
+_INTS = {int}
+_STRS = {str}
+_BOOLS = {bool}
+_OPT_INTS = {int, _NONE}
+_LISTS = {list}
+_SEQS = {list, tuple}
+
+
+def _types(values: Iterable[object]) -> set[type]:
+    return set(map(type, values))
+
+
+def _checked_columns(raw_entries: list[Any]) -> list[Sequence[Any]] | None:
+    """The raw entries' fields as columns (`_COLUMN_FIELDS` then `_OPTIONAL_FIELDS`), or None
+    unless every value is of the exact type `_entry`'s fast path takes as it is.
+
+    Checked a column at a time in C (`set(map(type, column))`), never per entry in Python; frames
+    once per distinct list and per distinct frame dict (a pickle memoizes a list or dict shared by
+    entries; `id()` of an object that `raw_entries` holds is stable while this runs). What it
+    accepts `_entry` turns into an `Entry` without converting, refusing or warning about anything
+    (its unknown-backend warning aside, which depends on the op name only): so the columns say
+    exactly what the normalized entries will hold.
+    """
+    if not raw_entries:
+        return None
+    try:
+        if _types(raw_entries) != {dict}:
+            return None
+        cols: list[Sequence[Any]] = list(zip(*map(_COLUMN_FIELDS, raw_entries), strict=True))
+    except (KeyError, TypeError):
+        return None
+    rid, seq, created, p2p_seq, op_id, prof, pg, isz, osz, idt, odt, state, retired, is_p2p = cols
+    if not (
+        _types(chain(rid, seq, created, p2p_seq, op_id)) == _INTS
+        and _types(prof) == _STRS
+        and _types(chain(retired, is_p2p)) == _BOOLS
+        and _types(state) == _STRS
+        and set(state) <= _STATES.keys()
+        and _types(pg) <= _SEQS
+        and set(map(len, pg)) == {2}
+        and _types(chain.from_iterable(pg)) == _STRS
+        and _types(chain(isz, osz)) == _LISTS
+        and _types(chain.from_iterable(chain(isz, osz))) <= _SEQS
+        and _types(chain.from_iterable(chain.from_iterable(chain(isz, osz)))) <= _INTS
+        and _types(chain(idt, odt)) <= _SEQS
+        and _types(chain.from_iterable(chain(idt, odt))) <= _STRS
+    ):
+        return None
+    optional = [list(map(dict.get, raw_entries, repeat(k))) for k in _OPTIONAL_FIELDS]
+    started, completed, duration, timeout, thread, frames = optional
+    if not (
+        _types(chain(started, completed, timeout)) <= _OPT_INTS
+        and _types(duration) <= {float, _NONE}
+        and _types(thread) <= {str, _NONE}
+        and _types(frames) <= {list, _NONE}
+        and _frames_ok(frames)
+    ):
+        return None
+    return cols + optional
+
+
+def _frames_ok(frames: list[list[Any] | None]) -> bool:
+    """Whether every frame of these frames lists is a dict with a str name and filename and an
+    int line (what `_frames_fast` takes as it is)."""
+    distinct = {id(f): f for f in frames if f}.values()
+    try:
+        dicts = {id(d): d for d in chain.from_iterable(distinct)}.values()
+        if not _types(dicts) <= {dict}:
+            return False
+        name, filename, line = zip(*map(_FRAME_FIELDS, dicts), strict=True) if dicts else ((), (), ())
+    except (KeyError, TypeError):
+        return False
+    return _types(chain(name, filename)) <= _STRS and _types(line) <= _INTS
+
+
+def _columnar_entries(raw_entries: list[Any], ctx: _Ctx) -> list[Entry] | None:
+    """Every entry of a well-formed dump, normalized column by column; None when `_checked_columns`
+    does not vouch for every value (then `_entry` normalizes each entry as it always did,
+    refusing or converting the odd values with the same messages).
+
+    The `Entry` objects are built by `map` straight from the columns, and each distinct frames
+    list is normalized once. The result is equal to `[_entry(e, ctx, rank) for e in raw_entries]`
+    (tests/test_reader_columns.py compares the two on every fixture). It saves ~13% of the instructions
+    of reading, normalizing and summarizing a 2,000-entry file (callgrind, bench/analyze_scale.py's
+    files: 186 -> 162 million per file), whoever normalizes the entries in full (the collector,
+    ranks with several snapshots).
+    """
+    if not raw_entries:
+        return []
+    cols = _checked_columns(raw_entries)
+    if cols is None:
+        return None
+    rid, seq, created, p2p_seq, op_id, prof, pg, isz, osz, idt, odt, state, retired, is_p2p = cols[:14]
+    started, completed, duration, timeout, thread, frames = cols[14:]
+    by_id = {id(f): _frames_fast(f, ctx) for f in frames if f}
+    infos = _op_infos(prof, ctx)
+    peer = [p if x else None for (_b, _o, p), x in zip(infos, is_p2p, strict=True)]
+    return list(
+        map(
+            Entry,
+            rid,
+            map(itemgetter(0), pg),
+            seq,
+            p2p_seq,
+            op_id,
+            map(itemgetter(0), infos),
+            map(itemgetter(1), infos),
+            prof,
+            is_p2p,
+            _tuples_of_tuples(isz),
+            _tuples_of_tuples(osz),
+            map(tuple, idt),
+            map(tuple, odt),
+            state,
+            retired,
+            created,
+            [t or None for t in started],
+            [t or None for t in completed],
+            duration,
+            timeout,
+            [t or "" for t in thread],
+            peer,
+            [by_id[id(f)] if f else () for f in frames],
+        )
+    )
+
+
+def _op_infos(prof: Sequence[str], ctx: _Ctx) -> list[tuple[str, str, int | None]]:
+    """`_op_info` of each profiling name: looked up once per distinct name, in the order the
+    names first appear (so its warnings come in the order `_entry` gives them)."""
+    infos = {p: _op_info(p, ctx) for p in dict.fromkeys(prof)}
+    return list(map(infos.__getitem__, prof))
+
+
+def _tuples_of_tuples(sizes: Iterable[list[list[int]]]) -> list[tuple[tuple[int, ...], ...]]:
+    """Each entry's sizes as tuples, converted in C."""
+    return list(map(tuple, map(map, repeat(tuple), sizes)))
+
+
+@dataclass(slots=True)
+class EntryColumns:
+    """A dump's entries as columns, for a fold that needs a few fields of every entry and whole
+    entries only for a few (`flightdeck.analysis.summary.add_columns`).
+
+    Positions are file order, which is record-id order (record ids strictly increase; a dump
+    whose do not is normalized entry by entry instead). Every value is what the normalized `Entry`
+    at that position holds; `entry(i)` builds that whole entry, frames included.
+    """
+
+    record_id: Sequence[int]
+    group: list[str]
+    collective_seq_id: Sequence[int]
+    op_id: Sequence[int]
+    #: Canonical op names (see `flightdeck.records.canonical_op`).
+    op: list[str]
+    is_p2p: Sequence[bool]
+    time_created_ns: Sequence[int]
+    input_sizes: list[tuple[tuple[int, ...], ...]]
+    output_sizes: list[tuple[tuple[int, ...], ...]]
+    input_dtypes: list[tuple[str, ...]]
+    output_dtypes: list[tuple[str, ...]]
+    timeout_ms: list[int | None]
+    #: Whether the entry has a stack (its frames are not empty).
+    has_frames: list[bool]
+    raw: list[dict[str, Any]] = field(repr=False)
+    ctx: _Ctx = field(repr=False)
+    rank: int = 0
+
+    def entry(self, i: int) -> Entry:
+        """The whole normalized entry at position `i`."""
+        return _entry(self.raw[i], self.ctx, self.rank)
+
+    def frames(self, i: int) -> Stack:
+        """The normalized stack of the entry at position `i`."""
+        fr = self.raw[i].get("frames")
+        return _frames_fast(fr, self.ctx) if fr else ()
+
+
+def _entry_columns(
+    raw_entries: list[Any], ctx: _Ctx, rank: int
+) -> tuple[EntryColumns, dict[str, str]] | None:
+    """`EntryColumns` of a dump's entries and each group's description as its first entry gives
+    it, or None where they must be normalized one by one: a value `_checked_columns` does not
+    vouch for, record ids that do not strictly increase, or coalesced groups (NCCL's `coalesced`
+    end entries, which the reader folds)."""
+    cols = _checked_columns(raw_entries)
+    if cols is None:
+        return None
+    rid, seq, created, _p2p, op_id, prof, pg, isz, osz, idt, odt, _st, _ret, is_p2p = cols[:14]
+    timeout, frames = cols[17], cols[19]
+    if not all(map(lt, rid, islice(rid, 1, None))):
+        return None
+    infos = _op_infos(prof, ctx)
+    op = list(map(itemgetter(1), infos))
+    if not COALESCED_END_OPS.isdisjoint(op):
+        return None
+    descs: dict[str, str] = {}
+    for name, desc in dict.fromkeys(map(tuple, pg)):
+        descs.setdefault(name, desc)
+    columns = EntryColumns(
+        record_id=rid,
+        group=list(map(itemgetter(0), pg)),
+        collective_seq_id=seq,
+        op_id=op_id,
+        op=op,
+        is_p2p=is_p2p,
+        time_created_ns=created,
+        input_sizes=_tuples_of_tuples(isz),
+        output_sizes=_tuples_of_tuples(osz),
+        input_dtypes=list(map(tuple, idt)),
+        output_dtypes=list(map(tuple, odt)),
+        timeout_ms=list(timeout),
+        has_frames=list(map(bool, frames)),
+        raw=raw_entries,
+        ctx=ctx,
+        rank=rank,
+    )
+    return columns, descs
+
+
 def _entry_slow(raw: dict[str, Any], ctx: _Ctx, rank: int) -> Entry:
     pg = raw.get("process_group")
     if isinstance(pg, list | tuple) and pg:
@@ -587,6 +853,9 @@ def _outside_pg_config(raw: dict[str, Any], rank: int) -> str | None:
 VALUE_ERRORS = (TypeError, ValueError, OverflowError, AttributeError, KeyError, IndexError, RecursionError)
 
 
+_RECORD_ID = attrgetter("record_id")
+_GROUP = attrgetter("group")
+_BACKEND = attrgetter("backend")
 _STATUS_FIELDS = ("last_enqueued_collective", "last_started_collective", "last_completed_collective")
 
 
@@ -643,51 +912,144 @@ def _parse_dump(
 ) -> RankDump:
     ctx = _Ctx()
     raw_entries = raw.get("entries") or []
-    entries: list[Entry] = []
-    for i, e in enumerate(raw_entries):
-        if not isinstance(e, dict):
-            raise NotADumpError(f"entry {i} is a {type(e).__name__}, not a dict")
-        entries.append(_entry(e, ctx, rank))
-    entries.sort(key=lambda e: e.record_id)
+    columnar = _columnar_entries(raw_entries, ctx)
+    if columnar is not None:
+        entries = columnar
+    else:
+        entries = []
+        for i, e in enumerate(raw_entries):
+            if not isinstance(e, dict):
+                raise NotADumpError(f"entry {i} is a {type(e).__name__}, not a dict")
+            entries.append(_entry(e, ctx, rank))
+    entries.sort(key=_RECORD_ID)
     # The file's few distinct op names tell whether it has coalesced groups (NCCL) at all.
     if any(op in COALESCED_END_OPS for _backend, op, _peer in ctx.ops.values()):
         entries = fold_coalesced(entries)
-    groups = _pg_config_groups(raw)
-    for e in entries:
-        if e.group not in groups:
-            groups[e.group] = GroupInfo(e.group, "", None)
+    dump = _dump_of(
+        raw,
+        ctx,
+        rank=rank,
+        source=source,
+        mtime_ns=mtime_ns,
+        entries=entries,
+        groups=dict.fromkeys(map(_GROUP, entries)),
+        first_record_id=entries[0].record_id if entries else None,
+        backends=set(map(_BACKEND, entries)),
+    )
+    if meta:
+        _apply_meta(
+            dump, meta, ctx, lambda: {e.group: e.timeout_ms for e in entries if e.timeout_ms is not None}
+        )
+    dump.warnings = tuple(ctx.warnings)
+    return dump
+
+
+def parse_columns(
+    raw: dict[str, Any],
+    *,
+    rank: int,
+    source: str,
+    meta: dict[str, Any] | None = None,
+    mtime_ns: int | None = None,
+) -> tuple[RankDump, EntryColumns] | None:
+    """`parse_dump` for a fold that wants columns (`EntryColumns`): the dump's metadata (with
+    `entries` left empty) and its entries as columns; None when the entries must be normalized
+    one by one (`_entry_columns` says when), and then `parse_dump` does it.
+
+    With `flightdeck.analysis.summary.add_columns` it is what `flightdeck analyze`'s workers do
+    with a rank that has one file: no `Entry` for entries the summary keeps only as sequence
+    ids, fingerprints and times. Reading, normalizing and summarizing one of
+    bench/analyze_scale.py's 2,000-entry files took 162 million instructions by entries, 128
+    million by columns (callgrind; restricted unpickling alone: 25 million); the same summaries
+    on every fixture (tests/test_reader_columns.py).
+
+    Raises NotADumpError where `parse_dump` does.
+    """
+    try:
+        ctx = _Ctx()
+        raw_entries = raw.get("entries") or []
+        got = _entry_columns(raw_entries, ctx, rank)
+        if got is None:
+            return None
+        cols, descs = got
+        dump = _dump_of(
+            raw,
+            ctx,
+            rank=rank,
+            source=source,
+            mtime_ns=mtime_ns,
+            entries=[],
+            groups=dict.fromkeys(cols.group),
+            first_record_id=cols.record_id[0],
+            backends={backend for backend, _op, _peer in ctx.ops.values()},
+            descs=descs,
+        )
+        if meta:
+            _apply_meta(
+                dump,
+                meta,
+                ctx,
+                lambda: {g: t for g, t in zip(cols.group, cols.timeout_ms, strict=True) if t is not None},
+            )
+        dump.warnings = tuple(ctx.warnings)
+    except VALUE_ERRORS as exc:
+        raise NotADumpError(f"unusable values ({type(exc).__name__}: {str(exc)[:200]})") from None
+    return dump, cols
+
+
+def _dump_of(
+    raw: dict[str, Any],
+    ctx: _Ctx,
+    *,
+    rank: int,
+    source: str,
+    mtime_ns: int | None,
+    entries: list[Entry],
+    groups: Iterable[str],
+    first_record_id: int | None,
+    backends: set[str],
+    descs: dict[str, str] | None = None,
+) -> RankDump:
+    """The RankDump of a dump whose entries are normalized: `groups` are the entries' groups (in
+    record-id order), `backends` theirs, `first_record_id` the oldest record id (None: no entry),
+    `descs` each group's description by its first entry (None: read from the raw entries)."""
+    raw_entries = raw.get("entries") or []
+    known = _pg_config_groups(raw)
+    for name in groups:
+        if name not in known:
+            known[name] = GroupInfo(name, "", None)
     # Descriptions come with the entries (process_group[1]); pg_config may lack them on gloo.
-    descs: dict[str, str] = {}
-    for e_raw in raw_entries:
-        pg = e_raw.get("process_group")
-        if isinstance(pg, list | tuple) and len(pg) > 1 and _s(pg[0]) not in descs:
-            descs[_s(pg[0])] = _s(pg[1])
+    if descs is None:
+        descs = {}
+        for e_raw in raw_entries:
+            pg = e_raw.get("process_group")
+            if isinstance(pg, list | tuple) and len(pg) > 1 and _s(pg[0]) not in descs:
+                descs[_s(pg[0])] = _s(pg[1])
     for name, d in descs.items():
-        g = groups[name]
+        g = known[name]
         if not g.desc or g.desc == "undefined":
-            groups[name] = replace(g, desc=d)
+            known[name] = replace(g, desc=d)
     dump = RankDump(
         rank=rank,
         source=source,
         version=_s(raw.get("version")),
         entries=entries,
-        groups=groups,
+        groups=known,
         comm_lib_version=_s(raw.get("comm_lib_version") or "") or None,
-        wrapped=bool(entries) and entries[0].record_id > 0,
+        wrapped=first_record_id is not None and first_record_id > 0,
         snapshot_time_ns=mtime_ns,
         pg_status=_pg_status(raw, raw_entries),
         snapshot_time_from_file=mtime_ns is not None,
     )
-    backends = {e.backend for e in entries if e.backend}
-    dump.backend = ",".join(sorted(backends)) or None
-    if meta:
-        _apply_meta(dump, meta, ctx)
-    dump.warnings = tuple(ctx.warnings)
+    dump.backend = ",".join(sorted(backends - {""})) or None
     return dump
 
 
-def _apply_meta(dump: RankDump, meta: dict[str, Any], ctx: _Ctx) -> None:
-    """Overlay what the Flightdeck agent wrote beside the dump (job, host, real group membership)."""
+def _apply_meta(
+    dump: RankDump, meta: dict[str, Any], ctx: _Ctx, timeouts: Callable[[], dict[str, int]]
+) -> None:
+    """Overlay what the Flightdeck agent wrote beside the dump (job, host, real group membership);
+    `timeouts` gives each group's timeout as its newest entry that has one records it."""
     dump.job = str(meta["job"]) if meta.get("job") is not None else None
     dump.attempt = _int(meta.get("attempt"), 0)
     ws = meta.get("world_size")
@@ -734,9 +1096,9 @@ def _apply_meta(dump: RankDump, meta: dict[str, Any], ctx: _Ctx) -> None:
         if dump.config.nccl_version is None and dump.comm_lib_version:
             # The dump's own `comm_lib_version` names the NCCL the process group actually loaded.
             dump.config = replace(dump.config, nccl_version=dump.comm_lib_version)
-        if any(g.timeout_ms is None for g in dump.config.groups) and dump.entries:
+        if any(g.timeout_ms is None for g in dump.config.groups):
             # Backends whose options Python cannot read: each entry records its group's timeout.
-            seen = {e.group: e.timeout_ms for e in dump.entries if e.timeout_ms is not None}
+            seen = timeouts()
             groups = tuple(
                 replace(g, timeout_ms=seen.get(g.name)) if g.timeout_ms is None else g
                 for g in dump.config.groups
@@ -937,6 +1299,13 @@ class LoadedDump:
             raw = dict(raw, entries=picked)
         check_budget(raw, self.budget)
         return parse_dump(raw, rank=self.rank, source=self.source, meta=self.meta, mtime_ns=self.mtime_ns)
+
+    def parse_columns(self) -> tuple[RankDump, EntryColumns] | None:
+        """`parse_columns` of the whole dump, within its budget; None where `parse` must do it."""
+        check_budget(self.raw, self.budget)
+        return parse_columns(
+            self.raw, rank=self.rank, source=self.source, meta=self.meta, mtime_ns=self.mtime_ns
+        )
 
 
 def read_dump_bytes(path: Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[bytes, os.stat_result]:

@@ -22,7 +22,16 @@ from flightdeck.analysis import Options, RankSummary, Report, diagnose, summariz
 from flightdeck.analysis.evidence import CLOCK_WORDS, ClockSource
 from flightdeck.analysis.findings import CONFIG_KINDS, Finding
 from flightdeck.analysis.frames import LIBRARY_MARKERS
-from flightdeck.collector.frdump import DumpError, discover, merge, rank_from_name, read_dump_file, read_meta
+from flightdeck.collector.frdump import (
+    DumpError,
+    discover,
+    gc_paused,
+    load_dump_file,
+    merge,
+    rank_from_name,
+    read_dump_file,
+    read_meta,
+)
 from flightdeck.records import Stack
 
 #: Frames from these paths are PyTorch's plumbing, not the user's code; hidden in text output.
@@ -70,8 +79,18 @@ class _RankFiles:
 
 def _load_rank(item: _RankFiles) -> tuple[RankSummary | None, list[tuple[str, str]]]:
     """Read, merge and summarize one rank's files (runs in a worker process)."""
-    dumps = []
+    with gc_paused():
+        return _read_rank(item)
+
+
+def _read_rank(item: _RankFiles) -> tuple[RankSummary | None, list[tuple[str, str]]]:
     errors: list[tuple[str, str]] = []
+    if len(item.paths) == 1:
+        try:
+            return _summary_of_file(Path(item.paths[0])), errors
+        except DumpError as exc:
+            return None, [(item.paths[0], f"{type(exc).__name__}: {exc}")]
+    dumps = []
     for p in item.paths:
         try:
             dumps.append(read_dump_file(Path(p)))
@@ -80,6 +99,17 @@ def _load_rank(item: _RankFiles) -> tuple[RankSummary | None, list[tuple[str, st
     if not dumps:
         return None, errors
     return summarize(merge(dumps)), errors
+
+
+def _summary_of_file(path: Path) -> RankSummary:
+    """The summary of a rank that has one file: folded from the entries' columns where the
+    reader gives them (`parse_columns`: whole entries built only for what the summary keeps in
+    full), else from the normalized entries. The same summary either way."""
+    loaded = load_dump_file(path)
+    got = loaded.parse_columns()
+    if got is None:
+        return summarize(loaded.parse())
+    return summarize(*got)
 
 
 def load_summaries(
