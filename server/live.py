@@ -84,10 +84,22 @@ class JobState:
     diagnosis_s: float = 0.0
     #: Monotonic time of the last diagnosis that ran the straggler analysis.
     last_stragglers: float = float("-inf")
-    #: Epoch ns of the latest accepted batch for the job (server clock).
+    #: Epoch ns of the newest snapshot accepted for the job (what the ranks say happened, at most
+    #: the server's clock): a replayed batch does not move it.
     last_seen_ns: int = 0
-    #: Epoch ns this process first saw the job (server clock).
+    #: Epoch ns the job was first seen (its oldest snapshot; the stored value after a restart).
     first_seen_ns: int = 0
+    #: Monotonic time this process first received data of the job (its ranks are still
+    #: arriving while fewer than the world size and younger than `job_settle_s`).
+    arrived: float | None = None
+    #: When the job ended (every rank final or gone; `job_end`), None while it runs.
+    ended_at_ns: int | None = None
+    #: rank -> when its collector saw its process gone (collector clock).
+    gone: dict[int, int] = field(default_factory=dict)
+    #: collector host -> (seconds the newest snapshot of its latest batch for the job was behind
+    #: the job's newest snapshot, monotonic arrival): a collector shipping old data while the
+    #: job's other data is newer is catching up (the ranks' clocks compared, not ours).
+    data_lag: dict[str, tuple[float, float]] = field(default_factory=dict)
     #: rank -> snapshot time (epoch ns) of its latest snapshot.
     rank_seen_ns: dict[int, int] = field(default_factory=dict)
     report: Report | None = None
@@ -128,7 +140,8 @@ class JobState:
 
 
 def job_status(report: Report, summaries: Sequence[RankSummary], world_size: int | None) -> str:
-    """The job status implied by a diagnosis (mismatch > hung > lost > finished > running)."""
+    """The status of a running job implied by a diagnosis (mismatch > hung > lost > slow >
+    finished > running; an ended job's is `end_state`'s)."""
     kinds = {f.kind for f in report.findings}
     if kinds & MISMATCH_KINDS:
         return "mismatch"
@@ -136,10 +149,52 @@ def job_status(report: Report, summaries: Sequence[RankSummary], world_size: int
         return "hung"
     if "rank_lost" in kinds:
         return "lost"
+    if kinds & {"slow_rank", "straggler"}:
+        return "slow"
     expected = world_size or report.expected_ranks
     if summaries and len(summaries) >= expected and all(s.kind == "final" for s in summaries):
         return "finished"
     return "running"
+
+
+#: Findings that make a job that ends with one open `failed` (the others are context or advice).
+FAULT_KINDS = MISMATCH_KINDS | {"hang", "slow_rank", "state_mismatch", "rank_lost"}
+#: How the agent's final snapshot on SIGTERM / SIGINT starts its `exception` ("terminated by SIGTERM").
+KILLED_PREFIXES = ("terminated by ", "interrupted by ")
+#: Findings that data still arriving could refute: not opened while a job's picture fills in
+#: (`filling_in`). A mismatch between ranks already seen, or their configuration, stays true.
+REFUTABLE_KINDS = frozenset({"hang", "slow_rank", "state_mismatch", "rank_lost", "missing_dump", "undecided"})
+
+
+def job_end(summaries: dict[int, RankSummary], gone: dict[int, int], expected: int) -> int | None:
+    """When the job ended: once each of its `expected` ranks has written its final snapshot or
+    was reported gone, the latest of those times (epoch ns); None while one still runs."""
+    ranks = summaries.keys() | gone.keys()
+    if not ranks or len(ranks) < expected:
+        return None
+    end = 0
+    for r in ranks:
+        s = summaries.get(r)
+        if s is not None and s.kind == "final":
+            end = max(end, s.snapshot_time_ns or 0)
+        elif r in gone:
+            end = max(end, gone[r], (s.snapshot_time_ns or 0) if s is not None else 0)
+        else:
+            return None
+    return end
+
+
+def end_state(open_kinds: set[str], summaries: dict[int, RankSummary], gone: dict[int, int]) -> str:
+    """How an ended job ended: `failed` with a fault open at the end, a rank whose process ended
+    without a final snapshot (gone), or a final snapshot with an exception (a crash, or killed:
+    `KILLED_PREFIXES`); else `finished`."""
+    if open_kinds & FAULT_KINDS:
+        return "failed"
+    for r in summaries.keys() | gone.keys():
+        s = summaries.get(r)
+        if s is None or s.kind != "final" or s.exception:
+            return "failed"
+    return "finished"
 
 
 #: Seconds a state_mismatch must hold before it is stored (and pages). When a long wait ends (a
@@ -166,7 +221,13 @@ def settle_state_mismatches(
 
 
 def live_findings(
-    report: Report, *, job_age_s: float, grace_s: float, unsettled: set[MismatchKey] | None = None
+    report: Report,
+    *,
+    job_age_s: float,
+    grace_s: float,
+    unsettled: set[MismatchKey] | None = None,
+    filling_in: bool = False,
+    open_keys: set[store.FindingKey] | None = None,
 ) -> list[Finding]:
     """The findings worth storing from a live diagnosis.
 
@@ -174,15 +235,20 @@ def live_findings(
     `missing_dump` within the first `grace_s` and `undecided` are the normal state of a starting
     job, not findings (the offline analyzer, which sees a finished picture, keeps them). Neither is
     a state_mismatch in `unsettled` (`settle_state_mismatches`): it may be the peers' snapshots
-    lagging the end of a collective. `consequence_of` indexes are renumbered to the kept list.
+    lagging the end of a collective. While the job's picture is `filling_in` (ranks still
+    arriving, a collector catching up), a finding of `REFUTABLE_KINDS` is kept only if it is open
+    already (`open_keys`): the data on its way could refute it. `consequence_of` indexes are
+    renumbered to the kept list.
     """
     young = unsettled or set()
+    held = open_keys or set()
     keep = [
         i
         for i, f in enumerate(report.findings)
         if f.kind != "undecided"
         and not (f.kind == "missing_dump" and job_age_s < grace_s)
         and not (f.kind == "state_mismatch" and (f.process_group, f.collective_seq_id) in young)
+        and not (filling_in and f.kind in REFUTABLE_KINDS and store.finding_key(f) not in held)
     ]
     if len(keep) == len(report.findings):
         return report.findings
@@ -254,6 +320,8 @@ class LiveDiagnosis:
         self.decode_gate.set()
         self._thread: threading.Thread | None = None
         self.jobs: dict[int, JobState] = {}
+        #: collector host -> server clock (epoch ns) of its latest batch, heartbeats included.
+        self.heard_ns: dict[str, int] = {}
         #: Several servers on one PostgreSQL: which jobs this process diagnoses (see cluster.py).
         self.cluster = Cluster(db=db, clock=clock, on_db_error=on_db_error) if settings.cluster else None
         #: job id -> monotonic time of the last try to own it (cluster mode).
@@ -262,14 +330,13 @@ class LiveDiagnosis:
     # --- lifecycle ------------------------------------------------------------------------------
 
     def load(self) -> None:
-        """Know every stored job (status for the metrics). Active jobs are marked for a rebuild of
-        their summaries from the database, so a hang is still found after a restart."""
+        """Know the recent jobs: not ended and seen within `job_idle_s` (memory and /metrics hold
+        those only; the others stay in the store and on the pages). They are marked for a rebuild
+        of their summaries from the database, so a hang is still found after a restart."""
         now_ns = self._clock()
+        since = now_ns - int(self._settings.job_idle_s * NS)
         with self._db.read() as session:
-            for j in store.list_jobs(session=session):
-                active = (
-                    j.status != "finished" and (now_ns - j.last_seen_ns) / NS <= self._settings.job_idle_s
-                )
+            for j in store.recent_jobs(session=session, since_ns=since):
                 self.jobs[j.id] = JobState(
                     job_id=j.id,
                     name=j.name,
@@ -278,7 +345,7 @@ class LiveDiagnosis:
                     status=j.status,
                     last_seen_ns=j.last_seen_ns,
                     first_seen_ns=j.first_seen_ns,
-                    dirty=active,
+                    dirty=True,
                 )
 
     def start(self) -> None:
@@ -326,9 +393,18 @@ class LiveDiagnosis:
         """
         now = self._mono()
         now_ns = self._clock()
+        # Per job, the oldest and newest snapshot time of the batch (what the ranks say happened).
+        span: dict[int, tuple[int, int]] = {}
+        for a in result.snapshots:
+            t = min(a.snapshot.snapshot_time_ns or now_ns, now_ns)
+            lo, hi = span.get(a.job_id, (t, t))
+            span[a.job_id] = (min(lo, t), max(hi, t))
         with self._lock:
+            if source:
+                self.heard_ns[source] = now_ns
             for job_id, (name, attempt) in result.jobs.items():
                 js = self.jobs.get(job_id)
+                oldest, newest = span.get(job_id, (0, 0))
                 if js is None:
                     created = job_id in result.created_jobs
                     # A job this process has never seen may hold rows another server wrote.
@@ -337,16 +413,21 @@ class LiveDiagnosis:
                         name=name,
                         attempt=attempt,
                         summaries={} if created else None,
-                        first_seen_ns=now_ns,
+                        first_seen_ns=oldest or now_ns,
                     )
-                js.last_seen_ns = now_ns
+                if js.arrived is None:
+                    js.arrived = now
+                if newest:
+                    js.last_seen_ns = max(js.last_seen_ns, newest)
+                    js.data_lag[source] = ((js.last_seen_ns - newest) / NS, now)
                 js.last_ingest = now
                 js.batch_lag[source] = (lag_s, now, skew_free)
                 if not js.dirty:
                     js.dirty = True
                     js.dirty_since = now
-                if js.status == "finished":
-                    js.status = "running"
+            for g in result.gone:
+                js = self.jobs[g.job_id]
+                js.gone[g.rank] = g.gone_at_ns
             if self.cluster is not None:
                 # The owner folds every batch in feed order, its own ones included (cluster.py).
                 self.cluster.remember(result.feed_ids, result.snapshots)
@@ -389,6 +470,8 @@ class LiveDiagnosis:
         if self.cluster is not None:
             jobs = self._cluster_step(jobs, now, now_ns)
         for js in jobs:
+            if self._expired(js, now_ns):
+                continue
             self._fold(js)
             if not force and self._replaying(js, now):
                 continue
@@ -407,7 +490,7 @@ class LiveDiagnosis:
                 and (
                     force
                     or (
-                        js.status != "finished"
+                        js.ended_at_ns is None
                         and rested
                         and now - js.last_diagnosis >= s.diagnosis_interval_s
                     )
@@ -422,6 +505,20 @@ class LiveDiagnosis:
             if self._observe_duration is not None:
                 self._observe_duration(time.perf_counter() - started)
         return len(due)
+
+    def _expired(self, js: JobState, now_ns: int) -> bool:
+        """Drop an ended job's state `ended_series_s` after its end (its series leave /metrics;
+        a late snapshot brings it back from the store, still ended unless newer than the end)."""
+        if js.ended_at_ns is None or now_ns - js.ended_at_ns < self._settings.ended_series_s * NS:
+            return False
+        with self._lock:
+            if js.pending:
+                return False
+            self.jobs.pop(js.job_id, None)
+            self._claim_tried.pop(js.job_id, None)
+        if self.cluster is not None and js.job_id in self.cluster.owned:
+            self.cluster.release(js.job_id)
+        return True
 
     def _cluster_step(self, jobs: list[JobState], now: float, now_ns: int) -> list[JobState]:
         """Own what can be owned, release idle jobs, queue the feed's new snapshots of the owned
@@ -461,7 +558,8 @@ class LiveDiagnosis:
             with self._lock:
                 js.pending.extend(snaps)
                 js.world_size = next((x.world_size for x in reversed(snaps) if x.world_size), js.world_size)
-                js.last_seen_ns = max(js.last_seen_ns, now_ns)
+                newest = max((min(x.snapshot_time_ns, now_ns) for x in snaps), default=0)
+                js.last_seen_ns = max(js.last_seen_ns, newest)
                 js.last_ingest = now
                 if not js.dirty:
                     js.dirty = True
@@ -494,6 +592,7 @@ class LiveDiagnosis:
                 js.last_seen_ns = max(js.last_seen_ns, r.last_seen_ns)
                 if r.id not in owned:
                     js.status = r.status
+                    js.ended_at_ns = r.ended_at_ns
             return list(self.jobs.values())
 
     def _fold(self, js: JobState) -> None:
@@ -528,6 +627,10 @@ class LiveDiagnosis:
                 if job is None:
                     return
                 js.world_size = job.world_size
+                js.ended_at_ns = job.ended_at_ns
+                if job.ended_at_ns is not None:
+                    js.status = job.status
+                js.last_seen_ns = max(js.last_seen_ns, job.last_seen_ns)
                 ranks = store.job_ranks(session=session, job_id=js.job_id)
                 groups = {g.name: g for g in store.job_groups(session=session, job_id=js.job_id)}
                 sids = {sid for r, _ in ranks for _, _, sid in (r.thread_stacks or []) if sid is not None}
@@ -543,6 +646,7 @@ class LiveDiagnosis:
         # The job's groups, one object each, shared by every rank (a world-sized member list
         # per rank would be ranks x world ints; diagnosis counts member lists by object).
         js.member_lists, js.lowest_member = {}, {}
+        js.gone = {}
         infos = {
             n: GroupInfo(n, g.desc, None if g.ranks is None else js.intern_members(tuple(g.ranks)))
             for n, g in groups.items()
@@ -571,12 +675,21 @@ class LiveDiagnosis:
             add_entries(s, entries.get(r.rank, []))
             summaries[r.rank] = s
             js.rank_seen_ns[r.rank] = r.last_snapshot_ns
+            if r.gone_at_ns is not None:
+                js.gone[r.rank] = r.gone_at_ns
         js.summaries = summaries
         js.agreed = {}
         js.dirty = True
 
     def _apply(self, js: JobState, snap: Snapshot) -> None:
         assert js.summaries is not None
+        seen = js.rank_seen_ns.get(snap.rank)
+        if seen is not None and snap.snapshot_time_ns <= seen:
+            # A replay (a restarted collector re-sending what it shipped) or a snapshot overtaken
+            # by a newer one: what the job holds already says at least as much.
+            return
+        if snap.snapshot_time_ns > js.gone.get(snap.rank, snap.snapshot_time_ns):
+            del js.gone[snap.rank]  # seen again after it was reported gone
         s = js.summaries.get(snap.rank)
         if s is None:
             s = js.summaries[snap.rank] = RankSummary(rank=snap.rank, source=snap.source, job=js.name)
@@ -697,6 +810,32 @@ class LiveDiagnosis:
             return now_ns
         return now_ns - int(max(lag + since for lag, since in recent) * NS)
 
+    def _filling_in(self, js: JobState, now: float, expected: int) -> bool:
+        """Whether the job's picture is still being filled in: its ranks are still arriving (fewer
+        than `expected`, first heard of less than `job_settle_s` ago), or a collector of the job is
+        catching up (its latest batch for the job, less than `stall_after_s` ago, carried only
+        snapshots `_late_after_s` older than the job's newest: newer ones are queued behind)."""
+        assert js.summaries is not None
+        if (
+            len(js.summaries) < expected
+            and js.arrived is not None
+            and now - js.arrived < self._settings.job_settle_s
+        ):
+            return True
+        late = self._late_after_s()
+        return any(
+            age > late and now - at < self._settings.stall_after_s for age, at in list(js.data_lag.values())
+        )
+
+    def _no_data(self, js: JobState, now_ns: int) -> bool:
+        """Whether none of the job's ranks has sent a snapshot for `no_data_after_s` while a
+        collector of the job still reports (its batches or heartbeats) and no rank is gone."""
+        window = self._settings.no_data_after_s * NS
+        if js.gone or not js.rank_seen_ns or now_ns - max(js.rank_seen_ns.values()) < window:
+            return False
+        heard = dict(self.heard_ns)
+        return any(now_ns - heard.get(host, 0) < window for host in list(js.batch_lag))
+
     def diagnose_job(self, js: JobState) -> None:
         """Diagnose one job now and store the outcome (findings, status, report)."""
         now_mono = self._mono()
@@ -705,8 +844,17 @@ class LiveDiagnosis:
         js.last_diagnosis = now_mono
         if not js.summaries:
             return
-        summaries = list(js.summaries.values())
         now_ns = self._clock()
+        newest = max(js.rank_seen_ns.values(), default=0)
+        if js.ended_at_ns is not None:
+            if newest <= js.ended_at_ns:
+                return  # ended: a late snapshot from before the end changes nothing
+            log.info("job %s: a snapshot newer than its end arrived; it runs again", js.name)
+            js.ended_at_ns = None
+            js.status = "running"
+        summaries = list(js.summaries.values())
+        expected = js.world_size or max((s.world_size or 0 for s in summaries), default=0) or len(summaries)
+        ended_at = job_end(js.summaries, js.gone, expected)
         dirs = sorted({s.config.checkpoint_dir for s in summaries if s.config and s.config.checkpoint_dir})
         peers: list[PeerJob] = []
         if dirs:
@@ -725,7 +873,8 @@ class LiveDiagnosis:
         started = time.perf_counter()
         report = diagnose(
             summaries,
-            now_ns=self._as_of_ns(js, now_mono, now_ns),
+            # An ended job is judged as of its end: the elapsed times of what was open freeze there.
+            now_ns=min(ended_at, now_ns) if ended_at is not None else self._as_of_ns(js, now_mono, now_ns),
             options=self._options,
             world_size=js.world_size,
             job=js.name,
@@ -747,13 +896,22 @@ class LiveDiagnosis:
         # Job age by the server's clock: snapshot times say when the ranks wrote, not when we heard.
         first_seen = js.first_seen_ns or now_ns
         js.state_mismatch_since, unsettled = settle_state_mismatches(report, js.state_mismatch_since, now_ns)
+        open_before = list(js.report.findings) if js.report is not None else []
         report.findings = live_findings(
             report,
             job_age_s=(now_ns - first_seen) / NS,
             grace_s=self._settings.stall_after_s,
             unsettled=unsettled,
+            filling_in=ended_at is None and self._filling_in(js, now_mono, expected),
+            open_keys={store.finding_key(f) for f in open_before},
         )
-        status = job_status(report, summaries, js.world_size)
+        if ended_at is not None:
+            open_kinds: set[str] = {f.kind for f in open_before} | {f.kind for f in report.findings}
+            status = end_state(open_kinds, js.summaries, js.gone)
+        else:
+            status = job_status(report, summaries, js.world_size)
+            if status == "running" and self._no_data(js, now_ns):
+                status = "no_data"
         try:
             with self._db.write() as session, session.begin():
                 events = store.apply_findings(
@@ -763,6 +921,8 @@ class LiveDiagnosis:
                     report=report.to_json(),
                     status=status,
                     now_ns=now_ns,
+                    last_seen_ns=js.last_seen_ns or None,
+                    ended_at_ns=ended_at,
                 )
                 if events and self._record_events is not None:
                     self._record_events(session, js, events)
@@ -773,6 +933,9 @@ class LiveDiagnosis:
             return
         js.report = report
         js.status = status
+        js.ended_at_ns = ended_at
+        if ended_at is not None:
+            log.info("job %s ended %s", js.name, status)
         self._update_gauges(js, report, now_ns)
         if events:
             self._on_events(js, events)

@@ -40,6 +40,7 @@ from flightdeck.records import (
     progress_to_dict,
 )
 from flightdeck.server.models import (
+    RESOLUTION_ENDED,
     STATE_CODES,
     STATE_NAMES,
     CollectorToken,
@@ -58,7 +59,7 @@ from flightdeck.server.models import (
     StackRow,
     WebhookDelivery,
 )
-from flightdeck.wire import Batch, EntryColumns, Snapshot
+from flightdeck.wire import Batch, EntryColumns, GoneRank, Snapshot
 
 #: Rows per executemany call: bounds one statement's parameter memory without costing round trips.
 _CHUNK = 10_000
@@ -93,6 +94,17 @@ class AppliedSnapshot:
     snapshot: Snapshot
 
 
+@dataclass(frozen=True, slots=True)
+class AppliedGone:
+    """A gone report as applied: the rank's job row and when its process was seen gone."""
+
+    job_id: int
+    name: str
+    attempt: int
+    rank: int
+    gone_at_ns: int
+
+
 @dataclass(slots=True)
 class IngestResult:
     """What one batch changed."""
@@ -106,6 +118,10 @@ class IngestResult:
     created_jobs: set[int] = field(default_factory=set)
     #: job id -> id of the batch's feed row (cluster mode, `add_feed`).
     feed_ids: dict[int, int] = field(default_factory=dict)
+    #: The batch's gone reports that named a stored rank (of the allowed host, with that pid).
+    gone: list[AppliedGone] = field(default_factory=list)
+    #: The batch's gone reports that did not (another host's rank, an unknown rank or pid).
+    gone_ignored: list[GoneRank] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -199,9 +215,15 @@ def ingest_batches(
     batches: Sequence[tuple[Batch, int | None]],
     now_ns: int,
     cache: IngestCache | None = None,
+    gone_hosts: Sequence[str | None] | None = None,
 ) -> tuple[list[IngestResult], CacheUpdate]:
     """Apply decoded (batch, collector id) pairs in one pass: jobs, ranks, groups, stacks,
-    signatures, entries, NIXL samples; one result per batch, in order.
+    signatures, entries, NIXL samples, gone reports; one result per batch, in order.
+
+    A job's `last_seen_ns` is the newest snapshot time it was sent (not when the batch arrived:
+    a replayed batch must not move it), at most `now_ns`; a new job's `first_seen_ns` its oldest.
+    `gone_hosts[i]` is the host whose ranks batch i may report gone (its token's scope; None:
+    any host): a report naming another host's rank is ignored (`IngestResult.gone_ignored`).
 
     Several batches share every statement (group commit: see `flightdeck.server.group_commit`),
     so a transaction costs the same round trips for one batch or fifty. A batch id already
@@ -237,20 +259,32 @@ def ingest_batches(
     hosts = _host_ids(session, {s.host for s in snapshots if s.host}, cache, learned)
     job_ids: dict[tuple[str, int], int] = {}
     created: set[int] = set()
-    touch: list[int] = []  # known jobs to mark seen, last in the transaction
+    touch: list[tuple[int, int]] = []  # known jobs to mark seen (id, newest time), last
+    # Per job, the oldest and newest snapshot time of this call (what the ranks say happened).
+    span: dict[tuple[str, int], tuple[int, int]] = {}
+    for s in snapshots:
+        t = min(s.snapshot_time_ns or now_ns, now_ns)
+        lo, hi = span.get((s.job, s.attempt), (t, t))
+        span[(s.job, s.attempt)] = (min(lo, t), max(hi, t))
     for s in snapshots:
         key = (s.job, s.attempt)
         if key in job_ids:
             continue
+        oldest, newest = span[key]
         known = cache.jobs.get(key)
         if known is not None and (s.world_size is None or s.world_size == known[1]):
             job_ids[key] = known[0]
             if now_ns - known[2] >= cache.touch_every_ns:
-                touch.append(known[0])
+                touch.append((known[0], newest))
                 learned.jobs[key] = (known[0], known[1], now_ns)
             continue
         job_id, new_job = upsert_job(
-            session=session, name=s.job, attempt=s.attempt, world_size=s.world_size, seen_ns=now_ns
+            session=session,
+            name=s.job,
+            attempt=s.attempt,
+            world_size=s.world_size,
+            seen_ns=newest,
+            first_seen_ns=oldest,
         )
         learned.jobs[key] = (job_id, s.world_size or (known[1] if known else None), now_ns)
         job_ids[key] = job_id
@@ -281,12 +315,14 @@ def ingest_batches(
             upsert_nixl(session=session, samples=[NixlSample.from_wire(d) for d in b.nixl])
     # Rows every transaction may touch (the job's, the token's) are updated last: a row lock is
     # held to the commit, and concurrent writers must not wait on each other for a whole write.
-    for job_id in sorted(touch):
+    for job_id, newest in sorted(touch):
         session.execute(
-            update(Job)
-            .where(Job.id == job_id)
-            .values(last_seen_ns=case((Job.last_seen_ns < now_ns, now_ns), else_=Job.last_seen_ns))
+            update(Job).where(Job.id == job_id, Job.last_seen_ns < newest).values(last_seen_ns=newest)
         )
+    hosts_of = {id(b): (None if gone_hosts is None else gone_hosts[i]) for i, (b, _) in enumerate(batches)}
+    for b, r in fresh:
+        if b.gone:
+            _apply_gone(session, b, r, hosts_of[id(b)])
     for collector_id in sorted(
         {c for (b, c), r in zip(batches, results, strict=True) if c is not None and not r.duplicate}
     ):
@@ -523,10 +559,46 @@ def _upsert_entries(session: Session, cols: Sequence[Sequence[Any]]) -> None:
             conn.exec_driver_sql(_SQLITE_UPSERTS[size], list(chunk))
 
 
+def _apply_gone(session: Session, batch: Batch, result: IngestResult, host: str | None) -> None:
+    """Mark the ranks the batch reports gone (the first report counts): only a stored rank of
+    that job attempt, with that pid, and (scoped token) on `host`; the others are ignored."""
+    for g in batch.gone:
+        q = (
+            select(Job.id, Rank.pid, Rank.gone_at_ns, Host.name)
+            .join(Rank, Rank.job_id == Job.id)
+            .outerjoin(Host, Host.id == Rank.host_id)
+            .where(Job.name == g.job, Job.attempt == g.attempt, Rank.rank == g.rank)
+        )
+        row = session.execute(q).first()
+        if (
+            row is None
+            or (row.pid is not None and row.pid != g.pid)
+            or (host is not None and row.name != host)
+        ):
+            result.gone_ignored.append(g)
+            continue
+        gone_at = row.gone_at_ns if row.gone_at_ns is not None else g.gone_at_ns
+        if row.gone_at_ns is None:
+            session.execute(
+                update(Rank).where(Rank.job_id == row.id, Rank.rank == g.rank).values(gone_at_ns=gone_at)
+            )
+        result.gone.append(AppliedGone(row.id, g.job, g.attempt, g.rank, gone_at))
+        result.jobs.setdefault(row.id, (g.job, g.attempt))
+
+
 def upsert_job(
-    *, session: Session, name: str, attempt: int, world_size: int | None, seen_ns: int
+    *,
+    session: Session,
+    name: str,
+    attempt: int,
+    world_size: int | None,
+    seen_ns: int,
+    first_seen_ns: int | None = None,
 ) -> tuple[int, bool]:
-    """Create or touch the (job, attempt) row; returns its id and whether this call created it."""
+    """Create or touch the (job, attempt) row; returns its id and whether this call created it.
+
+    `seen_ns`: the newest snapshot time (last_seen_ns never moves back); `first_seen_ns`: the
+    oldest, for a new row (default `seen_ns`)."""
     existed = session.execute(
         select(Job.id).where(Job.name == name, Job.attempt == attempt)
     ).scalar_one_or_none()
@@ -537,7 +609,7 @@ def upsert_job(
             name=name,
             attempt=attempt,
             world_size=world_size,
-            first_seen_ns=seen_ns,
+            first_seen_ns=min(seen_ns, first_seen_ns if first_seen_ns is not None else seen_ns),
             last_seen_ns=seen_ns,
             status="running",
         )
@@ -816,8 +888,12 @@ _RANK_UPSERT = (
         f"{c} = COALESCE(excluded.{c}, ranks.{c})" if c in _RANK_KEEP else f"{c} = excluded.{c}"
         for c in _RANK_COLUMNS[2:]
     )
-    # A late, older snapshot (a retried batch overtaken by a newer one) must not roll back.
-    + " WHERE ranks.last_snapshot_ns <= excluded.last_snapshot_ns"
+    # A rank seen again after its process was reported gone (same pid, a later snapshot) is back.
+    + ", gone_at_ns = CASE WHEN ranks.gone_at_ns < excluded.last_snapshot_ns THEN NULL "
+    "ELSE ranks.gone_at_ns END"
+    # A late, older snapshot (a retried batch overtaken by a newer one) must not roll back, and
+    # the same snapshot again (a replay) changes nothing.
+     + " WHERE ranks.last_snapshot_ns < excluded.last_snapshot_ns"
 )
 _SQLITE_RANK_ROW = "(" + ", ".join(["?"] * len(_RANK_COLUMNS)) + ")"
 #: PostgreSQL element type of each _RANK_COLUMNS column (thread_stacks: JSON text, cast below).
@@ -1033,9 +1109,38 @@ def nixl_history(*, session: Session, window_ns: int) -> dict[int, list[dict[str
 # --- jobs, ranks and entries (reads) -------------------------------------------------------------
 
 
-def list_jobs(*, session: Session) -> list[Job]:
-    """Every job attempt, most recently seen first."""
-    return list(session.execute(select(Job).order_by(Job.last_seen_ns.desc(), Job.id.desc())).scalars())
+def list_jobs(
+    *,
+    session: Session,
+    status: str | None = None,
+    name: str | None = None,
+    before: tuple[int, int] | None = None,
+    limit: int | None = None,
+) -> list[Job]:
+    """Job attempts, most recently seen first: of one `status`, whose name contains `name`
+    (case-insensitive), seen before the `(last_seen_ns, id)` cursor `before` (the last row of the
+    previous page), at most `limit`. Walks `ix_jobs_last_seen` (or `ix_jobs_status_last_seen`)
+    in order, so a page costs the same with thousands of jobs stored."""
+    q = select(Job)
+    if status is not None:
+        q = q.where(Job.status == status)
+    if name:
+        # LIKE with the wildcards of the search text escaped: it is matched as typed.
+        pattern = "%" + name.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        q = q.where(func.lower(Job.name).like(pattern, escape="\\"))
+    if before is not None:
+        seen, job_id = before
+        q = q.where(or_(Job.last_seen_ns < seen, and_(Job.last_seen_ns == seen, Job.id < job_id)))
+    q = q.order_by(Job.last_seen_ns.desc(), Job.id.desc())
+    if limit is not None:
+        q = q.limit(limit)
+    return list(session.execute(q).scalars())
+
+
+def recent_jobs(*, session: Session, since_ns: int) -> list[Job]:
+    """The jobs a starting server holds in memory: not ended, seen after `since_ns`."""
+    q = select(Job).where(Job.ended_at_ns.is_(None), Job.last_seen_ns > since_ns)
+    return list(session.execute(q.order_by(Job.last_seen_ns.desc(), Job.id.desc())).scalars())
 
 
 def get_job(*, session: Session, name: str, attempt: int | None = None) -> Job | None:
@@ -1056,12 +1161,20 @@ class JobBrief:
     status: str
     first_seen_ns: int
     last_seen_ns: int
+    ended_at_ns: int | None = None
 
 
 def active_jobs(*, session: Session, since_ns: int) -> list[JobBrief]:
     """Jobs seen after `since_ns` (the report column, which can be large, is not read)."""
     q = select(
-        Job.id, Job.name, Job.attempt, Job.world_size, Job.status, Job.first_seen_ns, Job.last_seen_ns
+        Job.id,
+        Job.name,
+        Job.attempt,
+        Job.world_size,
+        Job.status,
+        Job.first_seen_ns,
+        Job.last_seen_ns,
+        Job.ended_at_ns,
     ).where(Job.last_seen_ns > since_ns)
     return [JobBrief(*row) for row in session.execute(q).tuples()]
 
@@ -1439,9 +1552,16 @@ def apply_findings(
     report: dict[str, Any],
     status: str,
     now_ns: int,
+    last_seen_ns: int | None = None,
+    ended_at_ns: int | None = None,
 ) -> list[FindingEvent]:
     """Reconcile a diagnosis with the stored findings: open new ones, update the ones still seen,
-    resolve the ones that disappeared; store the report and the job status."""
+    resolve the ones that disappeared; store the report and the job status.
+
+    `last_seen_ns`: the newest snapshot time the diagnosis holds (the job row's never moves back).
+    With `ended_at_ns` the job has ended: nothing new is opened, and every open finding is closed
+    at that time with resolution `ended`, its data from this diagnosis (made as of the end) where
+    it still sees it. Without it, a job that had ended is running again (a newer snapshot)."""
     current: dict[FindingKey, Finding] = {}
     for f in findings:
         current.setdefault(finding_key(f), f)  # identical identities in one report: keep the first
@@ -1451,7 +1571,14 @@ def apply_findings(
     events: list[FindingEvent] = []
     for key, row in existing.items():
         seen = current.get(key)
-        if seen is None:
+        if ended_at_ns is not None:
+            if seen is not None:
+                row.data = seen.to_json()
+            row.resolved_at_ns = max(ended_at_ns, row.opened_at_ns)
+            row.updated_at_ns = now_ns
+            row.resolution = RESOLUTION_ENDED
+            events.append(FindingEvent("finding.resolved", row.id, row.kind, row.data))
+        elif seen is None:
             row.resolved_at_ns = now_ns
             row.updated_at_ns = now_ns
             events.append(FindingEvent("finding.resolved", row.id, row.kind, row.data))
@@ -1460,7 +1587,7 @@ def apply_findings(
             row.updated_at_ns = now_ns
     new_rows = []
     for key, f in current.items():
-        if key in existing:
+        if key in existing or ended_at_ns is not None:
             continue
         kind, group_key, seq_key, rank_key = key
         row = FindingRow(
@@ -1478,9 +1605,19 @@ def apply_findings(
         new_rows.append(row)
     session.flush()
     events.extend(FindingEvent("finding.opened", r.id, r.kind, r.data) for r in new_rows)
-    session.execute(
-        update(Job).where(Job.id == job_id).values(report=report, status=status, diagnosed_at_ns=now_ns)
-    )
+    values: dict[str, Any] = {
+        "report": report,
+        "status": status,
+        "diagnosed_at_ns": now_ns,
+        "ended_at_ns": ended_at_ns,
+    }
+    session.execute(update(Job).where(Job.id == job_id).values(**values))
+    if last_seen_ns is not None:
+        session.execute(
+            update(Job)
+            .where(Job.id == job_id, Job.last_seen_ns < last_seen_ns)
+            .values(last_seen_ns=last_seen_ns)
+        )
     return events
 
 
