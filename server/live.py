@@ -683,10 +683,10 @@ class LiveDiagnosis:
 
     def _apply(self, js: JobState, snap: Snapshot) -> None:
         assert js.summaries is not None
-        seen = js.rank_seen_ns.get(snap.rank)
-        if seen is not None and snap.snapshot_time_ns <= seen:
-            # A replay (a restarted collector re-sending what it shipped) or a snapshot overtaken
-            # by a newer one: what the job holds already says at least as much.
+        if snap.snapshot_time_ns == js.rank_seen_ns.get(snap.rank):
+            # The rank's newest snapshot again (a restarted collector re-sending what it shipped):
+            # nothing to learn. An older one changes no metadata below, and its entries only fill
+            # in what the newer ones lacked (`add_entries` moves no state back).
             return
         if snap.snapshot_time_ns > js.gone.get(snap.rank, snap.snapshot_time_ns):
             del js.gone[snap.rank]  # seen again after it was reported gone
@@ -906,7 +906,9 @@ class LiveDiagnosis:
             open_keys={store.finding_key(f) for f in open_before},
         )
         if ended_at is not None:
-            open_kinds: set[str] = {f.kind for f in open_before} | {f.kind for f in report.findings}
+            # The faults open at the end: open before and still seen by the end's diagnosis.
+            was_open = {store.finding_key(f) for f in open_before}
+            open_kinds: set[str] = {f.kind for f in report.findings if store.finding_key(f) in was_open}
             status = end_state(open_kinds, js.summaries, js.gone)
         else:
             status = job_status(report, summaries, js.world_size)

@@ -1313,15 +1313,21 @@ def _entry_records(
     return out
 
 
-def rank_counts(*, session: Session) -> dict[int, int]:
-    """job id -> number of ranks that reported (jobs without any are absent)."""
+def rank_counts(*, session: Session, job_ids: Sequence[int] | None = None) -> dict[int, int]:
+    """job id -> number of ranks that reported (jobs without any are absent); of `job_ids` only
+    when given (a page of the job list)."""
     q = select(Rank.job_id, func.count()).group_by(Rank.job_id)
+    if job_ids is not None:
+        q = q.where(Rank.job_id.in_(list(job_ids)))
     return {j: int(n) for j, n in session.execute(q).tuples()}
 
 
-def host_counts(*, session: Session) -> dict[int, int]:
-    """job id -> number of distinct hosts its ranks reported from (jobs without any are absent)."""
+def host_counts(*, session: Session, job_ids: Sequence[int] | None = None) -> dict[int, int]:
+    """job id -> number of distinct hosts its ranks reported from (jobs without any are absent);
+    of `job_ids` only when given."""
     q = select(Rank.job_id, func.count(func.distinct(Rank.host_id))).group_by(Rank.job_id)
+    if job_ids is not None:
+        q = q.where(Rank.job_id.in_(list(job_ids)))
     return {j: int(n) for j, n in session.execute(q).tuples()}
 
 
@@ -1528,13 +1534,16 @@ def open_findings(*, session: Session, job_id: int) -> list[FindingRow]:
     return list(session.execute(q).scalars())
 
 
-def open_finding_counts(*, session: Session) -> dict[int, int]:
-    """job id -> number of open findings (jobs without any are absent)."""
+def open_finding_counts(*, session: Session, job_ids: Sequence[int] | None = None) -> dict[int, int]:
+    """job id -> number of open findings (jobs without any are absent); of `job_ids` only when
+    given."""
     q = (
         select(FindingRow.job_id, func.count())
         .where(FindingRow.resolved_at_ns.is_(None))
         .group_by(FindingRow.job_id)
     )
+    if job_ids is not None:
+        q = q.where(FindingRow.job_id.in_(list(job_ids)))
     return {j: int(n) for j, n in session.execute(q).tuples()}
 
 
@@ -1559,9 +1568,10 @@ def apply_findings(
     resolve the ones that disappeared; store the report and the job status.
 
     `last_seen_ns`: the newest snapshot time the diagnosis holds (the job row's never moves back).
-    With `ended_at_ns` the job has ended: nothing new is opened, and every open finding is closed
-    at that time with resolution `ended`, its data from this diagnosis (made as of the end) where
-    it still sees it. Without it, a job that had ended is running again (a newer snapshot)."""
+    With `ended_at_ns` the job has ended: nothing new is opened, and every open finding this
+    diagnosis (made as of the end) still sees is closed at that time with resolution `ended`, its
+    data (elapsed times) as of the end; the others resolve as usual. Without it, a job that had
+    ended is running again (a newer snapshot)."""
     current: dict[FindingKey, Finding] = {}
     for f in findings:
         current.setdefault(finding_key(f), f)  # identical identities in one report: keep the first
@@ -1571,9 +1581,8 @@ def apply_findings(
     events: list[FindingEvent] = []
     for key, row in existing.items():
         seen = current.get(key)
-        if ended_at_ns is not None:
-            if seen is not None:
-                row.data = seen.to_json()
+        if ended_at_ns is not None and seen is not None:
+            row.data = seen.to_json()
             row.resolved_at_ns = max(ended_at_ns, row.opened_at_ns)
             row.updated_at_ns = now_ns
             row.resolution = RESOLUTION_ENDED
