@@ -87,11 +87,14 @@ class JobState:
     #: Epoch ns of the newest snapshot accepted for the job (what the ranks say happened, at most
     #: the server's clock): a replayed batch does not move it.
     last_seen_ns: int = 0
+    #: Epoch ns (server clock) of the latest batch for the job: whether it is idle
+    #: (`job_idle_s`) is told by when we last heard of it, whatever its data says.
+    heard_ns: int = 0
     #: Epoch ns the job was first seen (its oldest snapshot; the stored value after a restart).
     first_seen_ns: int = 0
-    #: Monotonic time this process first received data of the job (its ranks are still
-    #: arriving while fewer than the world size and younger than `job_settle_s`).
-    arrived: float | None = None
+    #: Epoch ns (server clock) this process first received data of the job; None for a job
+    #: loaded at start (see `LiveDiagnosis._filling_in`).
+    arrived_ns: int | None = None
     #: When the job ended (every rank final or gone; `job_end`), None while it runs.
     ended_at_ns: int | None = None
     #: rank -> when its collector saw its process gone (collector clock).
@@ -344,6 +347,7 @@ class LiveDiagnosis:
                     world_size=j.world_size,
                     status=j.status,
                     last_seen_ns=j.last_seen_ns,
+                    heard_ns=j.last_seen_ns,
                     first_seen_ns=j.first_seen_ns,
                     dirty=True,
                 )
@@ -415,12 +419,13 @@ class LiveDiagnosis:
                         summaries={} if created else None,
                         first_seen_ns=oldest or now_ns,
                     )
-                if js.arrived is None:
-                    js.arrived = now
+                if js.arrived_ns is None:
+                    js.arrived_ns = now_ns
                 if newest:
                     js.last_seen_ns = max(js.last_seen_ns, newest)
                     js.data_lag[source] = ((js.last_seen_ns - newest) / NS, now)
                 js.last_ingest = now
+                js.heard_ns = now_ns
                 js.batch_lag[source] = (lag_s, now, skew_free)
                 if not js.dirty:
                     js.dirty = True
@@ -475,7 +480,7 @@ class LiveDiagnosis:
             self._fold(js)
             if not force and self._replaying(js, now):
                 continue
-            idle = (now_ns - js.last_seen_ns) / NS > s.job_idle_s
+            idle = (now_ns - js.heard_ns) / NS > s.job_idle_s
             # A large job's diagnosis takes long: space them so it gets at most its share of a core.
             rested = now - js.last_diagnosis >= js.diagnosis_s / s.diagnosis_max_share
             if js.dirty:
@@ -533,7 +538,7 @@ class LiveDiagnosis:
             jobs = self._discover(jobs, now_ns)
         want = []
         for js in jobs:
-            active = (now_ns - js.last_seen_ns) / NS <= idle_s
+            active = (now_ns - js.heard_ns) / NS <= idle_s
             if js.job_id in c.owned:
                 if not active:
                     c.release(js.job_id)
@@ -560,6 +565,7 @@ class LiveDiagnosis:
                 js.world_size = next((x.world_size for x in reversed(snaps) if x.world_size), js.world_size)
                 newest = max((min(x.snapshot_time_ns, now_ns) for x in snaps), default=0)
                 js.last_seen_ns = max(js.last_seen_ns, newest)
+                js.heard_ns = now_ns
                 js.last_ingest = now
                 if not js.dirty:
                     js.dirty = True
@@ -590,6 +596,7 @@ class LiveDiagnosis:
                         first_seen_ns=r.first_seen_ns,
                     )
                 js.last_seen_ns = max(js.last_seen_ns, r.last_seen_ns)
+                js.heard_ns = max(js.heard_ns, r.last_seen_ns)
                 if r.id not in owned:
                     js.status = r.status
                     js.ended_at_ns = r.ended_at_ns
@@ -810,22 +817,26 @@ class LiveDiagnosis:
             return now_ns
         return now_ns - int(max(lag + since for lag, since in recent) * NS)
 
-    def _filling_in(self, js: JobState, now: float, expected: int) -> bool:
-        """Whether the job's picture is still being filled in: its ranks are still arriving (fewer
-        than `expected`, first heard of less than `job_settle_s` ago), or a collector of the job is
-        catching up (its latest batch for the job, less than `stall_after_s` ago, carried only
-        snapshots `_late_after_s` older than the job's newest: newer ones are queued behind)."""
+    def _filling_in(self, js: JobState, now: float, now_ns: int, expected: int) -> bool:
+        """Whether the job's picture is still being filled in. Within `job_settle_s` of the first
+        data this process received of it, while its batches still come (the last less than
+        `stall_after_s` ago): while fewer than `expected` ranks are in, or while its newest
+        snapshot is older than `_late_after_s` (a collector shipping the history of a running job;
+        the newer snapshots are queued behind). At any time: while a collector's latest batch for
+        the job, less than `stall_after_s` ago, carried only snapshots `_late_after_s` older than
+        the job's newest (it is catching up with the others). A picture complete and old (a job
+        that ended before the collector started) is judged once its batches stop coming."""
         assert js.summaries is not None
-        if (
-            len(js.summaries) < expected
-            and js.arrived is not None
-            and now - js.arrived < self._settings.job_settle_s
-        ):
-            return True
         late = self._late_after_s()
-        return any(
-            age > late and now - at < self._settings.stall_after_s for age, at in list(js.data_lag.values())
+        stall = self._settings.stall_after_s
+        settling = (
+            js.arrived_ns is not None
+            and now_ns - js.arrived_ns < self._settings.job_settle_s * NS
+            and now - js.last_ingest < stall
         )
+        if settling and (len(js.summaries) < expected or now_ns - js.last_seen_ns > late * NS):
+            return True
+        return any(age > late and now - at < stall for age, at in list(js.data_lag.values()))
 
     def _no_data(self, js: JobState, now_ns: int) -> bool:
         """Whether none of the job's ranks has sent a snapshot for `no_data_after_s` while a
@@ -902,7 +913,7 @@ class LiveDiagnosis:
             job_age_s=(now_ns - first_seen) / NS,
             grace_s=self._settings.stall_after_s,
             unsettled=unsettled,
-            filling_in=ended_at is None and self._filling_in(js, now_mono, expected),
+            filling_in=ended_at is None and self._filling_in(js, now_mono, now_ns, expected),
             open_keys={store.finding_key(f) for f in open_before},
         )
         if ended_at is not None:

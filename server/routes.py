@@ -215,7 +215,9 @@ def get_job(svc: ServicesDep, job: JobParam, attempt: AttemptQuery = None) -> di
                 "findings": [],
                 "warnings": [],
             }
-        return {**report, **_job_summary(j, len(report["findings"]))}
+        # An ended job's report is its verdict at the end; its findings are closed (`ended`).
+        open_count = 0 if j.ended_at_ns is not None else len(report["findings"])
+        return {**report, **_job_summary(j, open_count)}
 
 
 @router.get("/api/v1/nixl/agents", tags=["nixl"], dependencies=[ReadAuth])

@@ -128,10 +128,12 @@ class ServerSettings(BaseSettings):
     job_settle_s: float = Field(
         default=120.0,
         ge=0,
-        description="While a job has fewer ranks than its world size and this process first heard "
-        "of it less than this long ago, its ranks are still arriving: the diagnosis opens no "
-        "finding that their data could refute (hang, slow_rank, rank_lost, missing_dump, "
-        "state_mismatch). The whole-ring backfill of a 1,024-rank job took 34-56 s.",
+        description="For this long after this process first receives data of a job, while fewer "
+        "ranks than its world size are in or its newest snapshot is older than max(stall_after_s / "
+        "2, 5 s) (a collector shipping a running job's history), the job's picture is still filling "
+        "in: the diagnosis opens no finding that the arriving data could refute (hang, slow_rank, "
+        "rank_lost, missing_dump, state_mismatch). The whole-ring backfill of a 1,024-rank job took "
+        "34-56 s. 0: judge every picture as it comes.",
     )
     max_summary_seqs: int = Field(
         default=8192,

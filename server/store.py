@@ -1121,6 +1121,35 @@ def list_jobs(
     (case-insensitive), seen before the `(last_seen_ns, id)` cursor `before` (the last row of the
     previous page), at most `limit`. Walks `ix_jobs_last_seen` (or `ix_jobs_status_last_seen`)
     in order, so a page costs the same with thousands of jobs stored."""
+    q = _list_jobs_query(status=status, name=name, before=before, limit=limit)
+    return list(session.execute(q).scalars())
+
+
+def list_jobs_plan(
+    *,
+    session: Session,
+    status: str | None = None,
+    name: str | None = None,
+    before: tuple[int, int] | None = None,
+    limit: int | None = None,
+) -> str:
+    """The database's query plan of `list_jobs` with these arguments (EXPLAIN), as text."""
+    q = _list_jobs_query(status=status, name=name, before=before, limit=limit)
+    conn = session.connection()
+    compiled = q.compile(dialect=conn.dialect)
+    prefix = "EXPLAIN QUERY PLAN " if conn.dialect.name == "sqlite" else "EXPLAIN "
+    rows = conn.exec_driver_sql(
+        prefix + str(compiled),
+        compiled.params
+        if conn.dialect.name != "sqlite"
+        else tuple(compiled.params[k] for k in compiled.positiontup or ()),
+    )
+    return "\n".join(" ".join(str(c) for c in row) for row in rows)
+
+
+def _list_jobs_query(
+    *, status: str | None, name: str | None, before: tuple[int, int] | None, limit: int | None
+) -> Any:
     q = select(Job)
     if status is not None:
         q = q.where(Job.status == status)
@@ -1134,7 +1163,7 @@ def list_jobs(
     q = q.order_by(Job.last_seen_ns.desc(), Job.id.desc())
     if limit is not None:
         q = q.limit(limit)
-    return list(session.execute(q).scalars())
+    return q
 
 
 def recent_jobs(*, session: Session, since_ns: int) -> list[Job]:
