@@ -407,8 +407,8 @@ def test_the_job_list_filters_searches_and_pages_with_thousands_of_jobs(server: 
         if session.get_bind().dialect.name == "postgresql":
             session.execute(text("ANALYZE jobs"))
     with server.svc.db.read() as session:
-        for filters in ({}, {"status": "hung"}):
-            plan = store.list_jobs_plan(session=session, limit=100, **filters)
+        for status in (None, "hung"):
+            plan = store.list_jobs_plan(session=session, status=status, limit=100)
             assert "ix_jobs_" in plan, plan
             assert not re.search(r"Seq Scan|SCAN jobs\b(?! USING)", plan), plan
     # Pages: the whole list once, in order, 1,000 at a time.
