@@ -838,6 +838,17 @@ class LiveDiagnosis:
             return True
         return any(age > late and now - at < stall for age, at in list(js.data_lag.values()))
 
+    def _ending(self, js: JobState, now_ns: int) -> bool:
+        """Whether the job is going down: some of its ranks wrote their final snapshot (or were
+        reported gone) less than `stall_after_s` ago and the others have not yet. A scheduler's
+        SIGTERM reaches the ranks within moments of each other, but their final snapshots (and the
+        collector's gone reports) arrive apart: a rank whose final is a second behind the others'
+        is not lost, and a collective they all left is not hung."""
+        assert js.summaries is not None
+        ends = [s.snapshot_time_ns or 0 for s in js.summaries.values() if s.kind == "final"]
+        ends += js.gone.values()
+        return bool(ends) and now_ns - max(ends) < self._settings.stall_after_s * NS
+
     def _no_data(self, js: JobState, now_ns: int) -> bool:
         """Whether none of the job's ranks has sent a snapshot for `no_data_after_s` while a
         collector of the job still reports (its batches or heartbeats) and no rank is gone."""
@@ -913,7 +924,8 @@ class LiveDiagnosis:
             job_age_s=(now_ns - first_seen) / NS,
             grace_s=self._settings.stall_after_s,
             unsettled=unsettled,
-            filling_in=ended_at is None and self._filling_in(js, now_mono, now_ns, expected),
+            filling_in=ended_at is None
+            and (self._filling_in(js, now_mono, now_ns, expected) or self._ending(js, now_ns)),
             open_keys={store.finding_key(f) for f in open_before},
         )
         if ended_at is not None:
