@@ -531,7 +531,8 @@ class LiveDiagnosis:
         c = self.cluster
         assert c is not None
         idle_s = self._settings.job_idle_s
-        if c.housekeeping():
+        housekept = c.housekeeping()
+        if housekept:
             if not c.check():
                 for js in jobs:
                     js.summaries = None
@@ -557,6 +558,8 @@ class LiveDiagnosis:
         for js in jobs:
             if js.job_id not in c.owned:
                 js.summaries = None
+        if housekept and owned:
+            self._learn_gone([js for js in owned if js.ended_at_ns is None])
         feed = c.read({js.job_id: (js.name, js.attempt) for js in owned if js.summaries is not None})
         for job_id, snaps in feed.items():
             js = self.jobs[job_id]
@@ -571,6 +574,25 @@ class LiveDiagnosis:
                     js.dirty = True
                     js.dirty_since = now
         return owned
+
+    def _learn_gone(self, jobs: list[JobState]) -> None:
+        """The gone reports other processes ingested for these owned jobs (the feed carries the
+        snapshots only): read from the store every `cluster.HOUSEKEEPING_S`."""
+        try:
+            with self._db.read() as session:
+                gone = store.gone_ranks(session=session, job_ids=[js.job_id for js in jobs])
+        except OperationalError:
+            self._on_db_error()
+            return
+        now = self._mono()
+        with self._lock:
+            for js in jobs:
+                new = gone.get(js.job_id, {})
+                if new.keys() - js.gone.keys():
+                    js.gone.update(new)
+                    if not js.dirty:
+                        js.dirty = True
+                        js.dirty_since = now
 
     def _discover(self, jobs: list[JobState], now_ns: int) -> list[JobState]:
         """Learn the active jobs other processes ingested (to take them over should their owner

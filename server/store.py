@@ -1224,6 +1224,20 @@ def job_ranks(*, session: Session, job_id: int) -> list[tuple[Rank, str | None]]
     return [(r, h) for r, h in session.execute(q).tuples()]
 
 
+def gone_ranks(*, session: Session, job_ids: Sequence[int]) -> dict[int, dict[int, int]]:
+    """job id -> rank -> when its process was reported gone (the ranks reported only)."""
+    if not job_ids:
+        return {}
+    q = select(Rank.job_id, Rank.rank, Rank.gone_at_ns).where(
+        Rank.job_id.in_(list(job_ids)), Rank.gone_at_ns.is_not(None)
+    )
+    out: dict[int, dict[int, int]] = {}
+    for job_id, rank, at in session.execute(q).tuples():
+        if at is not None:
+            out.setdefault(job_id, {})[rank] = at
+    return out
+
+
 def job_groups(*, session: Session, job_id: int) -> list[ProcessGroup]:
     """The job's process groups."""
     return list(session.execute(select(ProcessGroup).where(ProcessGroup.job_id == job_id)).scalars())

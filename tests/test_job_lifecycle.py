@@ -477,3 +477,40 @@ def test_migration_0009_upgrades_and_downgrades(database_url: str) -> None:
         migrate(db)
     finally:
         db.dispose()
+
+
+def test_in_a_cluster_the_owner_ends_a_job_whose_gone_reports_another_replica_took(
+    pg_database: str, clock: FakeClock
+) -> None:
+    """Two replicas on one PostgreSQL: the gone reports reach one, the job's owner ends it."""
+    import psycopg
+
+    from flightdeck.server.cluster import HOUSEKEEPING_S
+
+    schema = f"c_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(pg_database.replace("+psycopg", ""), autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    url = f"{pg_database}?options=-csearch_path%3D{schema}"
+    a = make_server(url, clock, cluster=True)
+    b = make_server(url, clock, cluster=True)
+    try:
+        stuck, _finals, t_k = healthy_prefix(10)
+        clock.now_ns = t_k + int((STALL_S + 1) * NS)
+        assert a.push(stuck).status_code == 200
+        for _ in range(3):
+            a.diagnose()
+            b.diagnose()
+        owner, other = (a, b) if a.svc.live.cluster and a.svc.live.cluster.owned else (b, a)
+        assert owner.svc.live.cluster is not None and owner.svc.live.cluster.owned
+        assert owner.job(JOB)["status"] == "hung"
+        gone = [GoneRank(JOB, 0, s.rank, s.pid or 0, clock()) for s in stuck]
+        assert push_batch(other, gone_batch(gone, sent_at_ns=clock())).json()["gone"] == 4
+        clock.advance(HOUSEKEEPING_S + 0.1)
+        owner.diagnose()
+        owner.diagnose()
+        doc = owner.job(JOB)
+        assert doc["status"] == "failed" and doc["ended_at_s"] is not None
+        assert other.job(JOB)["status"] == "failed"
+    finally:
+        a.svc.close()
+        b.svc.close()
