@@ -16,7 +16,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
@@ -941,15 +941,25 @@ class LiveDiagnosis:
         first_seen = js.first_seen_ns or now_ns
         js.state_mismatch_since, unsettled = settle_state_mismatches(report, js.state_mismatch_since, now_ns)
         open_before = list(js.report.findings) if js.report is not None else []
+        held = ended_at is None and (
+            self._filling_in(js, now_mono, now_ns, expected) or self._ending(js, now_ns)
+        )
         report.findings = live_findings(
             report,
             job_age_s=(now_ns - first_seen) / NS,
             grace_s=self._settings.stall_after_s,
             unsettled=unsettled,
-            filling_in=ended_at is None
-            and (self._filling_in(js, now_mono, now_ns, expected) or self._ending(js, now_ns)),
+            filling_in=held,
             open_keys={store.finding_key(f) for f in open_before},
         )
+        if held:
+            # Nor does a partial picture resolve what is open: a job going down loses its hang
+            # from the diagnosis of the moment some ranks are final and others not yet, and the
+            # hang would read resolved instead of ended. It stays, as last seen.
+            seen = {store.finding_key(f) for f in report.findings}
+            report.findings += [
+                replace(f, consequence_of=None) for f in open_before if store.finding_key(f) not in seen
+            ]
         if ended_at is not None:
             # The faults open at the end: open before and still seen by the end's diagnosis.
             was_open = {store.finding_key(f) for f in open_before}

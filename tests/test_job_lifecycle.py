@@ -182,6 +182,32 @@ def test_final_snapshots_of_a_sigterm_end_the_job_failed(server: Server) -> None
     assert doc["ended_at_s"] == pytest.approx(max(s.snapshot_time_ns for s in finals) / NS, abs=1e-3)
 
 
+def test_a_hung_job_stopped_by_sigterm_closes_its_hang_as_ended(server: Server) -> None:
+    """The final snapshots of a SIGTERMed job arrive apart: the diagnosis of the moment half of
+    them are in neither resolves the open hang nor opens anything; the end closes it as ended."""
+    stuck, _finals, t_k = healthy_prefix(10)
+    server.clock.now_ns = t_k + int((STALL_S + 1) * NS)
+    assert server.push(stuck).status_code == 200
+    server.diagnose()
+    assert server.job(JOB)["status"] == "hung"
+    server.clock.advance(1)
+    killed = [
+        replace(s, kind="final", exception="terminated by SIGTERM", snapshot_time_ns=server.clock())
+        for s in stuck
+    ]
+    assert server.push(killed[:2]).status_code == 200
+    server.diagnose()
+    (hang,) = history(server)
+    assert hang["open"] and server.job(JOB)["status"] == "hung"
+    server.clock.advance(0.5)
+    assert server.push(killed[2:]).status_code == 200
+    server.diagnose()
+    doc = server.job(JOB)
+    assert doc["status"] == "failed" and doc["ended_at_s"] == pytest.approx(killed[0].snapshot_time_ns / NS)
+    (hang,) = history(server)
+    assert hang["resolution"] == "ended" and hang["resolved_at_s"] == doc["ended_at_s"]
+
+
 def test_a_scoped_token_ends_only_its_own_hosts_ranks(server: Server) -> None:
     stuck, _finals, t_k = healthy_prefix(10)
     server.clock.now_ns = t_k + int((STALL_S + 1) * NS)
