@@ -893,9 +893,13 @@ class LiveDiagnosis:
         if js.ended_at_ns is not None:
             if newest <= js.ended_at_ns:
                 return  # ended: a late snapshot from before the end changes nothing
-            log.info("job %s: a snapshot newer than its end arrived; it runs again", js.name)
-            js.ended_at_ns = None
-            js.status = "running"
+            end = js.ended_at_ns
+            if any(s.kind != "final" for s in js.summaries.values() if (s.snapshot_time_ns or 0) > end):
+                log.info("job %s: a snapshot newer than its end arrived; it runs again", js.name)
+                js.ended_at_ns = None
+                js.status = "running"
+            # Else final snapshots written after the ranks were reported gone (their last words
+            # came late): still ended, its end moved to them below; nothing reopens.
         summaries = list(js.summaries.values())
         expected = js.world_size or max((s.world_size or 0 for s in summaries), default=0) or len(summaries)
         ended_at = job_end(js.summaries, js.gone, expected)

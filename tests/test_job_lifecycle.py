@@ -208,6 +208,34 @@ def test_a_hung_job_stopped_by_sigterm_closes_its_hang_as_ended(server: Server) 
     assert hang["resolution"] == "ended" and hang["resolved_at_s"] == doc["ended_at_s"]
 
 
+def test_final_snapshots_after_the_gone_reports_keep_the_job_ended(server: Server) -> None:
+    """A rank's final snapshot may arrive after its collector reported it gone (the agent writes
+    it on SIGTERM while the collector looks): the job stays ended, its end moves to the finals,
+    nothing reopens (measured with bench/job_end.py: one hang, two episodes, before this)."""
+    stuck, _finals, t_k = healthy_prefix(10)
+    server.clock.now_ns = t_k + int((STALL_S + 1) * NS)
+    assert server.push(stuck).status_code == 200
+    server.diagnose()
+    server.clock.advance(1)
+    gone_at = server.clock()
+    gone = [GoneRank(JOB, 0, s.rank, s.pid or 0, gone_at) for s in stuck]
+    assert push_batch(server, gone_batch(gone, sent_at_ns=gone_at)).status_code == 200
+    server.diagnose()
+    assert server.job(JOB)["status"] == "failed"
+    server.clock.advance(2)
+    killed = [
+        replace(s, kind="final", exception="terminated by SIGTERM", snapshot_time_ns=server.clock() - NS)
+        for s in stuck
+    ]
+    assert server.push(killed).status_code == 200
+    server.diagnose()
+    doc = server.job(JOB)
+    assert doc["status"] == "failed"
+    assert doc["ended_at_s"] == pytest.approx((server.clock() - NS) / NS, abs=1e-3)
+    (hang,) = history(server)
+    assert hang["resolution"] == "ended"
+
+
 def test_a_scoped_token_ends_only_its_own_hosts_ranks(server: Server) -> None:
     stuck, _finals, t_k = healthy_prefix(10)
     server.clock.now_ns = t_k + int((STALL_S + 1) * NS)
