@@ -568,3 +568,11 @@ def test_in_a_cluster_the_owner_ends_a_job_whose_gone_reports_another_replica_to
     finally:
         a.svc.close()
         b.svc.close()
+
+
+def test_the_pages_offer_the_servers_statuses() -> None:
+    from flightdeck.server.models import JOB_STATUSES
+    from flightdeck.web.views import FILTER_STATUSES, JOB_STATUS_ORDER
+
+    assert FILTER_STATUSES == JOB_STATUSES
+    assert set(JOB_STATUSES) <= set(JOB_STATUS_ORDER)
