@@ -1611,9 +1611,10 @@ def apply_findings(
     resolve the ones that disappeared; store the report and the job status.
 
     `last_seen_ns`: the newest snapshot time the diagnosis holds (the job row's never moves back).
-    With `ended_at_ns` the job has ended: nothing new is opened, and every open finding this
-    diagnosis (made as of the end) still sees is closed at that time with resolution `ended`, its
-    data (elapsed times) as of the end; the others resolve as usual. Without it, a job that had
+    With `ended_at_ns` the job has ended: every open finding this diagnosis (made as of the end)
+    still sees is closed at that time with resolution `ended`, its data (elapsed times) as of the
+    end; the others resolve as usual; one it sees for the first time is stored closed (`ended`)
+    at once, without an event (nothing pages for a job that is over). Without it, a job that had
     ended is running again (a newer snapshot)."""
     current: dict[FindingKey, Finding] = {}
     for f in findings:
@@ -1638,10 +1639,18 @@ def apply_findings(
             row.data = seen.to_json()
             row.updated_at_ns = now_ns
     new_rows = []
+    closed: set[FindingKey] = set()
+    if ended_at_ns is not None:
+        q = select(FindingRow.kind, FindingRow.group_key, FindingRow.seq_key, FindingRow.rank_key).where(
+            FindingRow.job_id == job_id, FindingRow.resolution == RESOLUTION_ENDED
+        )
+        closed = {(k, g, sq, r) for k, g, sq, r in session.execute(q).tuples()}
     for key, f in current.items():
-        if key in existing or ended_at_ns is not None:
+        if key in existing or key in closed:
             continue
         kind, group_key, seq_key, rank_key = key
+        # What only the end's diagnosis saw (a job whose whole history arrived after it ended)
+        # is kept, closed as ended at once, and pages nobody (no event).
         row = FindingRow(
             job_id=job_id,
             kind=kind,
@@ -1650,11 +1659,13 @@ def apply_findings(
             rank_key=rank_key,
             opened_at_ns=now_ns,
             updated_at_ns=now_ns,
-            resolved_at_ns=None,
+            resolved_at_ns=None if ended_at_ns is None else now_ns,
+            resolution=None if ended_at_ns is None else RESOLUTION_ENDED,
             data=f.to_json(),
         )
         session.add(row)
-        new_rows.append(row)
+        if ended_at_ns is None:
+            new_rows.append(row)
     session.flush()
     events.extend(FindingEvent("finding.opened", r.id, r.kind, r.data) for r in new_rows)
     values: dict[str, Any] = {

@@ -222,7 +222,7 @@ def test_shipped_stack_pages_a_hang_once_and_not_a_straggler(server: _Server, tm
 
         # Then the hang: it pages, at the paging receiver, naming job, group and culprit count.
         ingested = time.monotonic()
-        server.ingest("skip", "j")
+        server.ingest("skip", "j", periodic_only=True)  # hung now: an ended job pages nobody
         page = stack.webhook.wait_for(lambda d: bool(pages([d], "j")), timeout=120)
         (alert,) = page.alerts("firing")
         assert page.path == PAGE_PATH

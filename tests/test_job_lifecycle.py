@@ -576,3 +576,25 @@ def test_the_pages_offer_the_servers_statuses() -> None:
 
     assert FILTER_STATUSES == JOB_STATUSES
     assert set(JOB_STATUSES) <= set(JOB_STATUS_ORDER)
+
+
+def test_a_job_that_arrives_over_keeps_its_findings_closed_and_pages_nobody(
+    database_url: str, clock: FakeClock
+) -> None:
+    """The whole history of a hung job that is over (its final snapshots too) arrives at once: the
+    hang is on its page and in its history, closed as ended, and no webhook event is queued."""
+    srv = make_server(database_url, clock, webhook_urls=["http://127.0.0.1:9/hook"])
+    try:
+        snaps = [s for ds in scenario_dumps("skip").values() for s in snapshots(ds)]
+        clock.now_ns = max(s.snapshot_time_ns for s in snaps) + 60 * NS
+        assert srv.push(snaps).status_code == 200
+        srv.diagnose()
+        doc = srv.job("skip")
+        assert doc["ended_at_s"] is not None and doc["open_findings"] == 0
+        hist = history(srv, "skip")
+        assert "hang" in {h["kind"] for h in hist}
+        assert all(not h["open"] and h["resolution"] == "ended" for h in hist)
+        with srv.svc.db.read() as session:
+            assert store.webhook_deliveries(session=session) == []
+    finally:
+        srv.svc.close()
