@@ -257,6 +257,9 @@ class IngestService:
                     batches=[(p.item.batch, p.item.collector.id) for p in group],
                     now_ns=now_ns,
                     cache=self._cache,
+                    # A scoped token reports only its host's ranks gone (the store checks where
+                    # each rank runs).
+                    gone_hosts=[p.item.collector.scope.host for p in group],
                 )
                 if self._settings.cluster:
                     # For the processes that own these jobs' diagnosis (read back in commit order).
@@ -522,7 +525,8 @@ class IngestService:
         collector.scope.take_out(batch, refused, collector=collector.name)
         if len(refused) > before:
             self._reject("scope")
-        if refused and not batch.snapshots and not batch.nixl:
+        out_of_scope = collector.scope.take_out_gone(batch)
+        if refused and not batch.snapshots and not batch.nixl and not batch.gone:
             raise self._refused(batch, refused, None)
         request = _Request(
             batch=batch,
@@ -548,6 +552,17 @@ class IngestService:
             return {"duplicate": True, "batch_id": batch.batch_id}
         self._metrics.batches.labels("accepted").inc()
         self._metrics.entries.inc(result.entries)
+        ignored = out_of_scope + result.gone_ignored
+        if ignored:
+            # Another host's rank, another job, or a pid the rank does not have: not ended by this.
+            log.warning(
+                "batch %s from %s: %d gone reports ignored (out of the token's scope or no such "
+                "rank and pid): %s",
+                batch.batch_id,
+                batch.collector_host,
+                len(ignored),
+                ", ".join(f"{g.job}#{g.attempt} rank {g.rank} pid {g.pid}" for g in ignored[:3]),
+            )
         if refused:
             # Applied, but not whole: a 422 that says what was kept and what was refused.
             raise self._refused(batch, refused, result)
@@ -556,6 +571,7 @@ class IngestService:
             "batch_id": batch.batch_id,
             "snapshots": len(result.snapshots),
             "entries": result.entries,
+            **({"gone": len(result.gone), "gone_ignored": len(ignored)} if batch.gone or ignored else {}),
         }
 
 

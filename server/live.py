@@ -16,7 +16,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlalchemy.exc import OperationalError
@@ -85,10 +85,25 @@ class JobState:
     diagnosis_s: float = 0.0
     #: Monotonic time of the last diagnosis that ran the straggler analysis.
     last_stragglers: float = float("-inf")
-    #: Epoch ns of the latest accepted batch for the job (server clock).
+    #: Epoch ns of the newest snapshot accepted for the job (what the ranks say happened, at most
+    #: the server's clock): a replayed batch does not move it.
     last_seen_ns: int = 0
-    #: Epoch ns this process first saw the job (server clock).
+    #: Epoch ns (server clock) of the latest batch for the job: whether it is idle
+    #: (`job_idle_s`) is told by when we last heard of it, whatever its data says.
+    heard_ns: int = 0
+    #: Epoch ns the job was first seen (its oldest snapshot; the stored value after a restart).
     first_seen_ns: int = 0
+    #: Epoch ns (server clock) this process first received data of the job; None for a job
+    #: loaded at start (see `LiveDiagnosis._filling_in`).
+    arrived_ns: int | None = None
+    #: When the job ended (every rank final or gone; `job_end`), None while it runs.
+    ended_at_ns: int | None = None
+    #: rank -> when its collector saw its process gone (collector clock).
+    gone: dict[int, int] = field(default_factory=dict)
+    #: collector host -> (seconds the newest snapshot of its latest batch for the job was behind
+    #: the job's newest snapshot, monotonic arrival): a collector shipping old data while the
+    #: job's other data is newer is catching up (the ranks' clocks compared, not ours).
+    data_lag: dict[str, tuple[float, float]] = field(default_factory=dict)
     #: rank -> snapshot time (epoch ns) of its latest snapshot.
     rank_seen_ns: dict[int, int] = field(default_factory=dict)
     report: Report | None = None
@@ -148,7 +163,8 @@ def _stored_finding(data: dict[str, Any]) -> Finding:
 
 
 def job_status(report: Report, summaries: Sequence[RankSummary], world_size: int | None) -> str:
-    """The job status implied by a diagnosis (mismatch > hung > lost > finished > running)."""
+    """The status of a running job implied by a diagnosis (mismatch > hung > lost > slow >
+    finished > running; an ended job's is `end_state`'s)."""
     kinds = {f.kind for f in report.findings}
     if kinds & MISMATCH_KINDS:
         return "mismatch"
@@ -156,10 +172,52 @@ def job_status(report: Report, summaries: Sequence[RankSummary], world_size: int
         return "hung"
     if "rank_lost" in kinds:
         return "lost"
+    if kinds & {"slow_rank", "straggler"}:
+        return "slow"
     expected = world_size or report.expected_ranks
     if summaries and len(summaries) >= expected and all(s.kind == "final" for s in summaries):
         return "finished"
     return "running"
+
+
+#: Findings that make a job that ends with one open `failed` (the others are context or advice).
+FAULT_KINDS = MISMATCH_KINDS | {"hang", "slow_rank", "state_mismatch", "rank_lost"}
+#: How the agent's final snapshot on SIGTERM / SIGINT starts its `exception` ("terminated by SIGTERM").
+KILLED_PREFIXES = ("terminated by ", "interrupted by ")
+#: Findings that data still arriving could refute: not opened while a job's picture fills in
+#: (`filling_in`). A mismatch between ranks already seen, or their configuration, stays true.
+REFUTABLE_KINDS = frozenset({"hang", "slow_rank", "state_mismatch", "rank_lost", "missing_dump", "undecided"})
+
+
+def job_end(summaries: dict[int, RankSummary], gone: dict[int, int], expected: int) -> int | None:
+    """When the job ended: once each of its `expected` ranks has written its final snapshot or
+    was reported gone, the latest of those times (epoch ns); None while one still runs."""
+    ranks = summaries.keys() | gone.keys()
+    if not ranks or len(ranks) < expected:
+        return None
+    end = 0
+    for r in ranks:
+        s = summaries.get(r)
+        if s is not None and s.kind == "final":
+            end = max(end, s.snapshot_time_ns or 0)
+        elif r in gone:
+            end = max(end, gone[r], (s.snapshot_time_ns or 0) if s is not None else 0)
+        else:
+            return None
+    return end
+
+
+def end_state(open_kinds: set[str], summaries: dict[int, RankSummary], gone: dict[int, int]) -> str:
+    """How an ended job ended: `failed` with a fault open at the end, a rank whose process ended
+    without a final snapshot (gone), or a final snapshot with an exception (a crash, or killed:
+    `KILLED_PREFIXES`); else `finished`."""
+    if open_kinds & FAULT_KINDS:
+        return "failed"
+    for r in summaries.keys() | gone.keys():
+        s = summaries.get(r)
+        if s is None or s.kind != "final" or s.exception:
+            return "failed"
+    return "finished"
 
 
 #: Seconds a state_mismatch must hold before it is stored (and pages). When a long wait ends (a
@@ -186,7 +244,13 @@ def settle_state_mismatches(
 
 
 def live_findings(
-    report: Report, *, job_age_s: float, grace_s: float, unsettled: set[MismatchKey] | None = None
+    report: Report,
+    *,
+    job_age_s: float,
+    grace_s: float,
+    unsettled: set[MismatchKey] | None = None,
+    filling_in: bool = False,
+    open_keys: set[store.FindingKey] | None = None,
 ) -> list[Finding]:
     """The findings worth storing from a live diagnosis.
 
@@ -194,15 +258,20 @@ def live_findings(
     `missing_dump` within the first `grace_s` and `undecided` are the normal state of a starting
     job, not findings (the offline analyzer, which sees a finished picture, keeps them). Neither is
     a state_mismatch in `unsettled` (`settle_state_mismatches`): it may be the peers' snapshots
-    lagging the end of a collective. `consequence_of` indexes are renumbered to the kept list.
+    lagging the end of a collective. While the job's picture is `filling_in` (ranks still
+    arriving, a collector catching up), a finding of `REFUTABLE_KINDS` is kept only if it is open
+    already (`open_keys`): the data on its way could refute it. `consequence_of` indexes are
+    renumbered to the kept list.
     """
     young = unsettled or set()
+    held = open_keys or set()
     keep = [
         i
         for i, f in enumerate(report.findings)
         if f.kind != "undecided"
         and not (f.kind == "missing_dump" and job_age_s < grace_s)
         and not (f.kind == "state_mismatch" and (f.process_group, f.collective_seq_id) in young)
+        and not (filling_in and f.kind in REFUTABLE_KINDS and store.finding_key(f) not in held)
     ]
     if len(keep) == len(report.findings):
         return report.findings
@@ -274,6 +343,8 @@ class LiveDiagnosis:
         self.decode_gate.set()
         self._thread: threading.Thread | None = None
         self.jobs: dict[int, JobState] = {}
+        #: collector host -> server clock (epoch ns) of its latest batch, heartbeats included.
+        self.heard_ns: dict[str, int] = {}
         #: Several servers on one PostgreSQL: which jobs this process diagnoses (see cluster.py).
         self.cluster = Cluster(db=db, clock=clock, on_db_error=on_db_error) if settings.cluster else None
         #: job id -> monotonic time of the last try to own it (cluster mode).
@@ -282,20 +353,19 @@ class LiveDiagnosis:
     # --- lifecycle ------------------------------------------------------------------------------
 
     def load(self) -> None:
-        """Know every stored job (status for the metrics). Active jobs are marked for a rebuild of
-        their summaries from the database, so a hang is still found after a restart; until then
+        """Know the recent jobs: not ended and seen within `job_idle_s` (memory and /metrics hold
+        those only; the others stay in the store and on the pages). They are marked for a rebuild
+        of their summaries from the database, so a hang is still found after a restart; until then
         their open findings are exported as stored (`JobState.restored`). With several replicas
         nothing is restored: a job's owner exports it, and a process taking a job over exports
         it from its own first diagnosis (restored findings could be stale by then)."""
         now_ns = self._clock()
+        since = now_ns - int(self._settings.job_idle_s * NS)
         with self._db.read() as session:
-            for j in store.list_jobs(session=session):
-                active = (
-                    j.status != "finished" and (now_ns - j.last_seen_ns) / NS <= self._settings.job_idle_s
-                )
+            for j in store.recent_jobs(session=session, since_ns=since):
                 restored = (
                     [_stored_finding(row.data) for row in store.open_findings(session=session, job_id=j.id)]
-                    if active and self.cluster is None
+                    if self.cluster is None
                     else []
                 )
                 self.jobs[j.id] = JobState(
@@ -306,8 +376,9 @@ class LiveDiagnosis:
                     world_size=j.world_size,
                     status=j.status,
                     last_seen_ns=j.last_seen_ns,
+                    heard_ns=j.last_seen_ns,
                     first_seen_ns=j.first_seen_ns,
-                    dirty=active,
+                    dirty=True,
                 )
 
     def start(self) -> None:
@@ -355,9 +426,18 @@ class LiveDiagnosis:
         """
         now = self._mono()
         now_ns = self._clock()
+        # Per job, the oldest and newest snapshot time of the batch (what the ranks say happened).
+        span: dict[int, tuple[int, int]] = {}
+        for a in result.snapshots:
+            t = min(a.snapshot.snapshot_time_ns or now_ns, now_ns)
+            lo, hi = span.get(a.job_id, (t, t))
+            span[a.job_id] = (min(lo, t), max(hi, t))
         with self._lock:
+            if source:
+                self.heard_ns[source] = now_ns
             for job_id, (name, attempt) in result.jobs.items():
                 js = self.jobs.get(job_id)
+                oldest, newest = span.get(job_id, (0, 0))
                 if js is None:
                     created = job_id in result.created_jobs
                     # A job this process has never seen may hold rows another server wrote.
@@ -366,16 +446,22 @@ class LiveDiagnosis:
                         name=name,
                         attempt=attempt,
                         summaries={} if created else None,
-                        first_seen_ns=now_ns,
+                        first_seen_ns=oldest or now_ns,
                     )
-                js.last_seen_ns = now_ns
+                if js.arrived_ns is None:
+                    js.arrived_ns = now_ns
+                if newest:
+                    js.last_seen_ns = max(js.last_seen_ns, newest)
+                    js.data_lag[source] = ((js.last_seen_ns - newest) / NS, now)
                 js.last_ingest = now
+                js.heard_ns = now_ns
                 js.batch_lag[source] = (lag_s, now, skew_free)
                 if not js.dirty:
                     js.dirty = True
                     js.dirty_since = now
-                if js.status == "finished":
-                    js.status = "running"
+            for g in result.gone:
+                js = self.jobs[g.job_id]
+                js.gone[g.rank] = g.gone_at_ns
             if self.cluster is not None:
                 # The owner folds every batch in feed order, its own ones included (cluster.py).
                 self.cluster.remember(result.feed_ids, result.snapshots)
@@ -418,10 +504,12 @@ class LiveDiagnosis:
         if self.cluster is not None:
             jobs = self._cluster_step(jobs, now, now_ns)
         for js in jobs:
+            if self._expired(js, now_ns):
+                continue
             self._fold(js)
             if not force and self._replaying(js, now):
                 continue
-            idle = (now_ns - js.last_seen_ns) / NS > s.job_idle_s
+            idle = (now_ns - js.heard_ns) / NS > s.job_idle_s
             # A large job's diagnosis takes long: space them so it gets at most its share of a core.
             rested = now - js.last_diagnosis >= js.diagnosis_s / s.diagnosis_max_share
             if js.dirty:
@@ -436,7 +524,7 @@ class LiveDiagnosis:
                 and (
                     force
                     or (
-                        js.status != "finished"
+                        js.ended_at_ns is None
                         and rested
                         and now - js.last_diagnosis >= s.diagnosis_interval_s
                     )
@@ -452,20 +540,35 @@ class LiveDiagnosis:
                 self._observe_duration(time.perf_counter() - started)
         return len(due)
 
+    def _expired(self, js: JobState, now_ns: int) -> bool:
+        """Drop an ended job's state `ended_series_s` after its end (its series leave /metrics;
+        a late snapshot brings it back from the store, still ended unless newer than the end)."""
+        if js.ended_at_ns is None or now_ns - js.ended_at_ns < self._settings.ended_series_s * NS:
+            return False
+        with self._lock:
+            if js.pending:
+                return False
+            self.jobs.pop(js.job_id, None)
+            self._claim_tried.pop(js.job_id, None)
+        if self.cluster is not None and js.job_id in self.cluster.owned:
+            self.cluster.release(js.job_id)
+        return True
+
     def _cluster_step(self, jobs: list[JobState], now: float, now_ns: int) -> list[JobState]:
         """Own what can be owned, release idle jobs, queue the feed's new snapshots of the owned
         jobs; returns the owned jobs (the others are diagnosed by another process)."""
         c = self.cluster
         assert c is not None
         idle_s = self._settings.job_idle_s
-        if c.housekeeping():
+        housekept = c.housekeeping()
+        if housekept:
             if not c.check():
                 for js in jobs:
                     js.summaries = None
             jobs = self._discover(jobs, now_ns)
         want = []
         for js in jobs:
-            active = (now_ns - js.last_seen_ns) / NS <= idle_s
+            active = (now_ns - js.heard_ns) / NS <= idle_s
             if js.job_id in c.owned:
                 if not active:
                     c.release(js.job_id)
@@ -484,18 +587,41 @@ class LiveDiagnosis:
         for js in jobs:
             if js.job_id not in c.owned:
                 js.summaries = None
+        if housekept and owned:
+            self._learn_gone([js for js in owned if js.ended_at_ns is None])
         feed = c.read({js.job_id: (js.name, js.attempt) for js in owned if js.summaries is not None})
         for job_id, snaps in feed.items():
             js = self.jobs[job_id]
             with self._lock:
                 js.pending.extend(snaps)
                 js.world_size = next((x.world_size for x in reversed(snaps) if x.world_size), js.world_size)
-                js.last_seen_ns = max(js.last_seen_ns, now_ns)
+                newest = max((min(x.snapshot_time_ns, now_ns) for x in snaps), default=0)
+                js.last_seen_ns = max(js.last_seen_ns, newest)
+                js.heard_ns = now_ns
                 js.last_ingest = now
                 if not js.dirty:
                     js.dirty = True
                     js.dirty_since = now
         return owned
+
+    def _learn_gone(self, jobs: list[JobState]) -> None:
+        """The gone reports other processes ingested for these owned jobs (the feed carries the
+        snapshots only): read from the store every `cluster.HOUSEKEEPING_S`."""
+        try:
+            with self._db.read() as session:
+                gone = store.gone_ranks(session=session, job_ids=[js.job_id for js in jobs])
+        except OperationalError:
+            self._on_db_error()
+            return
+        now = self._mono()
+        with self._lock:
+            for js in jobs:
+                new = gone.get(js.job_id, {})
+                if new.keys() - js.gone.keys():
+                    js.gone.update(new)
+                    if not js.dirty:
+                        js.dirty = True
+                        js.dirty_since = now
 
     def _discover(self, jobs: list[JobState], now_ns: int) -> list[JobState]:
         """Learn the active jobs other processes ingested (to take them over should their owner
@@ -521,8 +647,10 @@ class LiveDiagnosis:
                         first_seen_ns=r.first_seen_ns,
                     )
                 js.last_seen_ns = max(js.last_seen_ns, r.last_seen_ns)
+                js.heard_ns = max(js.heard_ns, r.last_seen_ns)
                 if r.id not in owned:
                     js.status = r.status
+                    js.ended_at_ns = r.ended_at_ns
             return list(self.jobs.values())
 
     def _fold(self, js: JobState) -> None:
@@ -557,6 +685,10 @@ class LiveDiagnosis:
                 if job is None:
                     return
                 js.world_size = job.world_size
+                js.ended_at_ns = job.ended_at_ns
+                if job.ended_at_ns is not None:
+                    js.status = job.status
+                js.last_seen_ns = max(js.last_seen_ns, job.last_seen_ns)
                 ranks = store.job_ranks(session=session, job_id=js.job_id)
                 groups = {g.name: g for g in store.job_groups(session=session, job_id=js.job_id)}
                 sids = {sid for r, _ in ranks for _, _, sid in (r.thread_stacks or []) if sid is not None}
@@ -572,6 +704,7 @@ class LiveDiagnosis:
         # The job's groups, one object each, shared by every rank (a world-sized member list
         # per rank would be ranks x world ints; diagnosis counts member lists by object).
         js.member_lists, js.lowest_member = {}, {}
+        js.gone = {}
         infos = {
             n: GroupInfo(n, g.desc, None if g.ranks is None else js.intern_members(tuple(g.ranks)))
             for n, g in groups.items()
@@ -600,12 +733,21 @@ class LiveDiagnosis:
             add_entries(s, entries.get(r.rank, []))
             summaries[r.rank] = s
             js.rank_seen_ns[r.rank] = r.last_snapshot_ns
+            if r.gone_at_ns is not None:
+                js.gone[r.rank] = r.gone_at_ns
         js.summaries = summaries
         js.agreed = {}
         js.dirty = True
 
     def _apply(self, js: JobState, snap: Snapshot) -> None:
         assert js.summaries is not None
+        if snap.snapshot_time_ns == js.rank_seen_ns.get(snap.rank):
+            # The rank's newest snapshot again (a restarted collector re-sending what it shipped):
+            # nothing to learn. An older one changes no metadata below, and its entries only fill
+            # in what the newer ones lacked (`add_entries` moves no state back).
+            return
+        if snap.snapshot_time_ns > js.gone.get(snap.rank, snap.snapshot_time_ns):
+            del js.gone[snap.rank]  # seen again after it was reported gone
         s = js.summaries.get(snap.rank)
         if s is None:
             s = js.summaries[snap.rank] = RankSummary(rank=snap.rank, source=snap.source, job=js.name)
@@ -726,6 +868,47 @@ class LiveDiagnosis:
             return now_ns
         return now_ns - int(max(lag + since for lag, since in recent) * NS)
 
+    def _filling_in(self, js: JobState, now: float, now_ns: int, expected: int) -> bool:
+        """Whether the job's picture is still being filled in. Within `job_settle_s` of the first
+        data this process received of it, while its batches still come (the last less than
+        `stall_after_s` ago): while fewer than `expected` ranks are in, or while its newest
+        snapshot is older than `_late_after_s` (a collector shipping the history of a running job;
+        the newer snapshots are queued behind). At any time: while a collector's latest batch for
+        the job, less than `stall_after_s` ago, carried only snapshots `_late_after_s` older than
+        the job's newest (it is catching up with the others). A picture complete and old (a job
+        that ended before the collector started) is judged once its batches stop coming."""
+        assert js.summaries is not None
+        late = self._late_after_s()
+        stall = self._settings.stall_after_s
+        settling = (
+            js.arrived_ns is not None
+            and now_ns - js.arrived_ns < self._settings.job_settle_s * NS
+            and now - js.last_ingest < stall
+        )
+        if settling and (len(js.summaries) < expected or now_ns - js.last_seen_ns > late * NS):
+            return True
+        return any(age > late and now - at < stall for age, at in list(js.data_lag.values()))
+
+    def _ending(self, js: JobState, now_ns: int) -> bool:
+        """Whether the job is going down: some of its ranks wrote their final snapshot (or were
+        reported gone) less than `stall_after_s` ago and the others have not yet. A scheduler's
+        SIGTERM reaches the ranks within moments of each other, but their final snapshots (and the
+        collector's gone reports) arrive apart: a rank whose final is a second behind the others'
+        is not lost, and a collective they all left is not hung."""
+        assert js.summaries is not None
+        ends = [s.snapshot_time_ns or 0 for s in js.summaries.values() if s.kind == "final"]
+        ends += js.gone.values()
+        return bool(ends) and now_ns - max(ends) < self._settings.stall_after_s * NS
+
+    def _no_data(self, js: JobState, now_ns: int) -> bool:
+        """Whether none of the job's ranks has sent a snapshot for `no_data_after_s` while a
+        collector of the job still reports (its batches or heartbeats) and no rank is gone."""
+        window = self._settings.no_data_after_s * NS
+        if js.gone or not js.rank_seen_ns or now_ns - max(js.rank_seen_ns.values()) < window:
+            return False
+        heard = dict(self.heard_ns)
+        return any(now_ns - heard.get(host, 0) < window for host in list(js.batch_lag))
+
     def diagnose_job(self, js: JobState) -> None:
         """Diagnose one job now and store the outcome (findings, status, report)."""
         now_mono = self._mono()
@@ -734,8 +917,21 @@ class LiveDiagnosis:
         js.last_diagnosis = now_mono
         if not js.summaries:
             return
-        summaries = list(js.summaries.values())
         now_ns = self._clock()
+        newest = max(js.rank_seen_ns.values(), default=0)
+        if js.ended_at_ns is not None:
+            if newest <= js.ended_at_ns:
+                return  # ended: a late snapshot from before the end changes nothing
+            end = js.ended_at_ns
+            if any(s.kind != "final" for s in js.summaries.values() if (s.snapshot_time_ns or 0) > end):
+                log.info("job %s: a snapshot newer than its end arrived; it runs again", js.name)
+                js.ended_at_ns = None
+                js.status = "running"
+            # Else final snapshots written after the ranks were reported gone (their last words
+            # came late): still ended, its end moved to them below; nothing reopens.
+        summaries = list(js.summaries.values())
+        expected = js.world_size or max((s.world_size or 0 for s in summaries), default=0) or len(summaries)
+        ended_at = job_end(js.summaries, js.gone, expected)
         dirs = sorted({s.config.checkpoint_dir for s in summaries if s.config and s.config.checkpoint_dir})
         peers: list[PeerJob] = []
         if dirs:
@@ -754,7 +950,8 @@ class LiveDiagnosis:
         started = time.perf_counter()
         report = diagnose(
             summaries,
-            now_ns=self._as_of_ns(js, now_mono, now_ns),
+            # An ended job is judged as of its end: the elapsed times of what was open freeze there.
+            now_ns=min(ended_at, now_ns) if ended_at is not None else self._as_of_ns(js, now_mono, now_ns),
             options=self._options,
             world_size=js.world_size,
             job=js.name,
@@ -776,13 +973,35 @@ class LiveDiagnosis:
         # Job age by the server's clock: snapshot times say when the ranks wrote, not when we heard.
         first_seen = js.first_seen_ns or now_ns
         js.state_mismatch_since, unsettled = settle_state_mismatches(report, js.state_mismatch_since, now_ns)
+        open_before = list(js.report.findings) if js.report is not None else []
+        held = ended_at is None and (
+            self._filling_in(js, now_mono, now_ns, expected) or self._ending(js, now_ns)
+        )
         report.findings = live_findings(
             report,
             job_age_s=(now_ns - first_seen) / NS,
             grace_s=self._settings.stall_after_s,
             unsettled=unsettled,
+            filling_in=held,
+            open_keys={store.finding_key(f) for f in open_before},
         )
-        status = job_status(report, summaries, js.world_size)
+        if held:
+            # Nor does a partial picture resolve what is open: a job going down loses its hang
+            # from the diagnosis of the moment some ranks are final and others not yet, and the
+            # hang would read resolved instead of ended. It stays, as last seen.
+            seen = {store.finding_key(f) for f in report.findings}
+            report.findings += [
+                replace(f, consequence_of=None) for f in open_before if store.finding_key(f) not in seen
+            ]
+        if ended_at is not None:
+            # The faults open at the end: open before and still seen by the end's diagnosis.
+            was_open = {store.finding_key(f) for f in open_before}
+            open_kinds: set[str] = {f.kind for f in report.findings if store.finding_key(f) in was_open}
+            status = end_state(open_kinds, js.summaries, js.gone)
+        else:
+            status = job_status(report, summaries, js.world_size)
+            if status == "running" and self._no_data(js, now_ns):
+                status = "no_data"
         try:
             with self._db.write() as session, session.begin():
                 events = store.apply_findings(
@@ -792,6 +1011,8 @@ class LiveDiagnosis:
                     report=report.to_json(),
                     status=status,
                     now_ns=now_ns,
+                    last_seen_ns=js.last_seen_ns or None,
+                    ended_at_ns=ended_at,
                 )
                 if events and self._record_events is not None:
                     self._record_events(session, js, events)
@@ -802,6 +1023,9 @@ class LiveDiagnosis:
             return
         js.report = report
         js.status = status
+        js.ended_at_ns = ended_at
+        if ended_at is not None:
+            log.info("job %s ended %s", js.name, status)
         self._update_gauges(js, report, now_ns)
         if events:
             self._on_events(js, events)

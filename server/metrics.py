@@ -329,8 +329,11 @@ class StateCollector(Collector):
             open_kinds: Tally[str] = Tally()
             # Until its first diagnosis after a restart, a job's open findings as stored (so an
             # open incident is exported from the first scrape on: neither resolved nor re-fired).
+            # An ended job's gauges read 0 at once (its findings closed as ended), until its
+            # series go `ended_series_s` later (`LiveDiagnosis` drops its state).
             findings = report.findings if report is not None else js.restored
-            if js.status != "finished":
+            ended = js.ended_at_ns is not None
+            if not ended and js.status != "finished":
                 for f in findings:
                     open_kinds[f.kind] += 1
                     g = f.process_group or ""
@@ -350,9 +353,12 @@ class StateCollector(Collector):
                 f = mm_groups.get(g) or hang_groups.get(g)
                 culprits.add_metric([name, g], float(len(f.culprit_ranks)) if f else 0.0)
                 waiting.add_metric([name, g], float(len(f.waiting_ranks)) if f else 0.0)
-                t0 = js.oldest_unfinished_ns.get(g)
+                t0 = None if ended else js.oldest_unfinished_ns.get(g)
                 oldest.add_metric([name, g], max(0.0, (now_ns - t0) / NS) if t0 is not None else 0.0)
             lost.add_metric([name], float(len(lost_ranks)))
+            if ended and report is not None:
+                for kind in sorted({f.kind for f in report.findings}):
+                    open_.add_metric([name, kind], 0.0)
             for kind, n in sorted(open_kinds.items()):
                 open_.add_metric([name, kind], float(n))
             if report is not None:
@@ -362,8 +368,9 @@ class StateCollector(Collector):
                 colls.add_metric([name, g, op], float(n))
             for g, h in sorted(js.skew.items()):
                 skew.add_metric([name, g], _cumulative(SKEW_BUCKETS, h.counts), h.total)
-            for r, t in sorted(js.rank_seen_ns.items()):
-                seen.add_metric([name, str(r)], max(0.0, (now_ns - t) / NS))
+            if not ended:  # an ended rank is not late: its age would only grow
+                for r, t in sorted(js.rank_seen_ns.items()):
+                    seen.add_metric([name, str(r)], max(0.0, (now_ns - t) / NS))
         with self._shared.lock:
             kinds = dict(self._shared.findings_opened)
         for kind, n in sorted(kinds.items()):

@@ -47,8 +47,16 @@ STATE_NAMES: dict[int, str] = {v: k for k, v in STATE_CODES.items()}
 #: widened these columns on PostgreSQL only, without copying SQLite's tables).
 WIDE_INT = BigInteger().with_variant(Integer, "sqlite")
 
-#: Job statuses, also the `status` label values of `flightdeck_jobs`.
-JOB_STATUSES = ("running", "hung", "mismatch", "lost", "finished")
+#: Job statuses, also the `status` label values of `flightdeck_jobs`. While the job runs: running,
+#: slow (a slow_rank or straggler finding is open), hung, mismatch, lost, no_data (its collectors
+#: still report but none of its ranks has sent a snapshot for `no_data_after_s`). Once every rank
+#: is final or gone the job has ended (`Job.ended_at_ns`) as finished or failed (an open fault at
+#: the end, or a rank killed: see `flightdeck.server.live.end_state`).
+JOB_STATUSES = ("running", "slow", "hung", "mismatch", "lost", "no_data", "finished", "failed")
+#: The statuses of an ended job.
+ENDED_STATUSES = ("finished", "failed")
+#: `FindingRow.resolution` of a finding closed because its job ended (kept, elapsed frozen).
+RESOLUTION_ENDED = "ended"
 
 
 class Base(DeclarativeBase):
@@ -74,7 +82,12 @@ class Job(Base):
     """One attempt of one distributed job."""
 
     __tablename__ = "jobs"
-    __table_args__ = (UniqueConstraint("name", "attempt", name="uq_jobs_name_attempt"),)
+    __table_args__ = (
+        UniqueConstraint("name", "attempt", name="uq_jobs_name_attempt"),
+        # The job list: newest first, optionally of one status (store.list_jobs pages through them).
+        Index("ix_jobs_last_seen", "last_seen_ns", "id"),
+        Index("ix_jobs_status_last_seen", "status", "last_seen_ns", "id"),
+    )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(256))
     attempt: Mapped[int] = mapped_column(Integer, default=0)
@@ -85,6 +98,9 @@ class Job(Base):
     #: The last diagnosis as `Report.to_json()` (its findings are the open ones).
     report: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     diagnosed_at_ns: Mapped[int | None] = mapped_column(BigInteger)
+    #: When the job ended (every rank final or gone: the latest of those times); None while it
+    #: runs. `status` is then its end state (`ENDED_STATUSES`).
+    ended_at_ns: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class Rank(Base):
@@ -107,6 +123,8 @@ class Rank(Base):
     torch_version: Mapped[str | None] = mapped_column(String(64))
     backend: Mapped[str | None] = mapped_column(String(64))
     version: Mapped[str] = mapped_column(String(64), default="")
+    #: When its collector reported the rank's process gone (collector clock); None: not reported.
+    gone_at_ns: Mapped[int | None] = mapped_column(BigInteger)
     #: `[[thread_name, thread_id, stack_id or null], ...]` from the latest snapshot that had any.
     thread_stacks: Mapped[list[Any] | None] = mapped_column(JSON)
     #: Whether the main thread is working: `flightdeck.records.progress_to_dict` of the latest
@@ -273,6 +291,9 @@ class FindingRow(Base):
     opened_at_ns: Mapped[int] = mapped_column(BigInteger)
     updated_at_ns: Mapped[int] = mapped_column(BigInteger)
     resolved_at_ns: Mapped[int | None] = mapped_column(BigInteger)
+    #: How it closed: None while open or when the diagnosis stopped seeing it, `RESOLUTION_ENDED`
+    #: when its job ended with it open (its `data` then holds the elapsed times at the end).
+    resolution: Mapped[str | None] = mapped_column(String(16))
     #: The finding as `Finding.to_json()`, from the latest diagnosis that saw it.
     data: Mapped[dict[str, Any]] = mapped_column(JSON)
 

@@ -13,13 +13,14 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from flightdeck.analysis.diagnose import missing_ranks
+from flightdeck.limits import MAX_JOB
 from flightdeck.nixl_rates import RATE_WINDOW_S, window_stats
 from flightdeck.server import store
 from flightdeck.server.access import check_read
 from flightdeck.server.app import Services
 from flightdeck.server.errors import NotFoundError
 from flightdeck.server.ingest_http import INGEST_PATH, ingest_request
-from flightdeck.server.models import FindingRow, Job
+from flightdeck.server.models import JOB_STATUSES, FindingRow, Job
 from flightdeck.server.validation import AttemptQuery, GroupQuery, JobParam, RankQuery, SeqQuery
 
 NS = 1_000_000_000
@@ -84,8 +85,30 @@ def _job_summary(j: Job, open_count: int) -> dict[str, Any]:
         "first_seen_s": _s(j.first_seen_ns),
         "last_seen_s": _s(j.last_seen_ns),
         "diagnosed_at_s": _s(j.diagnosed_at_ns),
+        "ended_at_s": _s(j.ended_at_ns),
         "open_findings": open_count,
     }
+
+
+#: Query parameters of the job list: a status, a part of the job name, a page.
+StatusQuery = Annotated[str | None, Query(pattern="^(" + "|".join(JOB_STATUSES) + ")$")]
+SearchQuery = Annotated[str | None, Query(min_length=1, max_length=MAX_JOB)]
+#: `<last_seen_ns>.<id>` of the last job of the previous page (the `Link: rel="next"` header).
+BeforeQuery = Annotated[str | None, Query(pattern=r"^[0-9]{1,19}\.[0-9]{1,10}$")]
+LimitQuery = Annotated[int, Query(ge=1, le=1000)]
+
+
+def job_cursor(j: Job) -> str:
+    """The `before` value of the page after `j`."""
+    return f"{j.last_seen_ns}.{j.id}"
+
+
+def parse_cursor(before: str | None) -> tuple[int, int] | None:
+    """`job_cursor`'s value back (already checked by `BeforeQuery`'s pattern)."""
+    if before is None:
+        return None
+    seen, _, job_id = before.partition(".")
+    return int(seen), int(job_id)
 
 
 def _finding_json(r: FindingRow) -> dict[str, Any]:
@@ -96,17 +119,35 @@ def _finding_json(r: FindingRow) -> dict[str, Any]:
         "opened_at_s": _s(r.opened_at_ns),
         "updated_at_s": _s(r.updated_at_ns),
         "resolved_at_s": _s(r.resolved_at_ns),
+        # "ended": closed because its job ended with it open (elapsed frozen at the end).
+        "resolution": r.resolution,
         "finding": r.data,
     }
 
 
 @router.get("/api/v1/jobs", tags=["jobs"], dependencies=[ReadAuth])
-def list_jobs(svc: ServicesDep) -> list[dict[str, Any]]:
-    """Every job attempt with its status, most recently seen first."""
+def list_jobs(
+    svc: ServicesDep,
+    request: Request,
+    response: Response,
+    status: StatusQuery = None,
+    q: SearchQuery = None,
+    before: BeforeQuery = None,
+    limit: LimitQuery = 200,
+) -> list[dict[str, Any]]:
+    """Job attempts with their status (and when they ended), most recently seen first: of one
+    `status`, whose name contains `q` (case-insensitive); `limit` per page, the next page at the
+    URL of the `Link: <...>; rel="next"` header."""
 
     with _read(svc) as session:
-        jobs = store.list_jobs(session=session)
-        counts = store.open_finding_counts(session=session)
+        jobs = store.list_jobs(
+            session=session, status=status, name=q, before=parse_cursor(before), limit=limit + 1
+        )
+        more, jobs = len(jobs) > limit, jobs[:limit]
+        counts = store.open_finding_counts(session=session, job_ids=[j.id for j in jobs])
+        if more:
+            nxt = request.url.include_query_params(before=job_cursor(jobs[-1]))
+            response.headers["Link"] = f'<{nxt}>; rel="next"'
         return [_job_summary(j, counts.get(j.id, 0)) for j in jobs]
 
 
@@ -176,7 +217,9 @@ def get_job(svc: ServicesDep, job: JobParam, attempt: AttemptQuery = None) -> di
                 "findings": [],
                 "warnings": [],
             }
-        return {**report, **_job_summary(j, len(report["findings"]))}
+        # An ended job's report is its verdict at the end; its findings are closed (`ended`).
+        open_count = 0 if j.ended_at_ns is not None else len(report["findings"])
+        return {**report, **_job_summary(j, open_count)}
 
 
 @router.get("/api/v1/nixl/agents", tags=["nixl"], dependencies=[ReadAuth])

@@ -176,6 +176,30 @@ class ServerSettings(BaseSettings):
         description="A job without a snapshot for this long is no longer re-diagnosed periodically "
         "and its in-memory summaries are dropped (they are rebuilt from the database if it returns).",
     )
+    ended_series_s: float = Field(
+        default=600.0,
+        ge=0,
+        description="An ended job (every rank final or reported gone) keeps its series on /metrics, "
+        "its gauges at 0, for this long after it ended; then its in-memory state is dropped "
+        "(its history stays in the store and on the pages).",
+    )
+    no_data_after_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="A job none of whose ranks has sent a snapshot for this long, while a collector "
+        "of the job still reports (batches or idle heartbeats) and none of its ranks was reported "
+        "gone, has status no_data.",
+    )
+    job_settle_s: float = Field(
+        default=120.0,
+        ge=0,
+        description="For this long after this process first receives data of a job, while fewer "
+        "ranks than its world size are in or its newest snapshot is older than max(stall_after_s / "
+        "2, 5 s) (a collector shipping a running job's history), the job's picture is still filling "
+        "in: the diagnosis opens no finding that the arriving data could refute (hang, slow_rank, "
+        "rank_lost, missing_dump, state_mismatch). The whole-ring backfill of a 1,024-rank job took "
+        "34-56 s. 0: judge every picture as it comes.",
+    )
     max_summary_seqs: int = Field(
         default=8192,
         ge=16,

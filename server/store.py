@@ -41,6 +41,7 @@ from flightdeck.records import (
     progress_to_dict,
 )
 from flightdeck.server.models import (
+    RESOLUTION_ENDED,
     STATE_CODES,
     STATE_NAMES,
     CollectorToken,
@@ -59,7 +60,7 @@ from flightdeck.server.models import (
     StackRow,
     WebhookDelivery,
 )
-from flightdeck.wire import Batch, EntryColumns, Snapshot
+from flightdeck.wire import Batch, EntryColumns, GoneRank, Snapshot
 
 #: Rows per executemany call: bounds one statement's parameter memory without costing round trips.
 _CHUNK = 10_000
@@ -94,6 +95,17 @@ class AppliedSnapshot:
     snapshot: Snapshot
 
 
+@dataclass(frozen=True, slots=True)
+class AppliedGone:
+    """A gone report as applied: the rank's job row and when its process was seen gone."""
+
+    job_id: int
+    name: str
+    attempt: int
+    rank: int
+    gone_at_ns: int
+
+
 @dataclass(slots=True)
 class IngestResult:
     """What one batch changed."""
@@ -107,6 +119,10 @@ class IngestResult:
     created_jobs: set[int] = field(default_factory=set)
     #: job id -> id of the batch's feed row (cluster mode, `add_feed`).
     feed_ids: dict[int, int] = field(default_factory=dict)
+    #: The batch's gone reports that named a stored rank (of the allowed host, with that pid).
+    gone: list[AppliedGone] = field(default_factory=list)
+    #: The batch's gone reports that did not (another host's rank, an unknown rank or pid).
+    gone_ignored: list[GoneRank] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -200,9 +216,15 @@ def ingest_batches(
     batches: Sequence[tuple[Batch, int | None]],
     now_ns: int,
     cache: IngestCache | None = None,
+    gone_hosts: Sequence[str | None] | None = None,
 ) -> tuple[list[IngestResult], CacheUpdate]:
     """Apply decoded (batch, collector id) pairs in one pass: jobs, ranks, groups, stacks,
-    signatures, entries, NIXL samples; one result per batch, in order.
+    signatures, entries, NIXL samples, gone reports; one result per batch, in order.
+
+    A job's `last_seen_ns` is the newest snapshot time it was sent (not when the batch arrived:
+    a replayed batch must not move it), at most `now_ns`; a new job's `first_seen_ns` its oldest.
+    `gone_hosts[i]` is the host whose ranks batch i may report gone (its token's scope; None:
+    any host): a report naming another host's rank is ignored (`IngestResult.gone_ignored`).
 
     Several batches share every statement (group commit: see `flightdeck.server.group_commit`),
     so a transaction costs the same round trips for one batch or fifty. A batch id already
@@ -238,20 +260,32 @@ def ingest_batches(
     hosts = _host_ids(session, {s.host for s in snapshots if s.host}, cache, learned)
     job_ids: dict[tuple[str, int], int] = {}
     created: set[int] = set()
-    touch: list[int] = []  # known jobs to mark seen, last in the transaction
+    touch: list[tuple[int, int]] = []  # known jobs to mark seen (id, newest time), last
+    # Per job, the oldest and newest snapshot time of this call (what the ranks say happened).
+    span: dict[tuple[str, int], tuple[int, int]] = {}
+    for s in snapshots:
+        t = min(s.snapshot_time_ns or now_ns, now_ns)
+        lo, hi = span.get((s.job, s.attempt), (t, t))
+        span[(s.job, s.attempt)] = (min(lo, t), max(hi, t))
     for s in snapshots:
         key = (s.job, s.attempt)
         if key in job_ids:
             continue
+        oldest, newest = span[key]
         known = cache.jobs.get(key)
         if known is not None and (s.world_size is None or s.world_size == known[1]):
             job_ids[key] = known[0]
             if now_ns - known[2] >= cache.touch_every_ns:
-                touch.append(known[0])
+                touch.append((known[0], newest))
                 learned.jobs[key] = (known[0], known[1], now_ns)
             continue
         job_id, new_job = upsert_job(
-            session=session, name=s.job, attempt=s.attempt, world_size=s.world_size, seen_ns=now_ns
+            session=session,
+            name=s.job,
+            attempt=s.attempt,
+            world_size=s.world_size,
+            seen_ns=newest,
+            first_seen_ns=oldest,
         )
         learned.jobs[key] = (job_id, s.world_size or (known[1] if known else None), now_ns)
         job_ids[key] = job_id
@@ -282,12 +316,14 @@ def ingest_batches(
             upsert_nixl(session=session, samples=[NixlSample.from_wire(d) for d in b.nixl])
     # Rows every transaction may touch (the job's, the token's) are updated last: a row lock is
     # held to the commit, and concurrent writers must not wait on each other for a whole write.
-    for job_id in sorted(touch):
+    for job_id, newest in sorted(touch):
         session.execute(
-            update(Job)
-            .where(Job.id == job_id)
-            .values(last_seen_ns=case((Job.last_seen_ns < now_ns, now_ns), else_=Job.last_seen_ns))
+            update(Job).where(Job.id == job_id, Job.last_seen_ns < newest).values(last_seen_ns=newest)
         )
+    hosts_of = {id(b): (None if gone_hosts is None else gone_hosts[i]) for i, (b, _) in enumerate(batches)}
+    for b, r in fresh:
+        if b.gone:
+            _apply_gone(session, b, r, hosts_of[id(b)])
     for collector_id in sorted(
         {c for (b, c), r in zip(batches, results, strict=True) if c is not None and not r.duplicate}
     ):
@@ -524,10 +560,46 @@ def _upsert_entries(session: Session, cols: Sequence[Sequence[Any]]) -> None:
             conn.exec_driver_sql(_SQLITE_UPSERTS[size], list(chunk))
 
 
+def _apply_gone(session: Session, batch: Batch, result: IngestResult, host: str | None) -> None:
+    """Mark the ranks the batch reports gone (the first report counts): only a stored rank of
+    that job attempt, with that pid, and (scoped token) on `host`; the others are ignored."""
+    for g in batch.gone:
+        q = (
+            select(Job.id, Rank.pid, Rank.gone_at_ns, Host.name)
+            .join(Rank, Rank.job_id == Job.id)
+            .outerjoin(Host, Host.id == Rank.host_id)
+            .where(Job.name == g.job, Job.attempt == g.attempt, Rank.rank == g.rank)
+        )
+        row = session.execute(q).first()
+        if (
+            row is None
+            or (row.pid is not None and row.pid != g.pid)
+            or (host is not None and row.name != host)
+        ):
+            result.gone_ignored.append(g)
+            continue
+        gone_at = row.gone_at_ns if row.gone_at_ns is not None else g.gone_at_ns
+        if row.gone_at_ns is None:
+            session.execute(
+                update(Rank).where(Rank.job_id == row.id, Rank.rank == g.rank).values(gone_at_ns=gone_at)
+            )
+        result.gone.append(AppliedGone(row.id, g.job, g.attempt, g.rank, gone_at))
+        result.jobs.setdefault(row.id, (g.job, g.attempt))
+
+
 def upsert_job(
-    *, session: Session, name: str, attempt: int, world_size: int | None, seen_ns: int
+    *,
+    session: Session,
+    name: str,
+    attempt: int,
+    world_size: int | None,
+    seen_ns: int,
+    first_seen_ns: int | None = None,
 ) -> tuple[int, bool]:
-    """Create or touch the (job, attempt) row; returns its id and whether this call created it."""
+    """Create or touch the (job, attempt) row; returns its id and whether this call created it.
+
+    `seen_ns`: the newest snapshot time (last_seen_ns never moves back); `first_seen_ns`: the
+    oldest, for a new row (default `seen_ns`)."""
     existed = session.execute(
         select(Job.id).where(Job.name == name, Job.attempt == attempt)
     ).scalar_one_or_none()
@@ -538,7 +610,7 @@ def upsert_job(
             name=name,
             attempt=attempt,
             world_size=world_size,
-            first_seen_ns=seen_ns,
+            first_seen_ns=min(seen_ns, first_seen_ns if first_seen_ns is not None else seen_ns),
             last_seen_ns=seen_ns,
             status="running",
         )
@@ -817,8 +889,12 @@ _RANK_UPSERT = (
         f"{c} = COALESCE(excluded.{c}, ranks.{c})" if c in _RANK_KEEP else f"{c} = excluded.{c}"
         for c in _RANK_COLUMNS[2:]
     )
-    # A late, older snapshot (a retried batch overtaken by a newer one) must not roll back.
-    + " WHERE ranks.last_snapshot_ns <= excluded.last_snapshot_ns"
+    # A rank seen again after its process was reported gone (same pid, a later snapshot) is back.
+    + ", gone_at_ns = CASE WHEN ranks.gone_at_ns < excluded.last_snapshot_ns THEN NULL "
+    "ELSE ranks.gone_at_ns END"
+    # A late, older snapshot (a retried batch overtaken by a newer one) must not roll back, and
+    # the same snapshot again (a replay) changes nothing.
+     + " WHERE ranks.last_snapshot_ns < excluded.last_snapshot_ns"
 )
 _SQLITE_RANK_ROW = "(" + ", ".join(["?"] * len(_RANK_COLUMNS)) + ")"
 #: PostgreSQL element type of each _RANK_COLUMNS column (thread_stacks: JSON text, cast below).
@@ -1034,9 +1110,67 @@ def nixl_history(*, session: Session, window_ns: int) -> dict[int, list[dict[str
 # --- jobs, ranks and entries (reads) -------------------------------------------------------------
 
 
-def list_jobs(*, session: Session) -> list[Job]:
-    """Every job attempt, most recently seen first."""
-    return list(session.execute(select(Job).order_by(Job.last_seen_ns.desc(), Job.id.desc())).scalars())
+def list_jobs(
+    *,
+    session: Session,
+    status: str | None = None,
+    name: str | None = None,
+    before: tuple[int, int] | None = None,
+    limit: int | None = None,
+) -> list[Job]:
+    """Job attempts, most recently seen first: of one `status`, whose name contains `name`
+    (case-insensitive), seen before the `(last_seen_ns, id)` cursor `before` (the last row of the
+    previous page), at most `limit`. Walks `ix_jobs_last_seen` (or `ix_jobs_status_last_seen`)
+    in order, so a page costs the same with thousands of jobs stored."""
+    q = _list_jobs_query(status=status, name=name, before=before, limit=limit)
+    return list(session.execute(q).scalars())
+
+
+def list_jobs_plan(
+    *,
+    session: Session,
+    status: str | None = None,
+    name: str | None = None,
+    before: tuple[int, int] | None = None,
+    limit: int | None = None,
+) -> str:
+    """The database's query plan of `list_jobs` with these arguments (EXPLAIN), as text."""
+    q = _list_jobs_query(status=status, name=name, before=before, limit=limit)
+    conn = session.connection()
+    compiled = q.compile(dialect=conn.dialect)
+    prefix = "EXPLAIN QUERY PLAN " if conn.dialect.name == "sqlite" else "EXPLAIN "
+    rows = conn.exec_driver_sql(
+        prefix + str(compiled),
+        compiled.params
+        if conn.dialect.name != "sqlite"
+        else tuple(compiled.params[k] for k in compiled.positiontup or ()),
+    )
+    return "\n".join(" ".join(str(c) for c in row) for row in rows)
+
+
+def _list_jobs_query(
+    *, status: str | None, name: str | None, before: tuple[int, int] | None, limit: int | None
+) -> Any:
+    q = select(Job)
+    if status is not None:
+        q = q.where(Job.status == status)
+    if name:
+        # LIKE with the wildcards of the search text escaped: it is matched as typed.
+        pattern = "%" + name.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        q = q.where(func.lower(Job.name).like(pattern, escape="\\"))
+    if before is not None:
+        seen, job_id = before
+        q = q.where(or_(Job.last_seen_ns < seen, and_(Job.last_seen_ns == seen, Job.id < job_id)))
+    q = q.order_by(Job.last_seen_ns.desc(), Job.id.desc())
+    if limit is not None:
+        q = q.limit(limit)
+    return q
+
+
+def recent_jobs(*, session: Session, since_ns: int) -> list[Job]:
+    """The jobs a starting server holds in memory: not ended, seen after `since_ns`."""
+    q = select(Job).where(Job.ended_at_ns.is_(None), Job.last_seen_ns > since_ns)
+    return list(session.execute(q.order_by(Job.last_seen_ns.desc(), Job.id.desc())).scalars())
 
 
 def get_job(*, session: Session, name: str, attempt: int | None = None) -> Job | None:
@@ -1057,12 +1191,20 @@ class JobBrief:
     status: str
     first_seen_ns: int
     last_seen_ns: int
+    ended_at_ns: int | None = None
 
 
 def active_jobs(*, session: Session, since_ns: int) -> list[JobBrief]:
     """Jobs seen after `since_ns` (the report column, which can be large, is not read)."""
     q = select(
-        Job.id, Job.name, Job.attempt, Job.world_size, Job.status, Job.first_seen_ns, Job.last_seen_ns
+        Job.id,
+        Job.name,
+        Job.attempt,
+        Job.world_size,
+        Job.status,
+        Job.first_seen_ns,
+        Job.last_seen_ns,
+        Job.ended_at_ns,
     ).where(Job.last_seen_ns > since_ns)
     return [JobBrief(*row) for row in session.execute(q).tuples()]
 
@@ -1081,6 +1223,20 @@ def job_ranks(*, session: Session, job_id: int) -> list[tuple[Rank, str | None]]
         .order_by(Rank.rank)
     )
     return [(r, h) for r, h in session.execute(q).tuples()]
+
+
+def gone_ranks(*, session: Session, job_ids: Sequence[int]) -> dict[int, dict[int, int]]:
+    """job id -> rank -> when its process was reported gone (the ranks reported only)."""
+    if not job_ids:
+        return {}
+    q = select(Rank.job_id, Rank.rank, Rank.gone_at_ns).where(
+        Rank.job_id.in_(list(job_ids)), Rank.gone_at_ns.is_not(None)
+    )
+    out: dict[int, dict[int, int]] = {}
+    for job_id, rank, at in session.execute(q).tuples():
+        if at is not None:
+            out.setdefault(job_id, {})[rank] = at
+    return out
 
 
 def job_groups(*, session: Session, job_id: int) -> list[ProcessGroup]:
@@ -1226,15 +1382,21 @@ def _entry_records(session: Session, raw: Sequence[Any], groups: dict[int, str])
     return out
 
 
-def rank_counts(*, session: Session) -> dict[int, int]:
-    """job id -> number of ranks that reported (jobs without any are absent)."""
+def rank_counts(*, session: Session, job_ids: Sequence[int] | None = None) -> dict[int, int]:
+    """job id -> number of ranks that reported (jobs without any are absent); of `job_ids` only
+    when given (a page of the job list)."""
     q = select(Rank.job_id, func.count()).group_by(Rank.job_id)
+    if job_ids is not None:
+        q = q.where(Rank.job_id.in_(list(job_ids)))
     return {j: int(n) for j, n in session.execute(q).tuples()}
 
 
-def host_counts(*, session: Session) -> dict[int, int]:
-    """job id -> number of distinct hosts its ranks reported from (jobs without any are absent)."""
+def host_counts(*, session: Session, job_ids: Sequence[int] | None = None) -> dict[int, int]:
+    """job id -> number of distinct hosts its ranks reported from (jobs without any are absent);
+    of `job_ids` only when given."""
     q = select(Rank.job_id, func.count(func.distinct(Rank.host_id))).group_by(Rank.job_id)
+    if job_ids is not None:
+        q = q.where(Rank.job_id.in_(list(job_ids)))
     return {j: int(n) for j, n in session.execute(q).tuples()}
 
 
@@ -1547,13 +1709,16 @@ def open_findings(*, session: Session, job_id: int) -> list[FindingRow]:
     return list(session.execute(q).scalars())
 
 
-def open_finding_counts(*, session: Session) -> dict[int, int]:
-    """job id -> number of open findings (jobs without any are absent)."""
+def open_finding_counts(*, session: Session, job_ids: Sequence[int] | None = None) -> dict[int, int]:
+    """job id -> number of open findings (jobs without any are absent); of `job_ids` only when
+    given."""
     q = (
         select(FindingRow.job_id, func.count())
         .where(FindingRow.resolved_at_ns.is_(None))
         .group_by(FindingRow.job_id)
     )
+    if job_ids is not None:
+        q = q.where(FindingRow.job_id.in_(list(job_ids)))
     return {j: int(n) for j, n in session.execute(q).tuples()}
 
 
@@ -1571,9 +1736,18 @@ def apply_findings(
     report: dict[str, Any],
     status: str,
     now_ns: int,
+    last_seen_ns: int | None = None,
+    ended_at_ns: int | None = None,
 ) -> list[FindingEvent]:
     """Reconcile a diagnosis with the stored findings: open new ones, update the ones still seen,
-    resolve the ones that disappeared; store the report and the job status."""
+    resolve the ones that disappeared; store the report and the job status.
+
+    `last_seen_ns`: the newest snapshot time the diagnosis holds (the job row's never moves back).
+    With `ended_at_ns` the job has ended: every open finding this diagnosis (made as of the end)
+    still sees is closed at that time with resolution `ended`, its data (elapsed times) as of the
+    end; the others resolve as usual; one it sees for the first time is stored closed (`ended`)
+    at once, without an event (nothing pages for a job that is over). Without it, a job that had
+    ended is running again (a newer snapshot)."""
     current: dict[FindingKey, Finding] = {}
     for f in findings:
         current.setdefault(finding_key(f), f)  # identical identities in one report: keep the first
@@ -1583,7 +1757,13 @@ def apply_findings(
     events: list[FindingEvent] = []
     for key, row in existing.items():
         seen = current.get(key)
-        if seen is None:
+        if ended_at_ns is not None and seen is not None:
+            row.data = seen.to_json()
+            row.resolved_at_ns = max(ended_at_ns, row.opened_at_ns)
+            row.updated_at_ns = now_ns
+            row.resolution = RESOLUTION_ENDED
+            events.append(FindingEvent("finding.resolved", row.id, row.kind, row.data))
+        elif seen is None:
             row.resolved_at_ns = now_ns
             row.updated_at_ns = now_ns
             events.append(FindingEvent("finding.resolved", row.id, row.kind, row.data))
@@ -1591,10 +1771,18 @@ def apply_findings(
             row.data = seen.to_json()
             row.updated_at_ns = now_ns
     new_rows = []
+    closed: set[FindingKey] = set()
+    if ended_at_ns is not None:
+        q = select(FindingRow.kind, FindingRow.group_key, FindingRow.seq_key, FindingRow.rank_key).where(
+            FindingRow.job_id == job_id, FindingRow.resolution == RESOLUTION_ENDED
+        )
+        closed = {(k, g, sq, r) for k, g, sq, r in session.execute(q).tuples()}
     for key, f in current.items():
-        if key in existing:
+        if key in existing or key in closed:
             continue
         kind, group_key, seq_key, rank_key = key
+        # What only the end's diagnosis saw (a job whose whole history arrived after it ended)
+        # is kept, closed as ended at once, and pages nobody (no event).
         row = FindingRow(
             job_id=job_id,
             kind=kind,
@@ -1603,16 +1791,28 @@ def apply_findings(
             rank_key=rank_key,
             opened_at_ns=now_ns,
             updated_at_ns=now_ns,
-            resolved_at_ns=None,
+            resolved_at_ns=None if ended_at_ns is None else now_ns,
+            resolution=None if ended_at_ns is None else RESOLUTION_ENDED,
             data=f.to_json(),
         )
         session.add(row)
-        new_rows.append(row)
+        if ended_at_ns is None:
+            new_rows.append(row)
     session.flush()
     events.extend(FindingEvent("finding.opened", r.id, r.kind, r.data) for r in new_rows)
-    session.execute(
-        update(Job).where(Job.id == job_id).values(report=report, status=status, diagnosed_at_ns=now_ns)
-    )
+    values: dict[str, Any] = {
+        "report": report,
+        "status": status,
+        "diagnosed_at_ns": now_ns,
+        "ended_at_ns": ended_at_ns,
+    }
+    session.execute(update(Job).where(Job.id == job_id).values(**values))
+    if last_seen_ns is not None:
+        session.execute(
+            update(Job)
+            .where(Job.id == job_id, Job.last_seen_ns < last_seen_ns)
+            .values(last_seen_ns=last_seen_ns)
+        )
     return events
 
 

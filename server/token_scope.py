@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from itertools import count
 
-from flightdeck.wire import Batch, Refusal, Snapshot
+from flightdeck.wire import Batch, GoneRank, Refusal, Snapshot
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +53,16 @@ class TokenScope:
                 f"collector host {batch.collector_host!r}"
             )
         return None
+
+    def take_out_gone(self, batch: Batch) -> list[GoneRank]:
+        """Remove (and return) the gone reports of jobs outside this scope's patterns. Whether a
+        rank runs on the token's host is the store's to say (`store.ingest_batches(gone_hosts=)`)."""
+        if self.jobs is None or not batch.gone:
+            return []
+        jobs = self.jobs
+        out = [g for g in batch.gone if not any(fnmatchcase(g.job, p) for p in jobs)]
+        batch.gone = [g for g in batch.gone if any(fnmatchcase(g.job, p) for p in jobs)]
+        return out
 
     def take_out(self, batch: Batch, refused: list[Refusal], *, collector: str) -> None:
         """Move the snapshots and NIXL samples of `batch` outside this scope to `refused`, each with

@@ -73,10 +73,11 @@ class WebData(Protocol):
 
     Dict shapes:
 
-    * `list_jobs()` items: `{"job", "attempt", "active", "healthy", "ranks_expected",
-      "ranks_reporting", "hosts", "first_seen_s", "last_seen_s", "open_findings", "root_cause"}`
-      where `root_cause` is None or a finding dict (`Finding.to_json()` shape); missing keys
-      show as unknown.
+    * `list_jobs()` items: `{"job", "attempt", "active", "status", "healthy", "ranks_expected",
+      "ranks_reporting", "hosts", "first_seen_s", "last_seen_s", "ended_at_s", "open_findings",
+      "root_cause", "cursor"}` where `root_cause` is None or a finding dict (`Finding.to_json()`
+      shape) and `cursor` the `before` value of the page after this job; missing keys show as
+      unknown.
     * `job_report(job)`: `Report.to_json()`.
     * `job_meta(job)`: `{"job", "attempt", "active", "world_size", "last_seen_s",
       "groups": [{"name", "desc", "ranks", "min_seq", "max_seq"}]}`.
@@ -87,8 +88,16 @@ class WebData(Protocol):
       latest sample was read, when the implementation has a clock.
     """
 
-    def list_jobs(self) -> list[dict[str, Any]]:
-        """All jobs, newest first."""
+    def list_jobs(
+        self,
+        *,
+        status: str | None = None,
+        search: str | None = None,
+        before: str | None = None,
+        limit: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """Jobs, newest first: of one `status`, whose name contains `search` (case-insensitive),
+        after the `cursor` `before`, at most `limit`."""
         ...
 
     def job_report(self, job: str) -> dict[str, Any] | None:

@@ -95,10 +95,20 @@ class DumpData:
 
     # --- WebData --------------------------------------------------------------------------------
 
-    def list_jobs(self) -> list[dict[str, Any]]:
-        """All jobs, newest first."""
+    def list_jobs(
+        self,
+        *,
+        status: str | None = None,
+        search: str | None = None,
+        before: str | None = None,
+        limit: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """All jobs, newest first (a folder of dumps holds few: the filters apply to the name only,
+        and the status filter to none; no pages)."""
         out = []
         for j in sorted(self._jobs.values(), key=lambda j: (-(j.last_seen_s or 0), j.name)):
+            if search and search.lower() not in j.name.lower():
+                continue
             rep = j.report.to_json()
             out.append(
                 {

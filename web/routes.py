@@ -17,14 +17,14 @@ import hashlib
 import hmac
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import quote, urlencode
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from flightdeck.limits import INT64_MAX
+from flightdeck.limits import INT64_MAX, MAX_JOB
 from flightdeck.server.validation import (
     GroupQuery,
     GroupRequired,
@@ -237,8 +237,20 @@ def make_router(data: WebData, settings: WebSettings | None = None) -> APIRouter
         return HTMLResponse(html, status_code=status_code, headers=_page_headers(etag))
 
     @router.get("/", response_class=HTMLResponse)
-    def jobs_page(request: Request) -> Response:
-        return page(request, "jobs.html", views.jobs_view(data.list_jobs()))
+    def jobs_page(
+        request: Request,
+        status: Annotated[str, Query(max_length=16)] = "",
+        q: Annotated[str, Query(max_length=MAX_JOB)] = "",
+        before: Annotated[str, Query(max_length=32, pattern=r"^([0-9]{1,19}\.[0-9]{1,10})?$")] = "",
+    ) -> Response:
+        # An unknown status (an old bookmark) filters nothing rather than failing the page.
+        status = status if status in views.FILTER_STATUSES else ""
+        jobs = data.list_jobs(
+            status=status or None, search=q.strip() or None, before=before or None, limit=views.JOBS_PAGE
+        )
+        return page(
+            request, "jobs.html", views.jobs_view(jobs, status=status, search=q.strip(), page=views.JOBS_PAGE)
+        )
 
     @router.get("/nixl", response_class=HTMLResponse)
     def nixl_page(request: Request) -> Response:

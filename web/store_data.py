@@ -49,7 +49,7 @@ class StoreData:
     # --- helpers --------------------------------------------------------------------------------
 
     def _active(self, j: Job) -> bool:
-        return j.status != "finished" and (self._clock() - j.last_seen_ns) / NS <= self._job_idle_s
+        return j.ended_at_ns is None and (self._clock() - j.last_seen_ns) / NS <= self._job_idle_s
 
     def _report(self, session: Session, j: Job) -> dict[str, Any]:
         js = self._live.jobs.get(j.id)
@@ -72,14 +72,27 @@ class StoreData:
 
     # --- WebData --------------------------------------------------------------------------------
 
-    def list_jobs(self) -> list[dict[str, Any]]:
-        """The latest attempt of every job, most recently seen first."""
+    def list_jobs(
+        self,
+        *,
+        status: str | None = None,
+        search: str | None = None,
+        before: str | None = None,
+        limit: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """The latest attempt of each job on a page of the job list (`store.list_jobs`), most
+        recently seen first."""
         out = []
         seen: set[str] = set()
+        cursor = None
+        if before:
+            t, _, i = before.partition(".")
+            cursor = (int(t), int(i)) if t.isdigit() and i.isdigit() else None
         with self._db.read() as session:
-            counts = store.rank_counts(session=session)
-            hosts = store.host_counts(session=session)
-            jobs = store.list_jobs(session=session)
+            jobs = store.list_jobs(session=session, status=status, name=search, before=cursor, limit=limit)
+            ids = [j.id for j in jobs]
+            counts = store.rank_counts(session=session, job_ids=ids)
+            hosts = store.host_counts(session=session, job_ids=ids)
             newest: dict[str, int] = {}
             for j in jobs:
                 newest[j.name] = max(newest.get(j.name, j.attempt), j.attempt)
@@ -101,8 +114,10 @@ class StoreData:
                         "hosts": hosts.get(j.id, 0),
                         "first_seen_s": j.first_seen_ns / NS,
                         "last_seen_s": j.last_seen_ns / NS,
+                        "ended_at_s": None if j.ended_at_ns is None else j.ended_at_ns / NS,
                         "open_findings": len(findings),
                         "root_cause": findings[0] if findings else None,
+                        "cursor": f"{j.last_seen_ns}.{j.id}",
                     }
                 )
         return out

@@ -285,23 +285,47 @@ class JobRow:
     age: str
     last_seen: str
     summary: str
+    #: When the job ended (every rank final or gone); '' while it runs.
+    ended: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class JobsView:
-    """The jobs page."""
+    """The jobs page: one page of the list, with the filters it was asked for."""
 
     jobs: list[JobRow]
     any_active: bool
+    #: The status filter ('' for any) and the name search ('' for none).
+    status: str = ""
+    search: str = ""
+    #: The statuses the filter offers.
+    statuses: tuple[str, ...] = ()
+    #: The `before` value of the next page, '' when this is the last.
+    next_before: str = ""
 
 
 #: Job statuses in the order the jobs page lists them: the ones to act on first.
-JOB_STATUS_ORDER = ("hung", "mismatch", "lost", "fault", "unknown", "running", "finished")
+JOB_STATUS_ORDER = (
+    "hung",
+    "mismatch",
+    "lost",
+    "failed",
+    "fault",
+    "slow",
+    "no_data",
+    "unknown",
+    "running",
+    "finished",
+)
+#: The statuses the server gives a job (`flightdeck.server.models.JOB_STATUSES`), the filter's choices.
+FILTER_STATUSES = ("running", "slow", "hung", "mismatch", "lost", "no_data", "finished", "failed")
+#: Jobs per page of the jobs page.
+JOBS_PAGE = 100
 
 
 def _job_status(j: Mapping[str, Any], rc: Any) -> str:
-    """The server's job status when given (running / hung / mismatch / lost / finished), else
-    the one the verdict implies, as the server's `job_status` derives it."""
+    """The server's job status when given (`FILTER_STATUSES`), else the one the verdict
+    implies, as the server's `job_status` derives it."""
     given = j.get("status")
     if isinstance(given, str) and given in JOB_STATUS_ORDER:
         return given
@@ -318,10 +342,13 @@ def _job_status(j: Mapping[str, Any], rc: Any) -> str:
     return "running" if j.get("active") else "finished"
 
 
-def jobs_view(jobs: list[dict[str, Any]]) -> JobsView:
+def jobs_view(
+    jobs: list[dict[str, Any]], *, status: str = "", search: str = "", page: int | None = None
+) -> JobsView:
     """The jobs page from `WebData.list_jobs()` items (unknown keys are ignored): hung jobs
-    first, then mismatched, lost, other faults, unknown, running and finished ones, each in the
-    given (newest first) order."""
+    first, then mismatched, lost, failed, other faults, slow, without data, unknown, running and
+    finished ones, each in the given (newest first) order. `page`: the page size asked for (a
+    full page has a next one)."""
     rows = []
     for j in jobs:
         healthy = j.get("healthy")
@@ -357,10 +384,19 @@ def jobs_view(jobs: list[dict[str, Any]]) -> JobsView:
                 else "",
                 last_seen=fmt_datetime_s(j.get("last_seen_s")),
                 summary=summary,
+                ended=fmt_datetime_s(j.get("ended_at_s")) if j.get("ended_at_s") is not None else "",
             )
         )
     rows.sort(key=lambda r: JOB_STATUS_ORDER.index(r.status))
-    return JobsView(jobs=rows, any_active=any(r.active for r in rows))
+    full = page is not None and len(jobs) >= page
+    return JobsView(
+        jobs=rows,
+        any_active=any(r.active for r in rows),
+        status=status,
+        search=search,
+        statuses=FILTER_STATUSES,
+        next_before=str(jobs[-1].get("cursor") or "") if full and jobs else "",
+    )
 
 
 # --- the incident view --------------------------------------------------------------------------
