@@ -56,7 +56,9 @@ def jobs_by_status() -> stat.Panel:
     return (
         stat.Panel()
         .title("Jobs by status")
-        .description("Jobs the server knows, by status (running, hung, mismatch, lost, finished).")
+        .description(
+            "Recent jobs (not ended, or ended within the server's ended_series_s) by status: running, slow, hung, mismatch, lost, no_data, finished, failed."
+        )
         .with_target(query("sum by (status) (flightdeck_jobs)", legend="{{status}}"))
         .span(8)
         .height(5)
