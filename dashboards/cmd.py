@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from flightdeck.dashboards.defaults import ALERTS_DIR, BUILD_DIR, DEFAULT_FLIGHTDECK_URL, DEFAULT_RUNBOOK_URL
+from flightdeck.dashboards.defaults import ALERTS_DIR, BUILD_DIR, DEFAULT_FLIGHTDECK_URL
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -33,8 +33,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--runbook-url",
-        default=DEFAULT_RUNBOOK_URL,
-        help=f"where docs/runbook.md is published: the base of every alert's runbook_url (default: {DEFAULT_RUNBOOK_URL})",
+        default=None,
+        help="where the runbook is published: the base of every alert's runbook_url (default: "
+        "the runbook the Flightdeck server serves, <--flightdeck-url>/runbook)",
     )
     parser.add_argument(
         "--check", action="store_true", help="write nothing; exit 1 if the files in --out are out of date"
@@ -78,7 +79,8 @@ def _alerts(args: argparse.Namespace) -> int:
         print("flightdeck dashboards alerts: --out DIR is required", file=sys.stderr)
         return 2
     try:
-        paths = write(args.out, flightdeck_url=args.flightdeck_url, runbook_url=args.runbook_url)
+        runbook_url = args.runbook_url or args.flightdeck_url.rstrip("/") + "/runbook"
+        paths = write(args.out, flightdeck_url=args.flightdeck_url, runbook_url=runbook_url)
     except ValueError as exc:
         print(f"flightdeck dashboards alerts: {exc}", file=sys.stderr)
         return 2

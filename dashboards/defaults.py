@@ -10,10 +10,12 @@ DEFAULT_FLIGHTDECK_URL = "http://127.0.0.1:8470"
 #: where `flightdeck dashboards build` writes the dashboards (committed; Grafana provisions them).
 BUILD_DIR = Path(__file__).resolve().parent / "build"
 
-#: where docs/runbook.md is published, the base of every alert's `runbook_url` (publish the
-#: runbook where on-call can open it, e.g. your forge or wiki, and render the rules with it:
-#: `flightdeck dashboards alerts --runbook-url URL`).
-DEFAULT_RUNBOOK_URL = "https://flightdeck.example/docs/runbook.md"
+#: the base of every alert's `runbook_url`: the runbook as the Flightdeck server serves it
+#: (`GET /runbook`, one section per alert), so the default links open wherever the incident links
+#: do. Publish docs/runbook.md elsewhere too (a wiki, your forge) and render the rules with that
+#: address (`flightdeck dashboards alerts --runbook-url URL`) if on-call must read it while every
+#: Flightdeck server is down.
+DEFAULT_RUNBOOK_URL = DEFAULT_FLIGHTDECK_URL + "/runbook"
 
 #: the shipped alert rules and their promtool tests (the rendering of the two defaults above).
 ALERTS_DIR = Path(__file__).resolve().parent / "alerts"

@@ -34,7 +34,7 @@ from flightdeck.server.validation import (
     SeqQuery,
     SeqRequired,
 )
-from flightdeck.web import views
+from flightdeck.web import runbook, views
 from flightdeck.web.data import EntryLike, RankDetail, WebData
 from flightdeck.web.render import STATIC, make_env, render
 
@@ -53,6 +53,7 @@ _FRAGMENTS: dict[str, tuple[str, ...]] = {
     "cell.html": ("cell",),
     "rank.html": ("rank",),
     "nixl.html": ("agents",),
+    "runbook.html": ("main",),
 }
 
 _STATIC_TYPES = {
@@ -60,6 +61,13 @@ _STATIC_TYPES = {
     "app.js": "text/javascript; charset=utf-8",
     "web.css": "text/css; charset=utf-8",
 }
+
+
+@dataclass(frozen=True, slots=True)
+class RunbookView:
+    """The runbook page: its body, rendered from Markdown with every text escaped."""
+
+    body: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,6 +263,11 @@ def make_router(data: WebData, settings: WebSettings | None = None) -> APIRouter
     @router.get("/nixl", response_class=HTMLResponse)
     def nixl_page(request: Request) -> Response:
         return page(request, "nixl.html", views.nixl_view(data.nixl_agents()))
+
+    @router.get("/runbook", response_class=HTMLResponse)
+    def runbook_page(request: Request) -> Response:
+        # Every alert's runbook_url points here by default (`#<alert name>`): see web/runbook.py.
+        return page(request, "runbook.html", RunbookView(body=runbook.page_html()))
 
     @router.get("/static/{name}")
     def static_file(name: str, request: Request) -> Response:
