@@ -100,7 +100,7 @@ QUARANTINE_COPY_MAX = 1024 * 1024
 NIXL_HEARTBEAT_NS = 60_000_000_000
 #: A rank's process groups (names, descriptions, members) are shipped when they change and at
 #: least this often: a 4,096-rank world group in every snapshot of every rank would be most of
-#: the bytes the server parses (see docs/performance.md, "Scale").
+#: the bytes the server parses (see docs/dev/performance-history.md, "Scale").
 GROUPS_RESEND_S = 60.0
 #: How often the shipped state of long-finished ranks is pruned.
 PRUNE_INTERVAL_NS = 3600_000_000_000

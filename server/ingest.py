@@ -233,7 +233,7 @@ class IngestService:
         #: threads take turns in BEGIN IMMEDIATE, whose busy handler polls with sleeps of up to
         #: 100 ms. PostgreSQL gets two, so one group's rows are built while the other's are written
         #: (at 4,096 ranks four made smaller transactions and were slower, and one left the
-        #: database waiting: docs/performance.md).
+        #: database waiting: docs/dev/performance-history.md, "Seventh session").
         self._group: GroupCommit[_Request] = GroupCommit(
             self._write, writers=1 if db.dialect == "sqlite" else 2, max_weight=GROUP_MAX_ENTRIES
         )

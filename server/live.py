@@ -480,9 +480,10 @@ class LiveDiagnosis:
         Under load dozens of ingest threads decode batches while this one thread folds and
         diagnoses, and all of them share the GIL: a 4,096-rank job's diagnosis took 1.6 s of wall
         time instead of 0.15 s, so it was diagnosed every 8 s and a hang found 30 s late
-        (docs/performance.md). New batches wait for the step instead (`IngestService.ingest`,
-        at most `DECODE_GATE_MAX_WAIT_S`); the writers go on meanwhile, and so does decoding
-        while a job's summaries are rebuilt from the database (`_fold`).
+        (docs/dev/performance-history.md, "Eighth session"). New batches wait for the step
+        instead (`IngestService.ingest`, at most `DECODE_GATE_MAX_WAIT_S`); the writers go on
+        meanwhile, and so does decoding while a job's summaries are rebuilt from the database
+        (`_fold`).
         """
         self.decode_gate.clear()
         try:
@@ -962,7 +963,8 @@ class LiveDiagnosis:
         js.agreed = report.agreed
         # Wall time, waits for the GIL included: a busy process diagnoses less often. (Spaced by
         # CPU time instead, a 4,096-rank job was diagnosed three times as often, took 0.6 of the
-        # process's time and its ingest fell further behind: docs/performance.md.)
+        # process's time and its ingest fell further behind: docs/dev/performance-history.md,
+        # "Sixth session".)
         js.diagnosis_s = time.perf_counter() - started
         if stragglers:
             js.last_stragglers = now_mono

@@ -162,7 +162,8 @@ class ServerSettings(BaseSettings):
         "straggler analysis runs at most every fourth time). Only large jobs are slowed down: "
         "4,096 ranks take about 0.14 s, 0.43 s with the straggler analysis "
         "(bench/live_diagnosis.py). The diagnosis holds the GIL in long loops that starve the "
-        "ingest threads: at 0.5 a 2,048-rank job fell behind within minutes (docs/performance.md).",
+        "ingest threads: at 0.5 a 2,048-rank job fell behind within minutes "
+        "(docs/dev/performance-history.md, Scale, third session).",
     )
     straggler_interval_s: float = Field(
         default=10.0,
@@ -218,7 +219,7 @@ class ServerSettings(BaseSettings):
         description="Ingest requests in flight at once, each on a worker thread of its own "
         "(decoding, or waiting to share a group commit); more wait in the ingest queue. More in "
         "flight make bigger group commits and let batches be decoded while a group is written "
-        "(docs/performance.md).",
+        "(docs/dev/performance-history.md, Scale, fifth session).",
     )
     max_queued_ingests: int = Field(
         default=1024,
