@@ -1,6 +1,6 @@
 """Fault -> finding -> page on a namespace cluster, with the shipped defaults (issues #7, #19).
 
-    sudo .venv/bin/python bench/fault_injection.py [--repeat 3] [--faults partition,stall,crash,mismatch,busy]
+    sudo .venv/bin/python bench/fault_injection.py [--repeat 3] [--faults partition,stall,mismatch,busy]
 
 Builds the cluster of tests/netns_cluster.py (two namespace hosts, two ranks of one 4-rank gloo job
 each, a collector per host, the server on the bridge) with `shipped_defaults`: no threshold or
@@ -173,7 +173,10 @@ def main() -> int:
     """Run every fault `--repeat` times (busy once) and print the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3, help="runs per true fault")
-    parser.add_argument("--faults", default=",".join((*FAULTS, BUSY)), help="comma-separated scenarios")
+    # crash: gloo fails the survivors out of the collective and they exit, so the job ends `failed`
+    # and pages nobody (tests/test_fault_injection.py checks it); fault -> page does not apply.
+    paged = [f for f in FAULTS if f != "crash"]
+    parser.add_argument("--faults", default=",".join((*paged, BUSY)), help="comma-separated scenarios")
     parser.add_argument("--busy-s", type=float, default=BUSY_S, help="how long the busy rank saves")
     parser.add_argument("--busy-repeat", type=int, default=1, help="runs of the busy scenario")
     args = parser.parse_args()

@@ -362,7 +362,7 @@ class LiveDiagnosis:
         now_ns = self._clock()
         since = now_ns - int(self._settings.job_idle_s * NS)
         with self._db.read() as session:
-            for j in store.recent_jobs(session=session, since_ns=since):
+            for j, heard_ns in store.recent_jobs(session=session, since_ns=since):
                 restored = (
                     [_stored_finding(row.data) for row in store.open_findings(session=session, job_id=j.id)]
                     if self.cluster is None
@@ -376,7 +376,7 @@ class LiveDiagnosis:
                     world_size=j.world_size,
                     status=j.status,
                     last_seen_ns=j.last_seen_ns,
-                    heard_ns=j.last_seen_ns,
+                    heard_ns=heard_ns,
                     first_seen_ns=j.first_seen_ns,
                     dirty=True,
                 )
@@ -543,8 +543,12 @@ class LiveDiagnosis:
 
     def _expired(self, js: JobState, now_ns: int) -> bool:
         """Drop an ended job's state `ended_series_s` after its end (its series leave /metrics;
-        a late snapshot brings it back from the store, still ended unless newer than the end)."""
-        if js.ended_at_ns is None or now_ns - js.ended_at_ns < self._settings.ended_series_s * NS:
+        a late snapshot brings it back from the store, still ended unless newer than the end).
+        Counted from the later of the end and when the server last heard of the job: the end is a
+        snapshot time, which copied dumps or a skewed clock put long before the server saw it."""
+        if js.ended_at_ns is None:
+            return False
+        if now_ns - max(js.ended_at_ns, js.heard_ns) < self._settings.ended_series_s * NS:
             return False
         with self._lock:
             if js.pending:
@@ -648,7 +652,7 @@ class LiveDiagnosis:
                         first_seen_ns=r.first_seen_ns,
                     )
                 js.last_seen_ns = max(js.last_seen_ns, r.last_seen_ns)
-                js.heard_ns = max(js.heard_ns, r.last_seen_ns)
+                js.heard_ns = max(js.heard_ns, r.heard_ns)
                 if r.id not in owned:
                     js.status = r.status
                     js.ended_at_ns = r.ended_at_ns

@@ -1167,10 +1167,24 @@ def _list_jobs_query(
     return q
 
 
-def recent_jobs(*, session: Session, since_ns: int) -> list[Job]:
-    """The jobs a starting server holds in memory: not ended, seen after `since_ns`."""
-    q = select(Job).where(Job.ended_at_ns.is_(None), Job.last_seen_ns > since_ns)
-    return list(session.execute(q.order_by(Job.last_seen_ns.desc(), Job.id.desc())).scalars())
+def _heard_since(since_ns: int) -> Any:
+    """Jobs any of whose ranks the server received a snapshot of after `since_ns` (server clock).
+
+    A job's `last_seen_ns` is its newest snapshot time, which a host's skewed clock (or old dumps
+    ingested now) may put long before the server heard it: "recent" and "active" are told by the
+    server's own clock, `ranks.received_ns`."""
+    return Job.id.in_(select(Rank.job_id).where(Rank.received_ns > since_ns).distinct())
+
+
+def recent_jobs(*, session: Session, since_ns: int) -> list[tuple[Job, int]]:
+    """The jobs a starting server holds in memory: not ended, heard of after `since_ns`; each with
+    when the server last heard of it (its ranks' newest `received_ns`)."""
+    heard = select(func.max(Rank.received_ns)).where(Rank.job_id == Job.id).scalar_subquery()
+    q = select(Job, heard).where(
+        Job.ended_at_ns.is_(None), or_(Job.last_seen_ns > since_ns, _heard_since(since_ns))
+    )
+    rows = session.execute(q.order_by(Job.last_seen_ns.desc(), Job.id.desc())).tuples()
+    return [(j, max(j.last_seen_ns, int(h or 0))) for j, h in rows]
 
 
 def get_job(*, session: Session, name: str, attempt: int | None = None) -> Job | None:
@@ -1192,10 +1206,14 @@ class JobBrief:
     first_seen_ns: int
     last_seen_ns: int
     ended_at_ns: int | None = None
+    #: When the server last received a snapshot of the job (its clock); 0 when unknown.
+    heard_ns: int = 0
 
 
 def active_jobs(*, session: Session, since_ns: int) -> list[JobBrief]:
-    """Jobs seen after `since_ns` (the report column, which can be large, is not read)."""
+    """Jobs seen or heard of after `since_ns` (`_heard_since`), with when the server last heard
+    of each in `heard_ns` (the report column, which can be large, is not read)."""
+    heard = select(func.max(Rank.received_ns)).where(Rank.job_id == Job.id).scalar_subquery()
     q = select(
         Job.id,
         Job.name,
@@ -1205,8 +1223,13 @@ def active_jobs(*, session: Session, since_ns: int) -> list[JobBrief]:
         Job.first_seen_ns,
         Job.last_seen_ns,
         Job.ended_at_ns,
-    ).where(Job.last_seen_ns > since_ns)
-    return [JobBrief(*row) for row in session.execute(q).tuples()]
+        heard,
+    ).where(or_(Job.last_seen_ns > since_ns, _heard_since(since_ns)))
+    out = []
+    for i, name, attempt, world, status, first, last, ended, heard_ns in session.execute(q).tuples():
+        brief = JobBrief(i, name, attempt, world, status, first, last, ended, max(last, int(heard_ns or 0)))
+        out.append(brief)
+    return out
 
 
 def get_job_by_id(*, session: Session, job_id: int) -> Job | None:

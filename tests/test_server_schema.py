@@ -139,7 +139,7 @@ def test_a_server_process_on_a_dropped_and_recreated_database_answers_503_withou
     log_path = tmp_path / "server.log"
     with open(log_path, "wb") as log:
         proc, base = start_server_process(
-            {"FLIGHTDECK_DATABASE_URL": pg_url, "FLIGHTDECK_DIAGNOSIS_INTERVAL_S": "0.1"}, log
+            {"FLIGHTDECK_SERVER_DATABASE_URL": pg_url, "FLIGHTDECK_SERVER_DIAGNOSIS_INTERVAL_S": "0.1"}, log
         )
     try:
 
@@ -181,7 +181,7 @@ def test_a_server_process_on_a_dropped_and_recreated_database_answers_503_withou
 
 def _server(env: dict[str, str], *args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
     """Run `flightdeck server` until it exits on its own (it must refuse to start)."""
-    full = {**os.environ, "FLIGHTDECK_PORT": str(free_port()), **env}
+    full = {**os.environ, "FLIGHTDECK_SERVER_PORT": str(free_port()), **env}
     return subprocess.run(
         [sys.executable, "-m", "flightdeck", "server", "--log-level", "warning", *args],
         env=full,
@@ -195,7 +195,7 @@ def _server(env: dict[str, str], *args: str, timeout_s: float = 60) -> subproces
 def _serves(env: dict[str, str], *args: str) -> None:
     """`flightdeck server` starts and answers /healthz 200; then it is stopped."""
     port = free_port()
-    full = {**os.environ, **env, "FLIGHTDECK_PORT": str(port)}
+    full = {**os.environ, **env, "FLIGHTDECK_SERVER_PORT": str(port)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "flightdeck", "server", "--log-level", "warning", *args],
         env=full,
@@ -235,7 +235,7 @@ def pg_url(database_url: str) -> str:
 
 
 def test_postgresql_missing_or_older_schema_refused_until_migrated(pg_url: str) -> None:
-    env = {"FLIGHTDECK_DATABASE_URL": pg_url}
+    env = {"FLIGHTDECK_SERVER_DATABASE_URL": pg_url}
     done = _server(env)
     assert done.returncode == 4
     line = _one_line(done.stderr)
@@ -261,23 +261,23 @@ def test_token_command_follows_the_same_rule(pg_url: str, capsys: pytest.Capture
     url = f"postgresql+psycopg://postgres@127.0.0.1:{_closed_port()}/x"
     capsys.readouterr()
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("FLIGHTDECK_DB_STARTUP_TIMEOUT_S", "1")
+        mp.setenv("FLIGHTDECK_SERVER_DB_STARTUP_TIMEOUT_S", "1")
         assert main(["token", "--database-url", url, "list"]) == 3
     err = capsys.readouterr().err
     assert "flightdeck token: giving up: database" in err and "Traceback" not in err
 
 
 def test_postgresql_migrated_at_start_when_told(pg_url: str) -> None:
-    _serves({"FLIGHTDECK_DATABASE_URL": pg_url}, "--migrate")
+    _serves({"FLIGHTDECK_SERVER_DATABASE_URL": pg_url}, "--migrate")
     _wipe(pg_url)
-    _serves({"FLIGHTDECK_DATABASE_URL": pg_url, "FLIGHTDECK_MIGRATE": "true"})
+    _serves({"FLIGHTDECK_SERVER_DATABASE_URL": pg_url, "FLIGHTDECK_SERVER_MIGRATE": "true"})
 
 
 def test_sqlite_is_migrated_by_default_unless_told_not_to(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/fd.db"
-    done = _server({"FLIGHTDECK_DATABASE_URL": url, "FLIGHTDECK_MIGRATE": "false"})
+    done = _server({"FLIGHTDECK_SERVER_DATABASE_URL": url, "FLIGHTDECK_SERVER_MIGRATE": "false"})
     assert done.returncode == 4 and "no Flightdeck schema" in _one_line(done.stderr)
-    _serves({"FLIGHTDECK_DATABASE_URL": url})
+    _serves({"FLIGHTDECK_SERVER_DATABASE_URL": url})
 
 
 def test_a_newer_schema_is_refused_even_when_told_to_migrate(database_url: str) -> None:
@@ -288,7 +288,7 @@ def test_a_newer_schema_is_refused_even_when_told_to_migrate(database_url: str) 
             conn.execute(text("UPDATE alembic_version SET version_num = '9999_from_the_future'"))
     finally:
         db.dispose()
-    done = _server({"FLIGHTDECK_DATABASE_URL": database_url}, "--migrate")
+    done = _server({"FLIGHTDECK_SERVER_DATABASE_URL": database_url}, "--migrate")
     assert done.returncode == 4
     line = _one_line(done.stderr)
     assert "9999_from_the_future, unknown to this server" in line and "upgrade the server" in line
@@ -303,7 +303,7 @@ def _closed_port() -> int:
 def test_unreachable_postgresql_is_retried_then_given_up_with_exit_code_3() -> None:
     url = f"postgresql+psycopg://postgres:secret-pw@127.0.0.1:{_closed_port()}/flightdeck"
     started = time.monotonic()
-    done = _server({"FLIGHTDECK_DATABASE_URL": url, "FLIGHTDECK_DB_STARTUP_TIMEOUT_S": "3"})
+    done = _server({"FLIGHTDECK_SERVER_DATABASE_URL": url, "FLIGHTDECK_SERVER_DB_STARTUP_TIMEOUT_S": "3"})
     took = time.monotonic() - started
     assert done.returncode == 3, done.stderr
     assert "Traceback" not in done.stderr and "secret-pw" not in done.stderr
@@ -312,7 +312,7 @@ def test_unreachable_postgresql_is_retried_then_given_up_with_exit_code_3() -> N
     assert len(retries) >= 2 and all(ln.startswith("flightdeck server: database ") for ln in retries)
     assert "retrying in" in retries[0]
     assert lines[-1].startswith("flightdeck server: giving up: database ")
-    assert "FLIGHTDECK_DB_STARTUP_TIMEOUT_S" in lines[-1]
+    assert "FLIGHTDECK_SERVER_DB_STARTUP_TIMEOUT_S" in lines[-1]
     assert len(lines) == len(retries) + 1
     assert took >= 3  # it waited out its deadline
 
@@ -355,7 +355,7 @@ def test_a_database_that_comes_up_during_the_retries_is_served(pg_url: str) -> N
     t = threading.Thread(target=forward, daemon=True)
     t.start()
     try:
-        _serves({"FLIGHTDECK_DATABASE_URL": url, "FLIGHTDECK_MIGRATE": "true"})
+        _serves({"FLIGHTDECK_SERVER_DATABASE_URL": url, "FLIGHTDECK_SERVER_MIGRATE": "true"})
     finally:
         stop.set()
         t.join(5)
@@ -363,4 +363,4 @@ def test_a_database_that_comes_up_during_the_retries_is_served(pg_url: str) -> N
 
 def test_compose_migrates_at_start() -> None:
     doc: dict[str, Any] = yaml.safe_load((REPO / "docker-compose.yml").read_text(encoding="utf-8"))
-    assert doc["services"]["flightdeck"]["environment"]["FLIGHTDECK_MIGRATE"] == "true"
+    assert doc["services"]["flightdeck"]["environment"]["FLIGHTDECK_SERVER_MIGRATE"] == "true"
