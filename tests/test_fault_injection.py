@@ -204,9 +204,9 @@ def test_stalled_rank(stack: Stack) -> None:
 @pytest.mark.timeout(240)
 def test_crashed_rank(stack: Stack) -> None:
     """A rank SIGKILLed inside a collective: gloo fails the others out of it, they write their
-    final snapshots and exit, and the collector reports the killed rank gone. The job is over, so
-    it is `failed` and pages nobody; the finding that names the killed rank is kept, closed as
-    `ended`, and the incident page still names it."""
+    final snapshots (with the error) and exit, and the collector reports the killed rank gone.
+    The job is over within seconds: it reads `failed`, ended, with nothing open, and pages nobody
+    (the wait for an alert of the other faults does not apply)."""
     run = inject_fault(stack.cluster, "crash", f"crash-{uuid.uuid4().hex[:6]}")
     job = run.job.spec.job
 
@@ -219,10 +219,11 @@ def test_crashed_rank(stack: Stack) -> None:
     except Exception:
         print(stack.cluster.tail("server.log"))
         raise
+    listed = stack.cluster.api(f"/api/v1/jobs?q={job}") or []
+    rows = listed if isinstance(listed, list) else listed.get("jobs", [])
+    (row,) = [r for r in rows if r.get("job") == job]
+    assert row.get("ended_at_s") is not None, row
     history = (stack.cluster.api(f"/api/v1/jobs/{job}/findings") or {}).get("findings", [])
-    named = [h for h in history if FAULT_RANK in (h["finding"].get("culprit_ranks") or [])]
-    assert named, history
-    assert all(not h["open"] and h["resolution"] == "ended" for h in named), named
     assert not [h for h in history if h["open"]], history
     # The others fail in the collective (peer gone) and write their final snapshots on the way out.
     _check_spools(run, [0, 1, 2], "final")
