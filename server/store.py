@@ -1176,10 +1176,15 @@ def _heard_since(since_ns: int) -> Any:
     return Job.id.in_(select(Rank.job_id).where(Rank.received_ns > since_ns).distinct())
 
 
+def _heard_ns() -> Any:
+    """Per job (a correlated subquery): when the server last received a snapshot of it."""
+    return select(func.max(Rank.received_ns)).where(Rank.job_id == Job.id).scalar_subquery()
+
+
 def recent_jobs(*, session: Session, since_ns: int) -> list[tuple[Job, int]]:
     """The jobs a starting server holds in memory: not ended, heard of after `since_ns`; each with
     when the server last heard of it (its ranks' newest `received_ns`)."""
-    heard = select(func.max(Rank.received_ns)).where(Rank.job_id == Job.id).scalar_subquery()
+    heard = _heard_ns()
     q = select(Job, heard).where(
         Job.ended_at_ns.is_(None), or_(Job.last_seen_ns > since_ns, _heard_since(since_ns))
     )
@@ -1213,7 +1218,7 @@ class JobBrief:
 def active_jobs(*, session: Session, since_ns: int) -> list[JobBrief]:
     """Jobs seen or heard of after `since_ns` (`_heard_since`), with when the server last heard
     of each in `heard_ns` (the report column, which can be large, is not read)."""
-    heard = select(func.max(Rank.received_ns)).where(Rank.job_id == Job.id).scalar_subquery()
+    heard = _heard_ns()
     q = select(
         Job.id,
         Job.name,
@@ -1554,9 +1559,10 @@ class _WindowReader:
         if ranks is not None:
             where.append(EntryRow.rank.in_(list(ranks)))
         if self._conn.dialect.name != "sqlite":
-            return list(
-                self._conn.execute(select(*_ENTRY_COLUMNS).where(EntryRow.job_id == job_id, *where)).all()
-            )
+            rows: list[Sequence[Any]] = self._conn.execute(
+                select(*_ENTRY_COLUMNS).where(EntryRow.job_id == job_id, *where)
+            ).all()
+            return rows
         spans = self._conn.execute(
             select(EntryRow.rank, func.min(EntryRow.record_id), func.max(EntryRow.record_id))
             .where(EntryRow.job_id == job_id, *where)

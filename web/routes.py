@@ -178,7 +178,9 @@ _ERROR_TITLES = {
 
 
 @functools.cache
-def _error_env(base_path: str) -> Any:
+def _env(base_path: str) -> Any:
+    """The pages' template environment for a base path (one per path: the error handlers and
+    every router under it share it)."""
     env = make_env()
     env.globals["url"] = lambda path: base_path + path
     return env
@@ -190,7 +192,7 @@ def error_page(
     """The HTML answer of a page that failed (404, a bad filter, a login): a page of the dashboard
     with the reason, not the JSON body the API gives. `headers` (e.g. WWW-Authenticate) are kept."""
     view = {"status": status_code, "title": _ERROR_TITLES.get(status_code, "Error"), "detail": detail}
-    html = render(_error_env(base_path), "error.html", {"v": view, "here": base_path + "/"})
+    html = render(_env(base_path), "error.html", {"v": view, "here": base_path + "/"})
     all_headers = {**SECURITY_HEADERS, "Cache-Control": "no-store", **(headers or {})}
     return HTMLResponse(html, status_code=status_code, headers=all_headers)
 
@@ -211,8 +213,7 @@ def _jsonable(obj: Any) -> Any:
 def make_router(data: WebData, settings: WebSettings | None = None) -> APIRouter:
     """The HTML pages over `data`. Read-only: every route is a GET."""
     cfg = settings or WebSettings()
-    env = make_env()
-    env.globals["url"] = lambda path: cfg.base_path + path
+    env = _env(cfg.base_path)
     static = {name: (STATIC / name).read_bytes() for name in _STATIC_TYPES}
     etags = {name: '"' + hashlib.sha256(body).hexdigest()[:16] + '"' for name, body in static.items()}
     router = APIRouter(dependencies=[Depends(_auth_dependency(cfg))], include_in_schema=False)
