@@ -11,9 +11,15 @@ HTTP on 127.0.0.1 (median of `--repeat` after one warm-up):
   as a quiet one (`If-None-Match` with the fragment's ETag: the job has not changed);
 * the JSON timeline of the stuck window (`GET /api/v1/jobs/<job>/timeline`) and the job's verdict.
 
+`--copies K` stores K more jobs like the hung one (ten jobs stored: `--copies 9`) as copies made in
+SQL, rows of the same tables under a new job id, rather than posted: posting 20 million entries
+takes the better part of an hour on these machines, and what the pages read is the same rows.
+The running server does not diagnose the copies (it learns of jobs from what it ingests, or from
+the database when it starts): they stand for the stored volume the pages' queries read past.
+
 It prints the figures, the server's RSS and the machine's load average. Traffic goes to 127.0.0.1.
 
-    python -m bench.web_server --db sqlite --ranks 1024 --entries 2000 --jobs 10
+    python -m bench.web_server --db sqlite --ranks 1024 --entries 2000 --copies 9
     python -m bench.web_server --db postgresql --ranks 64 --entries 500
 """
 
@@ -111,6 +117,65 @@ def post_job(client: httpx.Client, token: str, job: str, ranks: int, entries: in
             break
 
 
+def copy_job(url: str, job: str, names: list[str]) -> None:
+    """Store copies of `job` under `names`: its job, rank, configuration, group and entry rows
+    under new ids, received now (so the server sees recent, running jobs)."""
+    from sqlalchemy import Table, insert, literal, select
+
+    from flightdeck.server.db import connect
+    from flightdeck.server.models import EntryRow, Job, ProcessGroup, Rank, RankConfigRow
+
+    def sa_table(model: type) -> Table:
+        table = model.__table__  # type: ignore[attr-defined]
+        assert isinstance(table, Table)
+        return table
+
+    db = connect(url)
+    try:
+        with db.write() as session, session.begin():
+            src = session.execute(select(Job).where(Job.name == job)).scalar_one()
+            groups = (
+                session.execute(select(ProcessGroup).where(ProcessGroup.job_id == src.id)).scalars().all()
+            )
+            now_ns = time.time_ns()
+            for name in names:
+                new = Job(
+                    name=name,
+                    attempt=src.attempt,
+                    world_size=src.world_size,
+                    first_seen_ns=src.first_seen_ns,
+                    last_seen_ns=src.last_seen_ns,
+                    status=src.status,
+                )
+                session.add(new)
+                session.flush()
+                for table in (sa_table(Rank), sa_table(RankConfigRow)):
+                    cols = [c for c in table.columns if c.name != "job_id"]
+                    fill = [literal(now_ns) if c.name == "received_ns" else c for c in cols]
+                    session.execute(
+                        insert(table).from_select(
+                            ["job_id", *(c.name for c in cols)],
+                            select(literal(new.id), *fill).where(table.c.job_id == src.id),
+                        )
+                    )
+                for g in groups:
+                    ng = ProcessGroup(job_id=new.id, name=g.name, desc=g.desc, ranks=g.ranks)
+                    session.add(ng)
+                    session.flush()
+                    t = sa_table(EntryRow)
+                    cols = [c for c in t.columns if c.name not in ("job_id", "group_id")]
+                    session.execute(
+                        insert(t).from_select(
+                            ["job_id", "group_id", *(c.name for c in cols)],
+                            select(literal(new.id), literal(ng.id), *cols).where(
+                                t.c.job_id == src.id, t.c.group_id == g.id
+                            ),
+                        )
+                    )
+    finally:
+        db.dispose()
+
+
 def wait_hang(client: httpx.Client, job: str, timeout_s: float) -> dict[str, object]:
     """The hang finding of `job`, once the server has opened it."""
     deadline = time.monotonic() + timeout_s
@@ -125,19 +190,24 @@ def wait_hang(client: httpx.Client, job: str, timeout_s: float) -> dict[str, obj
 
 
 def timed(
-    client: httpx.Client, url: str, repeat: int, headers: dict[str, str] | None = None
-) -> tuple[float, int]:
-    """Median milliseconds of `repeat` GETs after one warm-up, and the last status code."""
+    client: httpx.Client, url: str, repeat: int, headers: dict[str, str] | None = None, *, pid: int
+) -> tuple[float, int, float]:
+    """Median milliseconds of `repeat` GETs after one warm-up, the last status code, and the
+    median server CPU milliseconds per GET (user + system of the server process: less sensitive
+    than wall time to other work on a shared machine, though it counts the live diagnosis's
+    periodic work that falls inside a request)."""
     client.get(url, headers=headers)
-    times, status = [], 0
+    times, cpus, status = [], [], 0
     for _ in range(repeat):
+        c = cpu_s(pid)
         t = time.perf_counter()
         r = client.get(url, headers=headers)
         times.append((time.perf_counter() - t) * 1000)
+        cpus.append((cpu_s(pid) - c) * 1000)
         status = r.status_code
         if status >= 400:
             raise SystemExit(f"GET {url}: {status} {r.text[:200]}")
-    return statistics.median(times), status
+    return statistics.median(times), status, statistics.median(cpus)
 
 
 def cpu_s(pid: int) -> float:
@@ -174,6 +244,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--ranks", type=int, default=1024)
     ap.add_argument("--entries", type=int, default=2000)
     ap.add_argument("--jobs", type=int, default=1, help="jobs stored (the last one is the hang)")
+    ap.add_argument("--copies", type=int, default=0, help="more jobs stored as SQL copies of the hung one")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument(
         "--keep",
@@ -197,33 +268,42 @@ def main(argv: list[str] | None = None) -> None:
                 job = f"web-{args.jobs - 1}"
                 finding = wait_hang(client, job, 300)
                 seq = int(str(finding["collective_seq_id"]))
+                if args.copies and not reuse:
+                    copy_job(url, job, [f"web-copy-{i}" for i in range(args.copies)])
                 wait_idle(proc.pid)
-                page_ms, _ = timed(client, f"/jobs/{job}", args.repeat)
-                frag_ms, _ = timed(client, f"/jobs/{job}", args.repeat, {"HX-Request": "true"})
-                etag = client.get(f"/jobs/{job}", headers={"HX-Request": "true"}).headers.get("ETag")
-                quiet = (
-                    timed(client, f"/jobs/{job}", args.repeat, {"HX-Request": "true", "If-None-Match": etag})
-                    if etag
-                    else None
-                )
+                page = f"/jobs/{job}"
+                live = {"HX-Request": "true", "HX-Target": "live"}
+                rows: list[tuple[str, tuple[float, int, float]]] = [
+                    ("incident page", timed(client, page, args.repeat, pid=proc.pid)),
+                    ("live fragment", timed(client, page, args.repeat, live, pid=proc.pid)),
+                    (
+                        "timeline fragment",
+                        timed(client, page, args.repeat, {**live, "HX-Target": "timeline"}, pid=proc.pid),
+                    ),
+                    ("wall-time view", timed(client, page + "?view=time", args.repeat, pid=proc.pid)),
+                ]
+                etag = client.get(page, headers=live).headers.get("ETag")
+                if etag:
+                    quiet = {**live, "If-None-Match": etag}
+                    rows.append(
+                        ("quiet live fragment", timed(client, page, args.repeat, quiet, pid=proc.pid))
+                    )
+                cell = f"{page}/cell?group=0&seq={seq}&rank=3"
+                rows.append(("cell detail", timed(client, cell, args.repeat, pid=proc.pid)))
                 tl = f"/api/v1/jobs/{job}/timeline?group=0&seq_from={seq - 20}&seq_to={seq}&limit=10000"
-                tl_ms, _ = timed(client, tl, args.repeat)
-                verdict_ms, _ = timed(client, f"/api/v1/jobs/{job}", args.repeat)
+                rows.append(("JSON timeline, 21 seqs", timed(client, tl, args.repeat, pid=proc.pid)))
+                rows.append(("JSON verdict", timed(client, f"/api/v1/jobs/{job}", args.repeat, pid=proc.pid)))
                 rss = rss_mib(proc.pid)
         finally:
             proc.terminate()
             proc.wait(30)
     load = Path("/proc/loadavg").read_text().split()[:3]
-    print(f"{args.db}, {args.jobs} job(s) of {args.ranks} ranks x {args.entries} collectives stored")
+    stored = args.jobs + args.copies
+    print(f"{args.db}, {stored} job(s) of {args.ranks} ranks x {args.entries} collectives stored")
     print(f"  load average {' '.join(load)}; jobs posted in {load_s:.1f} s; hang seq {seq}")
-    print(f"  incident page         {page_ms:8.1f} ms")
-    print(f"  live fragment         {frag_ms:8.1f} ms")
-    if quiet is None:
-        print("  quiet live fragment       (no ETag served)")
-    else:
-        print(f"  quiet live fragment   {quiet[0]:8.1f} ms (status {quiet[1]})")
-    print(f"  JSON timeline (21 seqs) {tl_ms:6.1f} ms")
-    print(f"  JSON verdict          {verdict_ms:8.1f} ms")
+    print(f"  {'':24} {'wall ms':>9} {'server CPU ms':>14}  status")
+    for name, (ms, status, cpu) in rows:
+        print(f"  {name:24} {ms:9.1f} {cpu:14.1f}  {status}")
     print(f"  server RSS {rss:.0f} MiB ({rss - rss0:+.0f} MiB since start)")
 
 

@@ -68,6 +68,27 @@ _CHUNK = 10_000
 _IN_CHUNK = 5_000
 
 
+def _plain_rows(conn: Any, stmt: Any) -> list[tuple[Any, ...]]:
+    """The rows of a Core `stmt` as the driver's plain tuples, its parameters bound by the driver.
+
+    For the reads of many thousand rows (a page's window): SQLAlchemy's Row objects cost 80-90 ms
+    of CPU for a 1,024-rank window's 40,959 rows on PostgreSQL, the driver's tuples 19-27 ms
+    (`/tmp`-free measurement: `bench/web_server.py`'s server CPU per page). Only for columns the
+    driver returns as the model's Python types (integers, text); booleans come back as 0/1 from
+    SQLite.
+    """
+    comp = stmt.compile(dialect=conn.dialect, compile_kwargs={"render_postcompile": True})
+    params: Any = comp.construct_params()
+    if comp.positional:
+        params = tuple(params[k] for k in comp.positiontup)
+    cur = conn.connection.driver_connection.cursor()
+    try:
+        cur.execute(str(comp), params)
+        return list(cur.fetchall())
+    finally:
+        cur.close()
+
+
 def _insert(session: Session, entity: Any) -> Any:
     """The dialect's INSERT (it has `on_conflict_do_update` / `on_conflict_do_nothing`)."""
     if session.get_bind().dialect.name == "postgresql":
@@ -1253,6 +1274,18 @@ def job_ranks(*, session: Session, job_id: int) -> list[tuple[Rank, str | None]]
     return [(r, h) for r, h in session.execute(q).tuples()]
 
 
+def job_rank_hosts(*, session: Session, job_id: int) -> list[tuple[int, int | None, str | None]]:
+    """(rank, pid, host name) of the job's ranks, by rank: what a timeline row says of its rank,
+    three columns rather than the whole rows (with their configuration) `job_ranks` loads."""
+    q = (
+        select(Rank.rank, Rank.pid, Host.name)
+        .outerjoin(Host, Host.id == Rank.host_id)
+        .where(Rank.job_id == job_id)
+        .order_by(Rank.rank)
+    )
+    return [(int(r), p, h) for r, p, h in session.execute(q).tuples()]
+
+
 def gone_ranks(*, session: Session, job_ids: Sequence[int]) -> dict[int, dict[int, int]]:
     """job id -> rank -> when its process was reported gone (the ranks reported only)."""
     if not job_ids:
@@ -1532,6 +1565,85 @@ def window_entries(
     return out
 
 
+#: What a timeline cell shows of an entry (`window_cells`): no sizes, frames or thread.
+_CELL_COLUMNS = (
+    EntryRow.rank,
+    EntryRow.seq,
+    EntryRow.record_id,
+    EntryRow.sig_id,
+    EntryRow.state,
+    EntryRow.retired,
+)
+#: ... and where it lies in time (the wall-time view).
+_SPAN_COLUMNS = (
+    *_CELL_COLUMNS,
+    EntryRow.time_created_ns,
+    EntryRow.time_started_ns,
+    EntryRow.time_completed_ns,
+    EntryRow.duration_ms,
+)
+_SPAN_KEYS = ("time_created_ns", "time_started_ns", "time_completed_ns", "duration_ms")
+
+
+def window_cells(
+    *,
+    session: Session,
+    job_id: int,
+    group_id: int,
+    ranks: Sequence[int] | None = None,
+    seq_from: int | None = None,
+    seq_to: int | None = None,
+    spans: bool = False,
+    limit: int = 200_000,
+) -> dict[int, list[dict[str, Any]]]:
+    """rank -> what the timeline's cells show of each collective (non-p2p) entry of one group with
+    seq in [seq_from, seq_to]: plain dicts of `collective_seq_id`, `op`, `state` and `retired`
+    (and with `spans` the four times), sorted by seq; a seq held twice by a rank keeps its newest
+    record.
+
+    The incident page reads this rather than `window_entries`: building a full record (sizes,
+    dtypes, frames) of each of a 1,024-rank window's 40,959 entries was two thirds of the page,
+    and the four 64-bit times double what the database sends.
+    """
+    columns = _SPAN_COLUMNS if spans else _CELL_COLUMNS
+    rows = _WindowReader(session.connection()).rows(job_id, group_id, ranks, seq_from, seq_to, columns)
+    rows.sort(key=itemgetter(0, 1, 2))  # rank, seq, record_id
+    ops: dict[int, str | None] = {
+        sid: None if is_p2p else canonical_op(raw_op)
+        for sid, raw_op, is_p2p in _signature_ops(session, {r[3] for r in rows})
+    }
+    out: dict[int, list[dict[str, Any]]] = {}
+    lst: list[dict[str, Any]] = []
+    last_rank: int | None = None
+    last_seq: int | None = None
+    for row in rows[:limit]:
+        rank, seq, _rid, sig_id, state, retired = row[:6]
+        op = ops[sig_id]
+        if op is None:
+            continue  # p2p: filtered here, from the signatures already loaded, rather than by a join
+        if rank != last_rank:
+            lst = out[rank] = []
+            last_rank, last_seq = rank, None
+        cell = {"collective_seq_id": seq, "op": op, "state": STATE_NAMES[state], "retired": bool(retired)}
+        if spans:
+            cell.update(zip(_SPAN_KEYS, row[6:], strict=True))
+        if seq == last_seq:
+            lst[-1] = cell
+        else:
+            lst.append(cell)
+            last_seq = seq
+    return out
+
+
+def _signature_ops(session: Session, ids: set[int]) -> list[tuple[int, str, bool]]:
+    """(id, raw op, is p2p) of the given signatures: three columns, not the ORM objects."""
+    out: list[tuple[int, str, bool]] = []
+    for chunk in _chunks(sorted(ids), _IN_CHUNK):
+        q = select(Signature.id, Signature.raw_op, Signature.is_p2p).where(Signature.id.in_(chunk))
+        out.extend((int(i), str(op), bool(p)) for i, op, p in session.connection().execute(q))
+    return out
+
+
 class _WindowReader:
     """Reads the entry rows of a (group, seq) window the way each database reads them fastest.
 
@@ -1553,16 +1665,14 @@ class _WindowReader:
         ranks: Sequence[int] | None,
         seq_from: int | None,
         seq_to: int | None,
-    ) -> list[Sequence[Any]]:
-        """The `_ENTRY_COLUMNS` of the window's rows, in no particular order."""
+        columns: Sequence[Any] = _ENTRY_COLUMNS,
+    ) -> list[tuple[Any, ...]]:
+        """The `columns` (`_ENTRY_COLUMNS`) of the window's rows, in no particular order."""
         where = self._window(EntryRow.group_id, EntryRow.seq, group_id, seq_from, seq_to)
         if ranks is not None:
             where.append(EntryRow.rank.in_(list(ranks)))
         if self._conn.dialect.name != "sqlite":
-            rows: list[Sequence[Any]] = self._conn.execute(
-                select(*_ENTRY_COLUMNS).where(EntryRow.job_id == job_id, *where)
-            ).all()
-            return rows
+            return _plain_rows(self._conn, select(*columns).where(EntryRow.job_id == job_id, *where))
         spans = self._conn.execute(
             select(EntryRow.rank, func.min(EntryRow.record_id), func.max(EntryRow.record_id))
             .where(EntryRow.job_id == job_id, *where)
@@ -1571,15 +1681,15 @@ class _WindowReader:
         # `+ 0`: the same filter as an expression, which keeps SQLite off the (job, group, seq)
         # index for this read; it is applied to the rows of each rank's key range instead.
         again = self._window(EntryRow.group_id + 0, EntryRow.seq + 0, group_id, seq_from, seq_to)
-        out: list[Sequence[Any]] = []
+        out: list[tuple[Any, ...]] = []
         for chunk in _chunks(spans, _IN_CHUNK):
-            q = select(*_ENTRY_COLUMNS).where(
+            q = select(*columns).where(
                 EntryRow.job_id == job_id,
                 EntryRow.rank.in_([r for r, _, _ in chunk]),
                 EntryRow.record_id.between(min(lo for _, lo, _ in chunk), max(hi for _, _, hi in chunk)),
                 *again,
             )
-            out.extend(self._conn.execute(q).all())
+            out.extend(_plain_rows(self._conn, q))
         return out
 
     @staticmethod

@@ -23,7 +23,9 @@ from flightdeck.collector.nixl_ring import OwnerFinder, RingConsumer
 from flightdeck.nixl_rates import histogram_quantile
 from flightdeck.nixl_records import NixlSample
 from flightdeck.records import Frame
+from flightdeck.web import views
 from flightdeck.web.routes import CSP
+from flightdeck.web.store_data import StoreData
 from flightdeck.wire import Snapshot
 from tests.conftest import FakeClock
 from tests.test_server_api import NS, STALL_S, Server, make_server, skip_stuck_view
@@ -97,6 +99,27 @@ def test_timeline_fragment_for_htmx(server: Server) -> None:
     assert "HX-Request" in r.headers["vary"]
     whole = server.client.get("/jobs/skip").text
     assert len(r.text) < len(whole)
+
+
+@pytest.mark.parametrize("view", ["seq", "time"])
+def test_the_page_from_cells_shows_what_it_shows_from_whole_entries(server: Server, view: str) -> None:
+    """The page reads each entry's cell (`window_cells`), not the whole record: what it shows,
+    every cell's state, op and label and the wall-time bars, is the same as from whole entries."""
+    _hung(server, skip_stuck_view())
+    data = StoreData(db=server.svc.db, live=server.svc.live, clock=server.clock, job_idle_s=3600)
+    report, meta = data.job_report("skip"), data.job_meta("skip")
+    assert report is not None and meta is not None
+    (g,) = [g for g in meta["groups"] if g["name"] == "0"]
+    window = views.plan_window(min_seq=g["min_seq"], max_seq=g["max_seq"], stuck_seq=12, start=None)
+    shown = []
+    for detail in ("entries", "spans" if view == "time" else "cells"):
+        tl = data.timeline("skip", group="0", ranks=None, seqs=(window.first, window.last), detail=detail)
+        shown.append(views.job_view(report, meta, tl, group="0", window=window, view=view))  # type: ignore[arg-type]
+    whole, cells = shown
+    assert cells.rows and cells == whole
+    if view == "time":
+        assert cells.lanes and any(lane.bars for lane in cells.lanes)
+    assert {c.state for r in cells.rows for c in r.cells} >= {"completed", "never_entered"}
 
 
 def test_a_quiet_job_page_answers_304_until_it_changes(server: Server) -> None:

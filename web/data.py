@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from flightdeck.records import Entry
 
 #: An entry as a record, or as the plain dict `flightdeck.analysis.findings.entry_json` makes.
 EntryLike = Entry | Mapping[str, Any]
+#: How much of each entry a timeline read returns (`WebData.timeline`).
+Detail = Literal["entries", "cells", "spans"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,9 +111,21 @@ class WebData(Protocol):
         ...
 
     def timeline(
-        self, job: str, *, group: str, ranks: Sequence[int] | None, seqs: tuple[int, int] | None
+        self,
+        job: str,
+        *,
+        group: str,
+        ranks: Sequence[int] | None,
+        seqs: tuple[int, int] | None,
+        detail: Detail = "entries",
     ) -> TimelineData:
-        """Entries of `group` for `ranks` (None: all) with seq in `seqs` (inclusive; None: all)."""
+        """Entries of `group` for `ranks` (None: all) with seq in `seqs` (inclusive; None: all).
+
+        `detail`: what of each entry the caller needs. "entries": whole entries; "cells": at
+        least `collective_seq_id`, `op`, `state` and `retired` (what a timeline cell shows);
+        "spans": those and the four times (the wall-time view). An implementation may always
+        give more.
+        """
         ...
 
     def job_version(self, job: str) -> str | None:

@@ -18,7 +18,7 @@ from typing import Any, Literal
 from flightdeck.analysis import Options, Report, diagnose, summarize
 from flightdeck.collector.frdump import discover, merge, rank_from_name, read_dump_file
 from flightdeck.records import Entry, RankDump
-from flightdeck.web.data import RankDetail, RankTrack, ThreadStackData, TimelineData
+from flightdeck.web.data import Detail, RankDetail, RankTrack, ThreadStackData, TimelineData
 
 Snapshots = Literal["all", "live"]
 
@@ -160,9 +160,16 @@ class DumpData:
         return None
 
     def timeline(
-        self, job: str, *, group: str, ranks: Sequence[int] | None, seqs: tuple[int, int] | None
+        self,
+        job: str,
+        *,
+        group: str,
+        ranks: Sequence[int] | None,
+        seqs: tuple[int, int] | None,
+        detail: Detail = "entries",
     ) -> TimelineData:
-        """The group's entries per rank in the seq window (bisect: cost follows the window)."""
+        """The group's entries per rank in the seq window (bisect: cost follows the window); whole
+        entries whatever the `detail` (they are in memory already)."""
         j = self._jobs.get(job)
         if j is None:
             return TimelineData(group=group, ranks=[])

@@ -368,6 +368,7 @@ def make_router(data: WebData, settings: WebSettings | None = None) -> APIRouter
             group=group,
             ranks=None if rank_set is None else sorted(rank_set),
             seqs=None if window is None else (window.first, window.last),
+            detail="spans" if view == "time" else "cells",
         )
         model = views.job_view(
             report,

@@ -21,8 +21,8 @@ from flightdeck.server import store
 from flightdeck.server.db import Database
 from flightdeck.server.live import LiveDiagnosis
 from flightdeck.server.models import Job
-from flightdeck.web.data import RankDetail, RankTrack, ThreadStackData, TimelineData
-from flightdeck.web.views import verdict_fingerprint
+from flightdeck.web.data import Detail, RankDetail, RankTrack, ThreadStackData, TimelineData
+from flightdeck.web.views import seq_of, verdict_fingerprint
 
 NS = 1_000_000_000
 
@@ -173,45 +173,63 @@ class StoreData:
             return repr((shown, verdict_fingerprint(self._report(session, j))))
 
     def timeline(
-        self, job: str, *, group: str, ranks: Sequence[int] | None, seqs: tuple[int, int] | None
+        self,
+        job: str,
+        *,
+        group: str,
+        ranks: Sequence[int] | None,
+        seqs: tuple[int, int] | None,
+        detail: Detail = "entries",
     ) -> TimelineData:
-        """The group's entries per rank in the seq window, with each rank's whole seq range."""
+        """The group's entries per rank in the seq window, with each rank's whole seq range:
+        records, or for "cells" and "spans" plain dicts of what the timeline shows."""
         with self._db.read() as session:
             j = store.get_job(session=session, name=job)
             if j is None:
                 return TimelineData(group=group, ranks=[])
             grow = next((g for g in store.job_groups(session=session, job_id=j.id) if g.name == group), None)
-            known = store.job_ranks(session=session, job_id=j.id)
+            known = store.job_rank_hosts(session=session, job_id=j.id)
             wanted = set(ranks) if ranks is not None else None
-            rows = [(r, h) for r, h in known if wanted is None or r.rank in wanted]
+            rows = [row for row in known if wanted is None or row[0] in wanted]
             if grow is None:
-                return TimelineData(
-                    group=group, ranks=[RankTrack(rank=r.rank, host=h, pid=r.pid) for r, h in rows]
-                )
+                return TimelineData(group=group, ranks=[RankTrack(rank=r, host=h, pid=p) for r, p, h in rows])
             only = None if wanted is None else sorted(wanted)
-            entries = store.window_entries(
-                session=session,
-                job_id=j.id,
-                group_id=grow.id,
-                group_name=group,
-                ranks=only,
-                seq_from=None if seqs is None else seqs[0],
-                seq_to=None if seqs is None else seqs[1],
-            )
+            seq_from, seq_to = (None, None) if seqs is None else seqs
+            entries: dict[int, list[Any]]
+            if detail == "entries":
+                entries = store.window_entries(
+                    session=session,
+                    job_id=j.id,
+                    group_id=grow.id,
+                    group_name=group,
+                    ranks=only,
+                    seq_from=seq_from,
+                    seq_to=seq_to,
+                )
+            else:
+                entries = store.window_cells(
+                    session=session,
+                    job_id=j.id,
+                    group_id=grow.id,
+                    ranks=only,
+                    seq_from=seq_from,
+                    seq_to=seq_to,
+                    spans=detail == "spans",
+                )
             bounds = store.rank_seq_ranges(
                 session=session, job_id=j.id, group_id=grow.id, ranks=self._gaps(rows, entries, grow, seqs)
             )
             tracks = []
-            for r, h in rows:
-                mine = entries.get(r.rank, [])
-                lo_hi = bounds.get(r.rank)
+            for r, p, h in rows:
+                mine = entries.get(r, [])
+                lo_hi = bounds.get(r)
                 if lo_hi is None and mine:
-                    lo_hi = (mine[0].collective_seq_id, mine[-1].collective_seq_id)
+                    lo_hi = (seq_of(mine[0]), seq_of(mine[-1]))
                 tracks.append(
                     RankTrack(
-                        rank=r.rank,
+                        rank=r,
                         host=h,
-                        pid=r.pid,
+                        pid=p,
                         entries=mine,
                         first_seq=None if lo_hi is None else lo_hi[0],
                         last_seq=None if lo_hi is None else lo_hi[1],
@@ -221,7 +239,7 @@ class StoreData:
 
     @staticmethod
     def _gaps(
-        rows: Sequence[tuple[Any, str | None]],
+        rows: Sequence[tuple[int, int | None, str | None]],
         entries: dict[int, list[Any]],
         group: Any,
         seqs: tuple[int, int] | None,
@@ -231,10 +249,9 @@ class StoreData:
         members = None if group.ranks is None else {int(x) for x in group.ranks}
         size = None if seqs is None else seqs[1] - seqs[0] + 1
         return [
-            r.rank
-            for r, _ in rows
-            if (members is None or r.rank in members)
-            and (size is None or len(entries.get(r.rank, ())) < size)
+            r
+            for r, _, _ in rows
+            if (members is None or r in members) and (size is None or len(entries.get(r, ())) < size)
         ]
 
     def rank_detail(self, job: str, rank: int) -> RankDetail | None:

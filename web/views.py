@@ -872,8 +872,10 @@ def job_view(
         tracks = sorted(timeline.ranks, key=lambda t: t.rank)
         by_rank: list[dict[int, EntryLike]] = []
         op_votes: dict[int, dict[str, int]] = {s: {} for s in seqs}
+        patterns: list[tuple[CellState, ...]] = []
         for t in tracks:
             at: dict[int, EntryLike] = {}
+            done: dict[int, CellState] = {}
             for e in t.entries:
                 s = seq_of(e)
                 if window.first <= s <= window.last:
@@ -881,7 +883,18 @@ def job_view(
                     votes = op_votes[s]
                     op = _op_of(e)
                     votes[op] = votes.get(op, 0) + 1
+                    done[s] = "completed" if _finished(e) else "in_flight"
             by_rank.append(at)
+            # One state per cell (`cell_state`, inlined: 1,024 ranks x 40 columns per page).
+            after = -1 if t.last_seq is None else t.last_seq
+            patterns.append(
+                tuple(
+                    ("mismatched" if (t.rank, s) in bad else done[s])
+                    if s in done
+                    else ("never_entered" if s > after else "unknown")
+                    for s in seqs
+                )
+            )
         col_op = {s: max(v.items(), key=lambda kv: kv[1])[0] if v else "" for s, v in op_votes.items()}
         if stuck_seq in col_op and not col_op[stuck_seq] and incident is not None and incident.get("op"):
             # No shown rank entered it (a filter on the culprits): the finding still knows the op.
@@ -890,10 +903,7 @@ def job_view(
         # Fold: ranks with the same state pattern share a row. Patterns are tuples of short
         # strings, hashed once per rank: 1,024 ranks x 40 columns is ~40k cheap state calls.
         folds: dict[tuple[CellState, ...], list[RankTrack]] = {}
-        for t, at in zip(tracks, by_rank, strict=True):
-            pattern = tuple(
-                cell_state(at.get(s), t, s, mismatched=(t.rank, s) in bad and s in at) for s in seqs
-            )
+        for t, pattern in zip(tracks, patterns, strict=True):
             folds.setdefault(pattern, []).append(t)
         entry_op = (
             {(t.rank, s): _op_of(e) for t, at in zip(tracks, by_rank, strict=True) for s, e in at.items()}
