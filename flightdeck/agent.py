@@ -185,8 +185,8 @@ class AgentConfig:
 
     stall_after_s: float | None = None
     """Deprecated (FLIGHTDECK_STALL_AFTER_S on the agent): accepted, logged once, ignored. The
-    server's `stall_after_s` decides what is a hang; the stack snapshot is written after the fixed
-    `STACKS_AFTER_S`."""
+    server's `stall_after_s` decides what is a hang; the agent writes its stack snapshot after a
+    fixed 2 s (`STACKS_AFTER_S`). Remove it from job environments."""
 
     full_every_s: float = 30.0
     """Seconds between periodic snapshots of the whole ring (FLIGHTDECK_AGENT_FULL_EVERY_S); the ones in
