@@ -99,8 +99,8 @@ ENV_VARS: dict[str, str] = {
     "FLIGHTDECK_AGENT_INTERVAL_S": "interval_s",
     "FLIGHTDECK_AGENT_FULL_EVERY_S": "full_every_s",
     "FLIGHTDECK_AGENT_JOB": "job",
-    "FLIGHTDECK_AGENT_CHECKPOINT_DIR": "config report: where the job reads/writes distributed checkpoints "
-    "(jobs sharing it across torch 2.14 / 2.15 are flagged by the server)",
+    "FLIGHTDECK_AGENT_CHECKPOINT_DIR": "Where the job reads and writes distributed checkpoints, sent in "
+    "the rank's configuration report: the server flags jobs that share it across torch 2.14 and 2.15.",
     "FLIGHTDECK_STALL_AFTER_S": "deprecated and ignored (a warning): the server's "
     "FLIGHTDECK_SERVER_STALL_AFTER_S decides what is a hang; the agent writes its stack snapshot "
     "after a fixed STACKS_AFTER_S",
