@@ -177,7 +177,7 @@ def render_config(opts: Options) -> str:
         return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
     return (
-        "# Written by `flightdeck collector install`; see the README's collector settings.\n"
+        "# Written by `flightdeck collector install`; every setting: docs/configuration.md (Collector).\n"
         f"server_url = {q(opts.server_url)}\n"
         "# systemd hands the token over with LoadCredential= (the unit); the file it reads is\n"
         f"# {TOKEN_PATH} (root, 0600). To rotate: write it, then systemctl restart {UNIT_NAME}.\n"

@@ -82,7 +82,7 @@ class CollectorSettings(BaseSettings):
 
     server_url: str | None = Field(
         default=None,
-        description="Base URL of the Flightdeck server, e.g. https://flightdeck.example:8000; batches "
+        description="Base URL of the Flightdeck server, e.g. https://flightdeck.example:8470; batches "
         "go to <server_url>/api/v1/ingest. Required to run (not for --check of paths).",
     )
     token: SecretStr | None = Field(

@@ -99,8 +99,8 @@ ENV_VARS: dict[str, str] = {
     "FLIGHTDECK_AGENT_INTERVAL_S": "interval_s",
     "FLIGHTDECK_AGENT_FULL_EVERY_S": "full_every_s",
     "FLIGHTDECK_AGENT_JOB": "job",
-    "FLIGHTDECK_AGENT_CHECKPOINT_DIR": "config report: where the job reads/writes distributed checkpoints "
-    "(jobs sharing it across torch 2.14 / 2.15 are flagged by the server)",
+    "FLIGHTDECK_AGENT_CHECKPOINT_DIR": "Where the job reads and writes distributed checkpoints, sent in "
+    "the rank's configuration report: the server flags jobs that share it across torch 2.14 and 2.15.",
     "FLIGHTDECK_STALL_AFTER_S": "deprecated and ignored (a warning): the server's "
     "FLIGHTDECK_SERVER_STALL_AFTER_S decides what is a hang; the agent writes its stack snapshot "
     "after a fixed STACKS_AFTER_S",
@@ -185,8 +185,8 @@ class AgentConfig:
 
     stall_after_s: float | None = None
     """Deprecated (FLIGHTDECK_STALL_AFTER_S on the agent): accepted, logged once, ignored. The
-    server's `stall_after_s` decides what is a hang; the stack snapshot is written after the fixed
-    `STACKS_AFTER_S`."""
+    server's `stall_after_s` decides what is a hang; the agent writes its stack snapshot after a
+    fixed 2 s (`STACKS_AFTER_S`). Remove it from job environments."""
 
     full_every_s: float = 30.0
     """Seconds between periodic snapshots of the whole ring (FLIGHTDECK_AGENT_FULL_EVERY_S); the ones in

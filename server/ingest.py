@@ -1,8 +1,10 @@
 """Ingest: authenticate a collector, bound the body, decode the batch, apply it with others (group commit).
 
 Called from the route in a worker thread (everything here blocks: gzip, JSON, SQL). The route
-holds a slot of the bounded in-flight semaphore around it, so a flood of pushes gets 429 instead
-of an ever-growing queue of threads and open transactions.
+holds an in-flight slot of `admission.Admission` around it: a flood of pushes first waits in a
+bounded queue on the event loop (no thread, body unread) and gets 429 with Retry-After only when
+`max_queued_ingests` already wait or the wait passes `ingest_queue_timeout_s`, never an
+ever-growing pile of threads and open transactions.
 """
 
 from __future__ import annotations

@@ -124,9 +124,9 @@ class ServerSettings(BaseSettings):
         "unless the ranks it waits for are still working (a slow_rank finding, no page); one of those "
         "that makes no progress (no CPU, same stack) for this long is hung. The one threshold: "
         "agents write their stack snapshot after a fixed 2 s, so the first hang finding has it. "
-        "5 s is 4x the longest gap between collectives measured in healthy gloo jobs, well above "
-        "snapshot and push delays (docs/runbook.md, busy or stuck), and lets the shipped alert path page "
-        "within 15 s of the fault (docs/alerting.md).",
+        "5 s is about 6x the longest wait in a collective and the longest gap between a rank's "
+        "collectives measured in healthy gloo jobs, well above snapshot and push delays, and lets "
+        "the shipped alert path page within 15 s of the fault (docs/alerting.md).",
     )
     slow_ceiling_s: float | None = Field(
         default=None,
@@ -160,10 +160,9 @@ class ServerSettings(BaseSettings):
         "diagnosis takes d seconds (wall clock, so a busy process diagnoses less often) is "
         "diagnosed at most every d / share seconds (and its "
         "straggler analysis runs at most every fourth time). Only large jobs are slowed down: "
-        "4,096 ranks take about 0.14 s, 0.43 s with the straggler analysis "
-        "(bench/live_diagnosis.py). The diagnosis holds the GIL in long loops that starve the "
-        "ingest threads: at 0.5 a 2,048-rank job fell behind within minutes "
-        "(docs/dev/performance-history.md, Scale, third session).",
+        "4,096 ranks take about 0.14 s, 0.43 s with the straggler analysis. Raising it makes "
+        "large jobs' verdicts fresher at the cost of ingest throughput: at 0.5 a 2,048-rank job "
+        "fell behind its ingest within minutes.",
     )
     straggler_interval_s: float = Field(
         default=10.0,
@@ -218,8 +217,7 @@ class ServerSettings(BaseSettings):
         ge=1,
         description="Ingest requests in flight at once, each on a worker thread of its own "
         "(decoding, or waiting to share a group commit); more wait in the ingest queue. More in "
-        "flight make bigger group commits and let batches be decoded while a group is written "
-        "(docs/dev/performance-history.md, Scale, fifth session).",
+        "flight make bigger group commits and let batches be decoded while a group is written.",
     )
     max_queued_ingests: int = Field(
         default=1024,

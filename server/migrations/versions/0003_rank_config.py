@@ -1,4 +1,4 @@
-"""rank configuration reports (issue 9: configuration and version skew)
+"""rank configuration reports: what each rank runs, for the version and configuration skew findings
 
 Revision ID: 0003
 Revises: 0002

@@ -1,4 +1,4 @@
-"""ingest feed: recent batches, for the process that owns a job's diagnosis (issue 8: scale)
+"""ingest feed: recent batches, for the process that owns a job's diagnosis (cluster mode)
 
 Revision ID: 0004
 Revises: 0003

@@ -1,4 +1,4 @@
-"""64-bit columns for values real jobs exceed 2^31 in: sequence / op ids, timeouts, pids (issue 21)
+"""64-bit columns for values real jobs exceed 2^31 in: sequence / op ids, timeouts, pids
 
 Revision ID: 0006
 Revises: 0005

@@ -1,4 +1,4 @@
-"""rank progress evidence: whether each rank's main thread is working (issue 19: busy or stuck)
+"""rank progress evidence: whether each rank's main thread is working (busy or stuck)
 
 Revision ID: 0008
 Revises: 0007

@@ -1,4 +1,4 @@
-"""job lifecycle: when a job ended, ranks reported gone, findings closed by the end (issue 20)
+"""job lifecycle: when a job ended, ranks reported gone, findings closed by the end
 
 Revision ID: 0009
 Revises: 0008
