@@ -72,10 +72,9 @@ def _plain_rows(conn: Any, stmt: Any) -> list[tuple[Any, ...]]:
     """The rows of a Core `stmt` as the driver's plain tuples, its parameters bound by the driver.
 
     For the reads of many thousand rows (a page's window): SQLAlchemy's Row objects cost 80-90 ms
-    of CPU for a 1,024-rank window's 40,959 rows on PostgreSQL, the driver's tuples 19-27 ms
-    (`/tmp`-free measurement: `bench/web_server.py`'s server CPU per page). Only for columns the
-    driver returns as the model's Python types (integers, text); booleans come back as 0/1 from
-    SQLite.
+    of CPU for a 1,024-rank window's 40,959 rows of six columns on PostgreSQL, the driver's
+    tuples 19-27 ms (measured in process, median of 5). Only for columns the driver returns as
+    the model's Python types (integers, text); booleans come back as 0/1 from SQLite.
     """
     comp = stmt.compile(dialect=conn.dialect, compile_kwargs={"render_postcompile": True})
     params: Any = comp.construct_params()
