@@ -80,7 +80,9 @@ def _plain_rows(conn: Any, stmt: Any) -> list[tuple[Any, ...]]:
     params: Any = comp.construct_params()
     if comp.positional:
         params = tuple(params[k] for k in comp.positiontup)
-    cur = conn.connection.driver_connection.cursor()
+    driver = conn.connection.driver_connection
+    # psycopg's binary format: 64-bit times arrive as 8 bytes, not as digits to parse.
+    cur = driver.cursor(binary=True) if conn.dialect.name == "postgresql" else driver.cursor()
     try:
         cur.execute(str(comp), params)
         return list(cur.fetchall())
@@ -1581,7 +1583,6 @@ _SPAN_COLUMNS = (
     EntryRow.time_completed_ns,
     EntryRow.duration_ms,
 )
-_SPAN_KEYS = ("time_created_ns", "time_started_ns", "time_completed_ns", "duration_ms")
 
 
 def window_cells(
@@ -1625,7 +1626,12 @@ def window_cells(
             last_rank, last_seq = rank, None
         cell = {"collective_seq_id": seq, "op": op, "state": STATE_NAMES[state], "retired": bool(retired)}
         if spans:
-            cell.update(zip(_SPAN_KEYS, row[6:], strict=True))
+            (
+                cell["time_created_ns"],
+                cell["time_started_ns"],
+                cell["time_completed_ns"],
+                cell["duration_ms"],
+            ) = row[6:]
         if seq == last_seq:
             lst[-1] = cell
         else:
