@@ -1781,33 +1781,55 @@ def timeline(
     if seq_to is not None:
         q = q.where(EntryRow.seq <= seq_to)
     q = q.order_by(EntryRow.group_id, EntryRow.seq, EntryRow.rank, EntryRow.record_id).limit(limit)
-    rows = session.connection().execute(q).all()
-    sigs = _signatures(session, (e.sig_id for e in rows))
+    rows = _plain_rows(session.connection(), q)
+    # What an entry's signature says, made once per signature: a window repeats a few of them.
+    said: dict[int, dict[str, Any]] = {}
+    for sid, sig in _signatures(session, (r[6] for r in rows)).items():
+        said[sid] = {
+            "op": canonical_op(sig.raw_op),
+            "profiling_name": sig.raw_op,
+            "is_p2p": sig.is_p2p,
+            "input_sizes": sig.input_sizes,
+            "output_sizes": sig.output_sizes,
+            "input_dtypes": sig.input_dtypes,
+            "output_dtypes": sig.output_dtypes,
+        }
     out = []
-    for e in rows:
-        s = sigs[e.sig_id]
+    for (
+        rank,
+        record_id,
+        group_id,
+        seq,
+        p2p_seq,
+        _op_id,
+        sig_id,
+        stack_id,
+        state,
+        retired,
+        created,
+        started,
+        completed,
+        duration_ms,
+        _timeout_ms,
+        _thread_name,
+        peer,
+    ) in rows:
         out.append(
             {
-                "rank": e.rank,
-                "record_id": e.record_id,
-                "process_group": names.get(e.group_id, str(e.group_id)),
-                "collective_seq_id": e.seq,
-                "p2p_seq_id": e.p2p_seq,
-                "op": canonical_op(s.raw_op),
-                "profiling_name": s.raw_op,
-                "is_p2p": s.is_p2p,
-                "input_sizes": s.input_sizes,
-                "output_sizes": s.output_sizes,
-                "input_dtypes": s.input_dtypes,
-                "output_dtypes": s.output_dtypes,
-                "state": STATE_NAMES[e.state],
-                "retired": e.retired,
-                "time_created_ns": e.time_created_ns,
-                "time_started_ns": e.time_started_ns,
-                "time_completed_ns": e.time_completed_ns,
-                "duration_ms": e.duration_ms,
-                "peer": e.peer,
-                "stack_id": e.stack_id,
+                "rank": rank,
+                "record_id": record_id,
+                "process_group": names.get(group_id, str(group_id)),
+                "collective_seq_id": seq,
+                "p2p_seq_id": p2p_seq,
+                **said[sig_id],
+                "state": STATE_NAMES[state],
+                "retired": bool(retired),
+                "time_created_ns": created,
+                "time_started_ns": started,
+                "time_completed_ns": completed,
+                "duration_ms": duration_ms,
+                "peer": peer,
+                "stack_id": stack_id,
             }
         )
     return out

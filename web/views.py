@@ -877,13 +877,17 @@ def job_view(
             at: dict[int, EntryLike] = {}
             done: dict[int, CellState] = {}
             for e in t.entries:
-                s = seq_of(e)
+                # `seq_of`, `_op_of` and `_finished` inlined: this loop sees every cell of the page.
+                if isinstance(e, Entry):
+                    s, op, fin = e.collective_seq_id, e.op, e.finished
+                else:
+                    s, op = int(e["collective_seq_id"]), str(e.get("op", ""))
+                    fin = e.get("state") == "completed" or bool(e.get("retired"))
                 if window.first <= s <= window.last:
                     at[s] = e
                     votes = op_votes[s]
-                    op = _op_of(e)
                     votes[op] = votes.get(op, 0) + 1
-                    done[s] = "completed" if _finished(e) else "in_flight"
+                    done[s] = "completed" if fin else "in_flight"
             by_rank.append(at)
             # One state per cell (`cell_state`, inlined: 1,024 ranks x 40 columns per page).
             after = -1 if t.last_seq is None else t.last_seq
