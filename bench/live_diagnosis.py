@@ -15,15 +15,16 @@ arrived since are compared), with and without the straggler analysis; and what o
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import orjson
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-from bench.loadgen import NS, RankSim, Sim, Topology, _dumps
+from bench.loadgen import NS, RankSim, Sim, Topology
 from flightdeck.server import store
 from flightdeck.server.db import connect, migrate
 from flightdeck.server.live import LiveDiagnosis
@@ -38,7 +39,7 @@ def rounds(sim: Sim, t0_ns: int, history_s: float) -> list[list[Snapshot]]:
     t = t0_ns + int(sim.interval_s * NS)
     while t <= t0_ns + int(history_s * NS):
         # Through JSON, as the server gets it (the simulator's member lists are tuples).
-        docs = (json.loads(_dumps(sim.host_doc(h, t))) for h in range(sim.topo.hosts))
+        docs = (orjson.loads(orjson.dumps(sim.host_doc(h, t))) for h in range(sim.topo.hosts))
         out.append([s for doc in docs for s in decode_batch(doc).snapshots])
         t += int(sim.interval_s * NS)
     return out

@@ -10,7 +10,6 @@ from __future__ import annotations
 import gc
 import gzip
 import hashlib
-import json
 import logging
 import math
 import secrets
@@ -22,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
+import orjson
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from flightdeck.server import store
@@ -47,24 +47,14 @@ from flightdeck.wire import Batch, Refusal, WireError
 
 log = logging.getLogger(__name__)
 
-try:
-    # 3-4x faster than the standard library on batches of thousands of small objects; parsing
-    # is the largest cost of ingest after decoding. Optional: the stdlib parser is the fallback.
-    import orjson
 
-    def _loads(data: bytes) -> Any:
-        try:
-            return orjson.loads(data)
-        except orjson.JSONDecodeError as exc:
-            raise InvalidBatchError(f"body: not JSON ({exc})") from None
-
-except ImportError:  # pragma: no cover - depends on the installation
-
-    def _loads(data: bytes) -> Any:
-        try:
-            return json.loads(data)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise InvalidBatchError(f"body: not JSON ({exc})") from None
+def _loads(data: bytes) -> Any:
+    # orjson: 3-4x faster than the standard library on batches of thousands of small objects;
+    # parsing is the largest cost of ingest after decoding.
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidBatchError(f"body: not JSON ({exc})") from None
 
 
 def _batch_age_s(header: str | None) -> float | None:

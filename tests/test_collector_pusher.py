@@ -35,7 +35,7 @@ def _no_leaked_threads() -> Iterator[None]:
 
 
 def batch(batch_id: str, entries: int = 1) -> NewBatch:
-    doc = {"wire_version": 1, "batch_id": batch_id, "snapshots": [], "nixl": []}
+    doc = {"wire_version": 2, "batch_id": batch_id, "snapshots": [], "nixl": []}
     return NewBatch(batch_id, "fr", entries, gzip.compress(json.dumps(doc).encode()))
 
 

@@ -7,6 +7,7 @@ deterministic; the webhook test runs the real delivery thread against a real loc
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 import os
@@ -184,7 +185,8 @@ def test_auth_missing_bad_and_revoked_tokens(server: Server) -> None:
 
 
 def test_schema_errors_are_422_with_the_field(server: Server) -> None:
-    doc = {"wire_version": 1, "batch_id": "b1", "collector": {"host": "h"}, "sent_at_ns": 1, "stacks": []}
+    doc = {"wire_version": 2, "batch_id": "b1", "collector": {"host": "h"}, "sent_at_ns": 1, "stacks": []}
+    doc["sigs"] = []
     r = server.client.post("/api/v1/ingest", content=json.dumps(doc), headers=AUTH)
     assert r.status_code == 422
     assert r.json()["detail"] == "batch: missing field 'snapshots'"
@@ -634,7 +636,7 @@ def test_saturated_ingest_is_throttled(database_url: str, clock: FakeClock) -> N
         database_url, clock, max_inflight_ingests=1, retry_after_s=3, ingest_queue_timeout_s=0.2
     )
     try:
-        assert srv.svc.ingest.admission.try_acquire()  # another request holds the only slot
+        asyncio.run(srv.svc.ingest.admission.acquire())  # another request holds the only slot (free: at once)
         r = srv.push(snapshots(scenario_dumps("healthy_4")[0][:1]))  # waits 0.2 s in the queue
         assert r.status_code == 429
         assert r.headers["Retry-After"] == "3"
@@ -653,7 +655,7 @@ def test_ingest_waits_in_the_queue_for_a_slot(database_url: str, clock: FakeCloc
     srv = make_server(database_url, clock, max_inflight_ingests=1, ingest_queue_timeout_s=30)
     try:
         admission = srv.svc.ingest.admission
-        assert admission.try_acquire()
+        asyncio.run(admission.acquire())  # the only slot, free: taken at once
         pushed: list[int] = []
         t = threading.Thread(
             target=lambda: pushed.append(srv.push(snapshots(scenario_dumps("healthy_4")[0][:1])).status_code)
