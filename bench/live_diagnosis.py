@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 from bench.loadgen import NS, RankSim, Sim, Topology
 from flightdeck.server import store
 from flightdeck.server.db import connect, migrate
+from flightdeck.server.decode_gate import DecodeGate
 from flightdeck.server.live import LiveDiagnosis
 from flightdeck.server.metrics import IngestMetrics, SharedState, StateCollector
 from flightdeck.server.settings import ServerSettings
@@ -70,7 +71,12 @@ def main(argv: list[str] | None = None) -> None:
         migrate(db)
         settings = ServerSettings(database_url=url, stall_after_s=30)
         live = LiveDiagnosis(
-            db=db, settings=settings, clock=time.time_ns, on_events=lambda *_: None, on_db_error=lambda: None
+            db=db,
+            settings=settings,
+            clock=time.time_ns,
+            on_events=lambda *_: None,
+            on_db_error=lambda: None,
+            decode_gate=DecodeGate(),
         )
         with db.write() as session, session.begin():
             job_id, _ = store.upsert_job(

@@ -30,6 +30,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from flightdeck import __version__
 from flightdeck.server import store
 from flightdeck.server.db import Database, connect
+from flightdeck.server.decode_gate import DecodeGate
 from flightdeck.server.errors import InternalErrorMiddleware, ServerError, UnavailableError, error_answer
 from flightdeck.server.export import ExportPolicy, StoreFacts
 from flightdeck.server.ingest import IngestService
@@ -82,6 +83,8 @@ class Services:
     metrics: IngestMetrics
     shared: SharedState
     live: LiveDiagnosis
+    #: Held by `live`'s worker while it steps; `ingest` waits on it before decoding a batch.
+    decode_gate: DecodeGate
     webhooks: WebhookSender
     ingest: IngestService
     owns_client: bool
@@ -246,12 +249,14 @@ def build_services(
     def record_events(session: Session, js: JobState, events: list[store.FindingEvent]) -> None:
         holder[0].record_finding_events(session, js, events)
 
+    decode_gate = DecodeGate()
     live = LiveDiagnosis(
         db=db,
         settings=settings,
         clock=clock,
         on_events=on_events,
         on_db_error=metrics.db_errors.inc,
+        decode_gate=decode_gate,
         record_events=record_events,
         observe_duration=metrics.diagnosis.observe,
         schema_problem=schema.explains,
@@ -283,7 +288,14 @@ def build_services(
     reg.register(webhook_metrics)
     register_process_metrics(reg)
     ingest = IngestService(
-        db=db, settings=settings, clock=clock, metrics=metrics, shared=shared, live=live, schema=schema
+        db=db,
+        settings=settings,
+        clock=clock,
+        metrics=metrics,
+        shared=shared,
+        live=live,
+        decode_gate=decode_gate,
+        schema=schema,
     )
     services = Services(
         settings=settings,
@@ -293,6 +305,7 @@ def build_services(
         metrics=metrics,
         shared=shared,
         live=live,
+        decode_gate=decode_gate,
         webhooks=webhooks,
         ingest=ingest,
         owns_client=http_client is None,

@@ -27,6 +27,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from flightdeck.server import store
 from flightdeck.server.admission import Admission, Refused
 from flightdeck.server.db import Database
+from flightdeck.server.decode_gate import DecodeGate
 from flightdeck.server.errors import (
     AuthError,
     BusyError,
@@ -150,9 +151,6 @@ class GcPause:
 GC_PAUSE = GcPause()
 
 
-#: Longest an ingest thread waits for the diagnosis worker's step before decoding anyway.
-DECODE_GATE_MAX_WAIT_S = 1.0
-
 #: Entries per group commit. Small batches (a host's few hundred entries) share transactions;
 #: big ones go alone, so that one is decoded while another is written (two 8,000-entry batches
 #: in one transaction were slower than one after the other: nothing overlapped).
@@ -199,9 +197,11 @@ class IngestService:
         metrics: IngestMetrics,
         shared: SharedState,
         live: LiveDiagnosis,
+        decode_gate: DecodeGate,
         schema: SchemaGuard | None = None,
     ) -> None:
-        """`schema`: asked why, when a statement fails (a missing schema is answered 503 with
+        """`decode_gate`: waited on before decoding a batch (the diagnosis worker goes first);
+        `schema`: asked why, when a statement fails (a missing schema is answered 503 with
         the reason, not as an error of the batch)."""
         self._db = db
         self._schema = schema
@@ -210,6 +210,7 @@ class IngestService:
         self._metrics = metrics
         self._shared = shared
         self._live = live
+        self._decode_gate = decode_gate
         #: In-flight slots and the queue of requests waiting for one (see admission.py).
         self.admission = Admission(
             settings.max_inflight_ingests,
@@ -483,8 +484,7 @@ class IngestService:
             if reason is not None:
                 raise self._unavailable(reason)
         limit = self._settings.max_request_bytes
-        # The diagnosis worker goes first: see `LiveDiagnosis.run_step`.
-        self._live.decode_gate.wait(DECODE_GATE_MAX_WAIT_S)
+        self._decode_gate.wait()  # the diagnosis worker goes first (decode_gate.py)
         enc = (encoding or "identity").strip().lower()
         sent = body
         try:
