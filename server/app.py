@@ -28,6 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from flightdeck import __version__
+from flightdeck.runtime_tuning import SERVER, tuned
 from flightdeck.server import store
 from flightdeck.server.db import Database, connect
 from flightdeck.server.decode_gate import DecodeGate
@@ -340,12 +341,13 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        if start_workers:
-            services.start()
-        try:
-            yield
-        finally:
-            services.close()
+        with tuned(SERVER):  # the GC and the GIL switch interval, while the app runs
+            if start_workers:
+                services.start()
+            try:
+                yield
+            finally:
+                services.close()
 
     app = FastAPI(
         title="Flightdeck",

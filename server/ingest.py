@@ -7,7 +7,6 @@ of an ever-growing queue of threads and open transactions.
 
 from __future__ import annotations
 
-import gc
 import gzip
 import hashlib
 import logging
@@ -24,6 +23,7 @@ import anyio
 import orjson
 from sqlalchemy.exc import DBAPIError, OperationalError
 
+from flightdeck.runtime_tuning import GC_PAUSE
 from flightdeck.server import store
 from flightdeck.server.admission import Admission, Refused
 from flightdeck.server.db import Database
@@ -99,56 +99,6 @@ def gunzip_limited(data: bytes, limit: int) -> bytes:
     if not d.eof:
         raise InvalidBatchError("body: truncated gzip stream")
     return out
-
-
-class GcPause:
-    """Keeps the cyclic garbage collector off while ingest threads decode batches.
-
-    Parsing a batch creates ~10 containers per entry that all live until the batch is decoded,
-    so every young-generation collection during a decode scans tens of thousands of objects and
-    frees none (a quarter of ingest time at 50,000 allocations per collection). Nothing a decode
-    creates is cyclic, and reference counting frees it, so the collector is paused while any
-    thread decodes and resumes when the last one is done. Under a sustained, overlapping load
-    the pause could last; the thread leaving a pause that has lasted over `max_pause_s` runs a
-    young collection, and a full one every `full_every` of those, so garbage never piles up.
-    """
-
-    def __init__(self, *, max_pause_s: float = 1.0, full_every: int = 10) -> None:
-        self._lock = threading.Lock()
-        self._depth = 0
-        #: Whether this pause turned the collector off (it stays off if something else had).
-        self._owned = False
-        self._since = 0.0
-        self._forced = 0
-        self._max_pause_s = max_pause_s
-        self._full_every = full_every
-
-    def __enter__(self) -> None:
-        with self._lock:
-            if self._depth == 0:
-                self._owned = gc.isenabled()
-                if self._owned:
-                    gc.disable()
-                self._since = time.monotonic()
-            self._depth += 1
-
-    def __exit__(self, *_exc: object) -> None:
-        collect: int | None = None
-        with self._lock:
-            self._depth -= 1
-            if self._depth == 0:
-                if self._owned:
-                    gc.enable()
-            elif self._owned and time.monotonic() - self._since > self._max_pause_s:
-                self._since = time.monotonic()
-                self._forced += 1
-                collect = 2 if self._forced % self._full_every == 0 else 1
-        if collect is not None:
-            gc.collect(collect)
-
-
-#: One per process: the collector is process-wide.
-GC_PAUSE = GcPause()
 
 
 #: Entries per group commit. Small batches (a host's few hundred entries) share transactions;

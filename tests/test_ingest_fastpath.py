@@ -16,9 +16,9 @@ import pytest
 from sqlalchemy import event
 
 from flightdeck.records import Entry, Frame
+from flightdeck.runtime_tuning import GcPause
 from flightdeck.server import store
 from flightdeck.server.db import connect, migrate
-from flightdeck.server.ingest import GcPause
 from flightdeck.server.models import EntryRow
 from flightdeck.wire import Batch, Snapshot, WireError, decode_batch, encode_batch
 
