@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
 
     cpu: dict[str, float] = {}
     cpu["gunzip"], raws = cpu_of(lambda: [gzip.decompress(b) for b in bodies])
-    with GC_PAUSE:  # as the server decodes: the cyclic collector off
+    with GC_PAUSE:  # as the server decodes: the GC off
         cpu["JSON parse"], docs = cpu_of(lambda: [orjson.loads(r) for r in raws])
         cpu["decode_batch"], batches = cpu_of(lambda: [decode_batch(d) for d in docs])
         # What the server runs: the same decode plus the checks against the store (validation.py).

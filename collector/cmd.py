@@ -23,7 +23,7 @@ from types import FrameType
 from typing import TextIO
 
 from flightdeck.collector.settings import CollectorSettings, SettingsError
-from flightdeck.runtime_tuning import COLLECTOR, tune
+from flightdeck.runtime_tuning import COLLECTOR_DAEMON, tune
 
 log = logging.getLogger("flightdeck.collector")
 
@@ -158,7 +158,7 @@ def _serve(settings: CollectorSettings, *, once: bool) -> int:
         client.close()
         print(f"flightdeck collector: {exc}", file=sys.stderr)
         return EXIT_STATE
-    tune(COLLECTOR)  # the garbage collector, for the daemon (flightdeck/runtime_tuning.py)
+    tune(COLLECTOR_DAEMON)  # the GC for this workload (flightdeck/runtime_tuning.py)
     try:
         if once:
             if collector.once():

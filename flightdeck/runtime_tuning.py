@@ -1,7 +1,8 @@
 """How the server and the collector tune the interpreter: the cyclic garbage collector (GC) and
 the GIL switch interval. These are process-wide, so they are chosen here, in one place, and
 applied where a process starts its work: the server app's lifespan (`tuned`), the collector
-daemon's start (`tune`), and around each batch the server decodes (`GC_PAUSE`).
+daemon's start (`tune`), and around each batch the server decodes (`GC_PAUSE`). "GC" here is
+Python's cyclic garbage collector, never Flightdeck's collector daemon.
 
 Why the GC is tuned at all: both processes create millions of short-lived, acyclic containers
 (decoded batches, entries, rows; unpickled dumps), which reference counting frees at once. With
@@ -35,8 +36,8 @@ class Tuning:
 #: loop waiting for the GIL after every socket read or database round trip would wait out a
 #: whole switch interval (5 ms by default) each time: a 100 ms request for 2 ms of work.
 SERVER = Tuning(gc_threshold=(50_000, 20, 100), switch_interval_s=0.0005)
-#: The collector: each snapshot read unpickles ~10,000 short-lived containers.
-COLLECTOR = Tuning(gc_threshold=(100_000, 20, 100))
+#: The collector daemon: each snapshot read unpickles ~10,000 short-lived containers.
+COLLECTOR_DAEMON = Tuning(gc_threshold=(100_000, 20, 100))
 
 
 def tune(tuning: Tuning) -> None:

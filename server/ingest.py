@@ -112,8 +112,10 @@ UNSCOPED = TokenScope()
 
 
 @dataclass(frozen=True, slots=True)
-class Collector:
-    """The authenticated sender of a batch (None id: unauthenticated ingest allowed by settings)."""
+class Sender:
+    """The authenticated collector that sent a batch, as its token names it (None id:
+    unauthenticated ingest allowed by settings). Not `flightdeck.collector.daemon.Collector`, the
+    daemon itself, nor a Prometheus collector."""
 
     id: int | None
     name: str
@@ -126,7 +128,7 @@ class _Request:
     """A decoded batch waiting for its group's transaction."""
 
     batch: Batch
-    collector: Collector
+    collector: Sender
     #: The gzip body, for the cluster feed (empty when not in a cluster).
     feed_body: bytes
     #: perf_counter() when the request arrived.
@@ -182,7 +184,7 @@ class IngestService:
         self._cache = store.IngestCache()
         #: token hash -> (its collector, clock when the database last confirmed it): valid tokens
         #: only, so it holds at most one entry per token (`auth_cache_s`).
-        self._tokens: dict[str, tuple[Collector, int]] = {}
+        self._tokens: dict[str, tuple[Sender, int]] = {}
         #: Token hashes being checked against the database now (one query per token at a time).
         self._refreshing: set[str] = set()
         self._auth_lock = threading.Lock()
@@ -267,13 +269,13 @@ class IngestService:
             self._live.submit(r, source=req.batch.collector_host, lag_s=lag, skew_free=skew_free)
         self._live.wake()
 
-    def cached(self, authorization: str | None) -> Collector | None:
+    def cached(self, authorization: str | None) -> Sender | None:
         """The collector of a token verified less than `auth_cache_s` ago, else None (no I/O:
         the route calls this on the event loop and `authenticate` in a thread only on a miss)."""
         token_hash = _bearer_hash(authorization)
         return None if token_hash is None else self._cached(token_hash)
 
-    def _cached(self, token_hash: str) -> Collector | None:
+    def _cached(self, token_hash: str) -> Sender | None:
         hit = self._tokens.get(token_hash)
         if hit is None:
             return None
@@ -284,11 +286,11 @@ class IngestService:
             return hit[0]
         return None
 
-    def authenticate(self, authorization: str | None) -> Collector:
+    def authenticate(self, authorization: str | None) -> Sender:
         """The collector a `Authorization: Bearer <token>` header belongs to; AuthError if none."""
         if not authorization:
             if self._settings.allow_unauthenticated_ingest:
-                return Collector(None, "anonymous")
+                return Sender(None, "anonymous")
             self._reject("auth")
             raise AuthError("missing bearer token")
         token_hash = _bearer_hash(authorization)
@@ -305,9 +307,7 @@ class IngestService:
             with self._db.read() as session:
                 row = store.active_token(session=session, token_hash=token_hash)
             found = (
-                None
-                if row is None
-                else Collector(row.id, row.name, TokenScope.of(row.host, row.job_patterns))
+                None if row is None else Sender(row.id, row.name, TokenScope.of(row.host, row.job_patterns))
             )
             if found is None:
                 self._tokens.pop(token_hash, None)
@@ -421,7 +421,7 @@ class IngestService:
         *,
         body: bytes,
         encoding: str | None,
-        collector: Collector,
+        collector: Sender,
         started: float,
         batch_age_ms: str | None = None,
     ) -> dict[str, Any]:

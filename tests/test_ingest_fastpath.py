@@ -239,7 +239,7 @@ def test_gc_pause_nests_and_restores() -> None:
     assert gc.isenabled()
 
 
-def test_gc_pause_leaves_a_disabled_collector_off() -> None:
+def test_gc_pause_leaves_a_disabled_gc_off() -> None:
     pause = GcPause()
     gc.disable()
     try:
