@@ -34,10 +34,11 @@ from flightdeck.collector.frdump import merge
 from flightdeck.demo.ranks import free_port
 from flightdeck.nixl_records import Histogram, NixlSample
 from flightdeck.server import store
-from flightdeck.server.app import Services, create_app
+from flightdeck.server.app import create_app
 from flightdeck.server.decode_gate import DecodeGate
 from flightdeck.server.ingest import hash_token
 from flightdeck.server.live import LiveDiagnosis
+from flightdeck.server.services import Services
 from flightdeck.server.settings import ServerSettings
 from flightdeck.wire import BATCH_AGE_HEADER, Snapshot, snapshot_from_dump
 from tests.conftest import FakeClock
