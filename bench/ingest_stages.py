@@ -36,9 +36,9 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 from bench.loadgen import NS, RankSim, Sim, Topology, pg_backend_cpu_s
 from flightdeck.analysis import RankSummary
+from flightdeck.runtime_tuning import GC_PAUSE
 from flightdeck.server import store
 from flightdeck.server.db import connect, migrate
-from flightdeck.server.ingest import GC_PAUSE
 from flightdeck.server.live import fold_entries
 from flightdeck.server.validation import decode_checked
 from flightdeck.wire import Batch, decode_batch
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
 
     cpu: dict[str, float] = {}
     cpu["gunzip"], raws = cpu_of(lambda: [gzip.decompress(b) for b in bodies])
-    with GC_PAUSE:  # as the server decodes: the cyclic collector off
+    with GC_PAUSE:  # as the server decodes: the GC off
         cpu["JSON parse"], docs = cpu_of(lambda: [orjson.loads(r) for r in raws])
         cpu["decode_batch"], batches = cpu_of(lambda: [decode_batch(d) for d in docs])
         # What the server runs: the same decode plus the checks against the store (validation.py).

@@ -15,17 +15,19 @@ arrived since are compared), with and without the straggler analysis; and what o
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import orjson
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-from bench.loadgen import NS, RankSim, Sim, Topology, _dumps
+from bench.loadgen import NS, RankSim, Sim, Topology
 from flightdeck.server import store
 from flightdeck.server.db import connect, migrate
+from flightdeck.server.decode_gate import DecodeGate
 from flightdeck.server.live import LiveDiagnosis
 from flightdeck.server.metrics import IngestMetrics, SharedState, StateCollector
 from flightdeck.server.settings import ServerSettings
@@ -38,7 +40,7 @@ def rounds(sim: Sim, t0_ns: int, history_s: float) -> list[list[Snapshot]]:
     t = t0_ns + int(sim.interval_s * NS)
     while t <= t0_ns + int(history_s * NS):
         # Through JSON, as the server gets it (the simulator's member lists are tuples).
-        docs = (json.loads(_dumps(sim.host_doc(h, t))) for h in range(sim.topo.hosts))
+        docs = (orjson.loads(orjson.dumps(sim.host_doc(h, t))) for h in range(sim.topo.hosts))
         out.append([s for doc in docs for s in decode_batch(doc).snapshots])
         t += int(sim.interval_s * NS)
     return out
@@ -69,7 +71,12 @@ def main(argv: list[str] | None = None) -> None:
         migrate(db)
         settings = ServerSettings(database_url=url, stall_after_s=30)
         live = LiveDiagnosis(
-            db=db, settings=settings, clock=time.time_ns, on_events=lambda *_: None, on_db_error=lambda: None
+            db=db,
+            settings=settings,
+            clock=time.time_ns,
+            on_events=lambda *_: None,
+            on_db_error=lambda: None,
+            decode_gate=DecodeGate(),
         )
         with db.write() as session, session.begin():
             job_id, _ = store.upsert_job(

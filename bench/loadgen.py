@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 from flightdeck import __version__
@@ -51,18 +52,6 @@ from flightdeck.analysis.findings import MISMATCH_KINDS
 from flightdeck.collector.daemon import GROUPS_RESEND_S
 from flightdeck.records import WIRE_VERSION
 from flightdeck.wire import BATCH_AGE_HEADER
-
-try:
-    import orjson
-
-    def _dumps(doc: Any) -> bytes:
-        return orjson.dumps(doc)
-
-except ImportError:  # pragma: no cover - depends on the installation
-
-    def _dumps(doc: Any) -> bytes:
-        return json.dumps(doc, separators=(",", ":")).encode()
-
 
 NS = 1_000_000_000
 PG_ADMIN = os.environ.get("FLIGHTDECK_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
@@ -258,7 +247,7 @@ class Sim:
     def host_batch(self, h: int, now_ns: int) -> tuple[str, bytes, int]:
         """(batch id, gzip body, entries) of host `h`'s batch at `now_ns`, as the collector builds it."""
         doc = self.host_doc(h, now_ns)
-        body = gzip.compress(_dumps(doc), compresslevel=3)
+        body = gzip.compress(orjson.dumps(doc), compresslevel=3)
         return doc["batch_id"], body, sum(s["entries"]["n"] for s in doc["snapshots"])
 
 

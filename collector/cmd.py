@@ -13,7 +13,6 @@ Exit codes: 0 fine; 1 `--once` left batches queued; 2 unusable configuration; 3 
 from __future__ import annotations
 
 import argparse
-import gc
 import logging
 import os
 import signal
@@ -24,6 +23,7 @@ from types import FrameType
 from typing import TextIO
 
 from flightdeck.collector.settings import CollectorSettings, SettingsError
+from flightdeck.runtime_tuning import COLLECTOR_DAEMON, tune
 
 log = logging.getLogger("flightdeck.collector")
 
@@ -136,19 +136,6 @@ def run(args: argparse.Namespace) -> int:
     return _serve(settings, once=args.once)
 
 
-def _tune_gc() -> None:
-    """Make the cyclic garbage collector cheap for this workload (a process-wide choice, so here).
-
-    Each snapshot read unpickles ~10,000 short-lived containers; with the default gen-0 threshold
-    (700) that triggers collections which traverse them all, a third of the collector's CPU.
-    They are freed by reference counting anyway (dumps hold no cycles), so collect rarely, and
-    freeze what was allocated at startup (modules, settings) out of every later collection.
-    """
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(100_000, 20, 100)
-
-
 def _serve(settings: CollectorSettings, *, once: bool) -> int:
     import httpx
     from prometheus_client import CollectorRegistry
@@ -171,7 +158,7 @@ def _serve(settings: CollectorSettings, *, once: bool) -> int:
         client.close()
         print(f"flightdeck collector: {exc}", file=sys.stderr)
         return EXIT_STATE
-    _tune_gc()
+    tune(COLLECTOR_DAEMON)  # the GC for this workload (flightdeck/runtime_tuning.py)
     try:
         if once:
             if collector.once():

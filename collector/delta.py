@@ -60,8 +60,8 @@ class RankState:
     def encode(self) -> bytes:
         """Compact bytes for the durable store (written with every batch, so built in C loops).
 
-        Version 2: b"\\x02", then zlib of little-endian int64s [last_time_ns, floor, n, n record ids,
-        n creation times] followed by n progress bytes. (Version 1, still read: int64 triples.)
+        b"\\x02" (the encoding's version), then zlib of little-endian int64s [last_time_ns, floor,
+        n, n record ids, n creation times] followed by n progress bytes.
         """
         values = list(self.entries.values())
         flat = array("q", [self.last_time_ns, self.floor, len(values)])
@@ -73,21 +73,12 @@ class RankState:
 
     @classmethod
     def decode(cls, data: bytes) -> RankState:
-        """Inverse of `encode` (either version); raises ValueError on corrupt data."""
+        """Inverse of `encode`; raises ValueError on corrupt data."""
         try:
-            version = data[:1]
-            if version not in (b"\x01", b"\x02"):
+            if data[:1] != b"\x02":
                 raise ValueError("unknown encoding")
             raw = zlib.decompress(data[1:])
             flat = array("q")
-            if version == b"\x01":
-                flat.frombytes(raw)
-                if sys.byteorder != "little":
-                    flat.byteswap()
-                if len(flat) < 2 or (len(flat) - 2) % 3:
-                    raise ValueError(f"{len(flat)} numbers")
-                it = iter(flat[2:])
-                return cls(flat[0], flat[1], {rid: (tc, p) for rid, tc, p in zip(it, it, it, strict=True)})
             if len(raw) < 24:
                 raise ValueError(f"{len(raw)} bytes")
             flat.frombytes(raw[:24])

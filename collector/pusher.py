@@ -27,7 +27,6 @@ Answers:
 
 from __future__ import annotations
 
-import email.utils
 import enum
 import gzip
 import json
@@ -42,6 +41,7 @@ import httpx
 
 from flightdeck.collector.metrics import CollectorMetrics
 from flightdeck.collector.queue import DurableQueue, QueuedBatch
+from flightdeck.retry import backoff_s, parse_retry_after, retry_delay_s
 from flightdeck.wire import BATCH_AGE_HEADER
 
 log = logging.getLogger(__name__)
@@ -128,20 +128,6 @@ def _refusals(resp: httpx.Response) -> tuple[tuple[int, ...], tuple[int, ...], s
         who = "/".join(str(r[k]) for k in ("job", "attempt", "rank", "host") if r.get(k) is not None)
         reasons.append(f"{'snapshot' if 'snapshot' in r else 'nixl'} {i} ({who}): {r.get('reason')}")
     return tuple(snaps), tuple(samples), "; ".join(reasons)
-
-
-def parse_retry_after(value: str | None, *, now_s: float) -> float | None:
-    """Seconds to wait from a Retry-After header (delta-seconds or HTTP-date), or None."""
-    if not value:
-        return None
-    value = value.strip()
-    if value.isdigit():
-        return float(value)
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
-        return None
-    return max(0.0, when.timestamp() - now_s)
 
 
 class Pusher:
@@ -350,8 +336,12 @@ class Pusher:
         self.token_rejection = (answer.status, answer.message)
         self.metrics.auth_failures.inc()
         self.metrics.token_rejected.set(1)
-        cap = min(self.auth_backoff_max_s, AUTH_BACKOFF_BASE_S * 2 ** min(self._auth_failures - 1, 16))
-        delay = cap * (0.5 + 0.5 * self.rng.random())
+        delay = backoff_s(
+            self._auth_failures,
+            base_s=AUTH_BACKOFF_BASE_S,
+            max_s=self.auth_backoff_max_s,
+            jitter=self.rng.random(),
+        )
         self._auth_until = self.monotonic() + delay
         if self._auth_failures == 1:
             log.error(
@@ -400,12 +390,15 @@ class Pusher:
         return True
 
     def _backoff(self, retry_after_s: float | None) -> float:
-        """Full-jitter exponential backoff; a Retry-After is a floor, not a suggestion."""
-        cap = min(self.backoff_max_s, self.backoff_base_s * 2 ** min(self._failures - 1, 16))
-        delay: float = cap * (0.5 + 0.5 * self.rng.random())
-        if retry_after_s is not None:
-            delay = max(delay, min(retry_after_s, RETRY_AFTER_MAX_S))
-        return delay
+        """The wait before the next attempt; a Retry-After is a floor, not a suggestion."""
+        return retry_delay_s(
+            self._failures,
+            base_s=self.backoff_base_s,
+            max_s=self.backoff_max_s,
+            jitter=self.rng.random(),
+            retry_after_s=retry_after_s,
+            retry_after_max_s=RETRY_AFTER_MAX_S,
+        )
 
     def _post(self, batch: QueuedBatch, headers: dict[str, str], deadline: float) -> _Answer | None:
         """One request; None when the server took the batch, else what went wrong."""

@@ -21,7 +21,7 @@ from typing import TextIO
 from flightdeck.analysis import Options, RankSummary, Report, diagnose, summarize
 from flightdeck.analysis.evidence import CLOCK_WORDS, ClockSource
 from flightdeck.analysis.findings import CONFIG_KINDS, Finding
-from flightdeck.analysis.frames import LIBRARY_MARKERS
+from flightdeck.analysis.frames import is_library_path
 from flightdeck.collector.frdump import (
     DumpError,
     discover,
@@ -33,9 +33,6 @@ from flightdeck.collector.frdump import (
     read_meta,
 )
 from flightdeck.records import Stack
-
-#: Frames from these paths are PyTorch's plumbing, not the user's code; hidden in text output.
-_LIBRARY_MARKERS = LIBRARY_MARKERS
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -238,7 +235,7 @@ def _newest(summaries: Sequence[RankSummary]) -> int:
 
 def user_frames(frames: Stack, limit: int = 6) -> list[str]:
     """The user's own frames of a stack (library plumbing hidden), innermost first, as text."""
-    own = [f for f in frames if not any(m in f.filename for m in _LIBRARY_MARKERS)] or list(frames)
+    own = [f for f in frames if not is_library_path(f.filename)] or list(frames)
     return [f"{f.filename}:{f.line} in {f.name}" for f in own[:limit]]
 
 

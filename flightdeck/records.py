@@ -392,7 +392,7 @@ signature_key = attrgetter(
 
 def signature_to_wire(e: Entry) -> dict[str, Any]:
     """The fields of an entry that a ring repeats in nearly every entry (backend, op, sizes,
-    dtypes): inline in a version 1 entry, once per batch in version 2's `sigs`."""
+    dtypes): sent once per batch, in its `sigs`."""
     return {
         "be": e.backend,
         "op": e.raw_op,
@@ -404,74 +404,11 @@ def signature_to_wire(e: Entry) -> dict[str, Any]:
     }
 
 
-def entry_to_wire(e: Entry, stack_index: int | None) -> dict[str, Any]:
-    """Encode an entry; `stack_index` points into the batch's stack table (None: no frames)."""
-    return {
-        "rid": e.record_id,
-        "g": e.group,
-        "seq": e.collective_seq_id,
-        "p2p": e.p2p_seq_id,
-        "opid": e.op_id,
-        **signature_to_wire(e),
-        "st": e.state,
-        "ret": e.retired,
-        "tc": e.time_created_ns,
-        "ts": e.time_started_ns,
-        "td": e.time_completed_ns,
-        "dur": e.duration_ms,
-        "to": e.timeout_ms,
-        "thr": e.thread_name,
-        "peer": e.peer,
-        "stk": stack_index,
-    }
-
-
-def entry_from_wire(d: dict[str, Any], stacks: list[Stack]) -> Entry:
-    """Decode `entry_to_wire` output; raises KeyError/TypeError/ValueError/IndexError on bad input."""
-    stk = d.get("stk")
-    raw_op = str(d["op"])
-    return Entry(
-        record_id=int(d["rid"]),
-        group=str(d["g"]),
-        collective_seq_id=int(d["seq"]),
-        p2p_seq_id=int(d["p2p"]),
-        op_id=int(d["opid"]),
-        backend=str(d["be"]),
-        op=canonical_op(raw_op),
-        raw_op=raw_op,
-        is_p2p=bool(d["isp2p"]),
-        input_sizes=tuple(tuple(int(x) for x in s) for s in d["isz"]),
-        output_sizes=tuple(tuple(int(x) for x in s) for s in d["osz"]),
-        input_dtypes=tuple(str(x) for x in d["idt"]),
-        output_dtypes=tuple(str(x) for x in d["odt"]),
-        state=_state(d["st"]),
-        retired=bool(d["ret"]),
-        time_created_ns=int(d["tc"]),
-        time_started_ns=None if d.get("ts") is None else int(d["ts"]),
-        time_completed_ns=None if d.get("td") is None else int(d["td"]),
-        duration_ms=None if d.get("dur") is None else float(d["dur"]),
-        timeout_ms=None if d.get("to") is None else int(d["to"]),
-        thread_name=str(d.get("thr") or ""),
-        peer=None if d.get("peer") is None else int(d["peer"]),
-        frames=() if stk is None else stacks[int(stk)],
-    )
-
-
 def canonical_op(raw: str) -> str:
     """Canonical op name: strip the backend prefix and peer suffix, resolve aliases."""
     op = raw.split(":", 1)[1] if ":" in raw else raw
     op = op.split(" ", 1)[0]
     return OP_ALIASES.get(op, op)
-
-
-def _state(raw: object) -> State:
-    if raw == "completed":
-        return "completed"
-    if raw == "started":
-        return "started"
-    if raw == "scheduled":
-        return "scheduled"
-    raise ValueError(f"unknown entry state {raw!r}")
 
 
 def with_progress_of(e: Entry, end: Entry) -> Entry:

@@ -25,8 +25,7 @@ that rank (entries change state: the server upserts by (job, attempt, rank, reco
 (`WIRE_COLUMNS`: one list of `n` values per field, an optional column left out when it holds
 nothing), and what a ring repeats in nearly every entry (op, sizes, dtypes: its signature) once
 per batch in `sigs`: parsing and checking a column is one pass in C, where one object per entry
-with 22 keys was most of the server's decoding time. Version 1 (one object per entry, see
-`flightdeck.records.entry_to_wire`) is still decoded, for collectors older than the server.
+with 22 keys was most of the server's decoding time.
 Decoding validates everything and raises `WireError` with a message that names the bad field.
 """
 
@@ -52,7 +51,6 @@ from flightdeck.records import (
     canonical_op,
     config_from_dict,
     config_to_dict,
-    entry_from_wire,
     frames_from_wire,
     frames_to_wire,
     progress_from_dict,
@@ -65,8 +63,6 @@ K = TypeVar("K")
 V = TypeVar("V")
 
 SNAPSHOT_KINDS = ("periodic", "stall", "final", "dump")
-#: Wire versions `decode_batch` takes (`encode_batch` writes WIRE_VERSION, the newest).
-DECODES_VERSIONS = (1, WIRE_VERSION)
 
 
 class WireError(ValueError):
@@ -133,8 +129,9 @@ class Snapshot:
     config: RankConfig | None = None
     #: Whether its main thread is working (CPU time, stack), when its agent sampled it.
     progress: Progress | None = None
-    #: `entries` as the checked wire columns they were decoded from (version 2), for readers that
-    #: work column by column; None otherwise. Whoever replaces `entries` sets it to None.
+    #: `entries` as the checked wire columns they were decoded from, for readers that work
+    #: column by column; None for a snapshot not decoded from the wire. Whoever replaces
+    #: `entries` sets it to None.
     columns: EntryColumns | None = field(default=None, compare=False, repr=False)
 
     def entry_columns(self) -> EntryColumns:
@@ -296,9 +293,8 @@ def decode_batch(
     if not isinstance(doc, dict):
         raise WireError("batch: expected a JSON object")
     version = _req(doc, "wire_version", int, "batch")
-    if version not in DECODES_VERSIONS:
-        speaks = " and ".join(map(str, DECODES_VERSIONS))
-        raise WireError(f"batch.wire_version: {version} is not supported (this server speaks {speaks})")
+    if version != WIRE_VERSION:
+        raise WireError(f"batch.wire_version: {version} is not supported (this server speaks {WIRE_VERSION})")
     batch_id = _req(doc, "batch_id", str, "batch")
     if not 1 <= len(batch_id) <= 128:
         raise WireError("batch.batch_id: must be 1-128 characters")
@@ -313,14 +309,14 @@ def decode_batch(
             stacks.append(frames_from_wire(st))
         except (TypeError, ValueError) as exc:
             raise WireError(f"batch.stacks[{i}]: expected [[name, filename, line], ...] ({exc})") from None
-    sigs = _decode_sigs(_req(doc, "sigs", list, "batch")) if version >= 2 else None
+    sigs = _decode_sigs(_req(doc, "sigs", list, "batch"))
     snaps = []
-    memo = _Memo()  # one per batch: what its snapshots repeat is decoded once
+    members_seen: dict[tuple[int, ...], tuple[int, ...]] = {}  # each distinct member list once per batch
     check = None if checks is None else checks(stacks, sigs)
     for i, s in enumerate(_req(doc, "snapshots", list, "batch")):
         where = f"batch.snapshots[{i}]"
         try:
-            snap = _decode_snapshot(s, stacks, where, memo, sigs)
+            snap = _decode_snapshot(s, stacks, where, members_seen, sigs)
             if check is not None:
                 check(snap, where)
         except WireError as exc:
@@ -378,9 +374,14 @@ def _refusal(i: int, s: object, reason: str) -> Refusal:
 
 
 def _decode_snapshot(
-    s: object, stacks: list[Stack], where: str, memo: _Memo | None = None, sigs: list[_Sig] | None = None
+    s: object,
+    stacks: list[Stack],
+    where: str,
+    members_seen: dict[tuple[int, ...], tuple[int, ...]],
+    sigs: list[_Sig],
 ) -> Snapshot:
-    """One snapshot; `sigs` is the batch's signature table (version 2: entries as columns)."""
+    """One snapshot; `sigs` is the batch's signature table, `members_seen` the group member lists
+    its snapshots decoded so far (each one itself)."""
     if not isinstance(s, dict):
         raise WireError(f"{where}: expected an object")
     job = _req(s, "job", str, where)
@@ -406,15 +407,15 @@ def _decode_snapshot(
             # the same one: decoded once per batch (the snapshots share the tuple), each pass in C.
             members = tuple(ranks)
             try:
-                known = memo.members.get(members) if memo is not None else None
+                known = members_seen.get(members)
             except TypeError:  # an unhashable member: refused just below
                 known = None
             if known is not None:
                 members = known
             elif not set(map(type, ranks)) <= _INT:
                 raise WireError(f"{where}.groups[{name!r}].ranks: expected a list of ints or null")
-            elif memo is not None:
-                memo.members[members] = members
+            else:
+                members_seen[members] = members
         desc = g.get("desc")
         if desc is not None and type(desc) is not str:
             raise WireError(f"{where}.groups[{name!r}].desc: expected a string or null")
@@ -434,12 +435,7 @@ def _decode_snapshot(
                 () if stk is None else stacks[stk],
             )
         )
-    columns = None
-    if sigs is None:
-        entries = _decode_entries(_req(s, "entries", list, where), stacks, where, memo)
-    else:
-        columns = _check_columns(_req(s, "entries", dict, where), stacks, sigs, f"{where}.entries")
-        entries = columns.entries()
+    columns = _check_columns(_req(s, "entries", dict, where), stacks, sigs, f"{where}.entries")
     iv = _opt(s, "interval_s", (int, float), where)
     raw_config = _opt(s, "config", dict, where)
     progress = None
@@ -470,7 +466,7 @@ def _decode_snapshot(
         oldest_record_id=_opt(s, "oldest_record_id", int, where),
         groups=groups,
         thread_stacks=tuple(threads),
-        entries=entries,
+        entries=columns.entries(),
         source=_opt(s, "source", str, where) or "",
         config=None if raw_config is None else config_from_dict(raw_config),
         progress=progress,
@@ -481,116 +477,13 @@ def _decode_snapshot(
 #: The types a member list may hold (bool is not a rank, though isinstance would take it).
 _INT = frozenset({int})
 
-#: Entry states as sent, each mapped to itself (an unknown state is not in it).
-_STATES: dict[Any, Any] = {"scheduled": "scheduled", "started": "started", "completed": "completed"}
+#: Entry states as sent.
+_STATES = frozenset({"scheduled", "started", "completed"})
 
 _Sizes = tuple[tuple[int, ...], ...]
 
 
-@dataclass(slots=True)
-class _Memo:
-    """Values a batch repeats in nearly every entry, decoded once per batch.
-
-    Each dict maps a decoded (canonical) value to itself and is looked up with the value as sent,
-    lightly converted (`tuple(map(tuple, sizes))`, `tuple(dtypes)`): a hit is equal element by
-    element to a canonical value, which for JSON data means the same ints (an equal float or bool
-    converts to that int) or the same strings, so the hit is exactly what `entry_from_wire` would
-    have built. Decoded entries also share these tuples, which the store and the summaries hash.
-    """
-
-    sizes: dict[_Sizes, _Sizes] = field(default_factory=dict)
-    dtypes: dict[tuple[str, ...], tuple[str, ...]] = field(default_factory=dict)
-    #: raw op name -> canonical op name
-    ops: dict[str, str] = field(default_factory=dict)
-    #: group member lists (all ints) -> themselves
-    members: dict[tuple[int, ...], tuple[int, ...]] = field(default_factory=dict)
-
-
-def _decode_entries(raw: list[Any], stacks: list[Stack], where: str, memo: _Memo | None) -> list[Entry]:
-    """Decode a snapshot's entries: the same entries `entry_from_wire` builds, twice as fast.
-
-    The hot loop of ingest (millions of entries). Sizes, dtypes and op names come from the batch's
-    memo; anything the fast path does not take as is (a missing field, an unexpected type, a
-    value that is not yet in the memo) goes through `entry_from_wire`, which decodes it or
-    raises the error the message is made of, so the result and the errors are unchanged.
-    """
-    memo = memo if memo is not None else _Memo()
-    sizes_memo = memo.sizes
-    dtypes_memo = memo.dtypes
-    ops = memo.ops
-    states = _STATES
-    entry_cls = Entry
-    out: list[Entry] = []
-    append = out.append
-    for j, e in enumerate(raw):
-        if type(e) is dict:
-            try:
-                raw_op = e["op"]
-                stk = e.get("stk")
-                isz = sizes_memo[tuple(map(tuple, e["isz"]))]
-                osz = sizes_memo[tuple(map(tuple, e["osz"]))]
-                idt = dtypes_memo[tuple(e["idt"])]
-                odt = dtypes_memo[tuple(e["odt"])]
-                ts = e.get("ts")
-                td = e.get("td")
-                dur = e.get("dur")
-                to = e.get("to")
-                peer = e.get("peer")
-                # Positional: a third of the cost of keywords (the order is `Entry`'s fields,
-                # checked by tests/test_ingest_fastpath.py against `entry_from_wire`).
-                append(
-                    entry_cls(
-                        int(e["rid"]),
-                        str(e["g"]),
-                        int(e["seq"]),
-                        int(e["p2p"]),
-                        int(e["opid"]),
-                        str(e["be"]),
-                        ops[raw_op],
-                        raw_op,
-                        bool(e["isp2p"]),
-                        isz,
-                        osz,
-                        idt,
-                        odt,
-                        states[e["st"]],
-                        bool(e["ret"]),
-                        int(e["tc"]),
-                        None if ts is None else int(ts),
-                        None if td is None else int(td),
-                        None if dur is None else float(dur),
-                        None if to is None else int(to),
-                        str(e.get("thr") or ""),
-                        None if peer is None else int(peer),
-                        () if stk is None else stacks[stk],
-                    )
-                )
-                continue
-            except Exception:  # noqa: S110 (the exact path below decodes it or names the error)
-                pass
-        ew = f"{where}.entries[{j}]"
-        if not isinstance(e, dict):
-            raise WireError(f"{ew}: expected an object")
-        try:
-            entry = entry_from_wire(e, stacks)
-        except KeyError as exc:
-            raise WireError(f"{ew}: missing field {exc.args[0]!r}") from None
-        except IndexError:
-            raise WireError(f"{ew}.stk: not an index into batch.stacks") from None
-        except (TypeError, ValueError) as exc:
-            raise WireError(f"{ew}: {exc}") from None
-        append(entry)
-        # Learn its repeated values, so the entries after it take the fast path.
-        sizes_memo.setdefault(entry.input_sizes, entry.input_sizes)
-        sizes_memo.setdefault(entry.output_sizes, entry.output_sizes)
-        dtypes_memo.setdefault(entry.input_dtypes, entry.input_dtypes)
-        dtypes_memo.setdefault(entry.output_dtypes, entry.output_dtypes)
-        if type(e.get("op")) is str:
-            ops.setdefault(e["op"], entry.op)
-    return out
-
-
-# --- entries as columns (wire version 2) ------------------------------------------------------
+# --- entries as columns ----------------------------------------------------------------------
 
 #: A decoded signature: `Entry`'s fields from backend to output_dtypes, in its order.
 _Sig = tuple[str, str, str, bool, _Sizes, _Sizes, tuple[str, ...], tuple[str, ...]]
@@ -770,7 +663,7 @@ def _check_columns(cols: dict[str, Any], stacks: list[Stack], sigs: list[_Sig], 
         if key == "dur" and int in seen:
             col = [None if v is None else float(v) for v in col]  # JSON writes 1.0 as 1
         values[key] = col
-    if not set(values["st"]) <= _STATES.keys():
+    if not set(values["st"]) <= _STATES:
         bad = next(v for v in values["st"] if v not in _STATES)
         raise WireError(f"{where}.st: unknown entry state {bad!r}")
     sig = _index_column(cols, "sig", n, len(sigs), where, nulls=False)

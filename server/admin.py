@@ -21,10 +21,10 @@ from sqlalchemy.exc import IntegrityError
 from flightdeck.limits import MAX_HOST, name_problem
 from flightdeck.server import store
 from flightdeck.server.access import check_admin
-from flightdeck.server.app import Services
 from flightdeck.server.errors import ConflictError, NotFoundError
 from flightdeck.server.ingest import hash_token, new_token
 from flightdeck.server.models import CollectorToken
+from flightdeck.server.services import Services
 from flightdeck.server.token_scope import TokenScope
 
 NS = 1_000_000_000

@@ -8,8 +8,7 @@ So a request first waits here, on the event loop and without a thread, its body 
 the socket, until a slot frees up; only when `max_queued` already wait, or the wait passes
 `timeout_s`, is it refused. Waiters are served in arrival order.
 
-Thread-safe: `release` and `try_acquire` may be called from any thread; `acquire` is awaited on
-an event loop.
+Thread-safe: `release` may be called from any thread; `acquire` is awaited on an event loop.
 """
 
 from __future__ import annotations
@@ -51,14 +50,6 @@ class Admission:
     def queued(self) -> int:
         """Requests waiting for a slot now."""
         return len(self._waiters)
-
-    def try_acquire(self) -> bool:
-        """Take a slot if one is free (never waits)."""
-        with self._lock:
-            if self._free > 0 and not self._waiters:
-                self._free -= 1
-                return True
-            return False
 
     async def acquire(self) -> None:
         """Take a slot, waiting for one in arrival order; raises `Refused`."""

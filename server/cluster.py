@@ -27,8 +27,8 @@ from __future__ import annotations
 import gzip
 import logging
 from collections.abc import Callable, Iterable
-from typing import Any
 
+import orjson
 from sqlalchemy import Connection
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
@@ -37,15 +37,6 @@ from flightdeck.server import store
 from flightdeck.server.db import Database
 from flightdeck.server.validation import decode_checked
 from flightdeck.wire import Snapshot
-
-try:
-    import orjson
-
-    _loads: Callable[[bytes], Any] = orjson.loads
-except ImportError:  # pragma: no cover - depends on the installation
-    import json
-
-    _loads = json.loads
 
 log = logging.getLogger(__name__)
 
@@ -226,7 +217,7 @@ def _decode(body: bytes, job_id: int, feed_id: int) -> list[Snapshot]:
     try:
         # Checked as ingest checked it: the snapshots it refused were not applied (the body is
         # the batch as sent).
-        batch, _refused = decode_checked(_loads(gzip.decompress(body)))
+        batch, _refused = decode_checked(orjson.loads(gzip.decompress(body)))
     except (OSError, ValueError) as exc:  # it was valid when ingested: log, skip
         log.error("cluster: feed row %d of job %d unreadable: %s", feed_id, job_id, exc)
         return []

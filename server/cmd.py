@@ -3,16 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import gc
 import sys
-
-#: Allocations between young-generation collections (CPython's default is 700). Ingest creates
-#: millions of short-lived, acyclic objects (decoded entries, rows); with the default, the cyclic
-#: collector runs thousands of times per batch and keeps re-scanning the long-lived summaries,
-#: which halves ingest throughput. Memory is still reclaimed by reference counting at once.
-GC_THRESHOLD = (50_000, 20, 100)
-#: GIL switch interval of the server process (see `run`).
-SWITCH_INTERVAL_S = 0.0005
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -74,12 +65,6 @@ def run(args: argparse.Namespace) -> int:
     except SchemaError as exc:
         _say(f"refusing to start: {exc}")
         return EXIT_SCHEMA
-    gc.collect()
-    gc.freeze()  # what start-up created lives for the process: never scan it again
-    gc.set_threshold(*GC_THRESHOLD)
-    # The diagnosis thread runs long pure-Python loops; an ingest thread or the event loop
-    # waiting for the GIL after every socket read or database round trip would wait out a whole
-    # switch interval (5 ms by default) each time: a 100 ms request for 2 ms of work.
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    # The interpreter is tuned for the server in the app's lifespan (flightdeck/runtime_tuning.py).
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.log_level)
     return 0

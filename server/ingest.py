@@ -9,10 +9,8 @@ ever-growing pile of threads and open transactions.
 
 from __future__ import annotations
 
-import gc
 import gzip
 import hashlib
-import json
 import logging
 import math
 import secrets
@@ -24,11 +22,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
+import orjson
 from sqlalchemy.exc import DBAPIError, OperationalError
 
+from flightdeck.runtime_tuning import GC_PAUSE
 from flightdeck.server import store
 from flightdeck.server.admission import Admission, Refused
 from flightdeck.server.db import Database
+from flightdeck.server.decode_gate import DecodeGate
 from flightdeck.server.errors import (
     AuthError,
     BusyError,
@@ -49,24 +50,14 @@ from flightdeck.wire import Batch, Refusal, WireError
 
 log = logging.getLogger(__name__)
 
-try:
-    # 3-4x faster than the standard library on batches of thousands of small objects; parsing
-    # is the largest cost of ingest after decoding. Optional: the stdlib parser is the fallback.
-    import orjson
 
-    def _loads(data: bytes) -> Any:
-        try:
-            return orjson.loads(data)
-        except orjson.JSONDecodeError as exc:
-            raise InvalidBatchError(f"body: not JSON ({exc})") from None
-
-except ImportError:  # pragma: no cover - depends on the installation
-
-    def _loads(data: bytes) -> Any:
-        try:
-            return json.loads(data)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise InvalidBatchError(f"body: not JSON ({exc})") from None
+def _loads(data: bytes) -> Any:
+    # orjson: 3-4x faster than the standard library on batches of thousands of small objects;
+    # parsing is the largest cost of ingest after decoding.
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidBatchError(f"body: not JSON ({exc})") from None
 
 
 def _batch_age_s(header: str | None) -> float | None:
@@ -112,59 +103,6 @@ def gunzip_limited(data: bytes, limit: int) -> bytes:
     return out
 
 
-class GcPause:
-    """Keeps the cyclic garbage collector off while ingest threads decode batches.
-
-    Parsing a batch creates ~10 containers per entry that all live until the batch is decoded,
-    so every young-generation collection during a decode scans tens of thousands of objects and
-    frees none (a quarter of ingest time at 50,000 allocations per collection). Nothing a decode
-    creates is cyclic, and reference counting frees it, so the collector is paused while any
-    thread decodes and resumes when the last one is done. Under a sustained, overlapping load
-    the pause could last; the thread leaving a pause that has lasted over `max_pause_s` runs a
-    young collection, and a full one every `full_every` of those, so garbage never piles up.
-    """
-
-    def __init__(self, *, max_pause_s: float = 1.0, full_every: int = 10) -> None:
-        self._lock = threading.Lock()
-        self._depth = 0
-        #: Whether this pause turned the collector off (it stays off if something else had).
-        self._owned = False
-        self._since = 0.0
-        self._forced = 0
-        self._max_pause_s = max_pause_s
-        self._full_every = full_every
-
-    def __enter__(self) -> None:
-        with self._lock:
-            if self._depth == 0:
-                self._owned = gc.isenabled()
-                if self._owned:
-                    gc.disable()
-                self._since = time.monotonic()
-            self._depth += 1
-
-    def __exit__(self, *_exc: object) -> None:
-        collect: int | None = None
-        with self._lock:
-            self._depth -= 1
-            if self._depth == 0:
-                if self._owned:
-                    gc.enable()
-            elif self._owned and time.monotonic() - self._since > self._max_pause_s:
-                self._since = time.monotonic()
-                self._forced += 1
-                collect = 2 if self._forced % self._full_every == 0 else 1
-        if collect is not None:
-            gc.collect(collect)
-
-
-#: One per process: the collector is process-wide.
-GC_PAUSE = GcPause()
-
-
-#: Longest an ingest thread waits for the diagnosis worker's step before decoding anyway.
-DECODE_GATE_MAX_WAIT_S = 1.0
-
 #: Entries per group commit. Small batches (a host's few hundred entries) share transactions;
 #: big ones go alone, so that one is decoded while another is written (two 8,000-entry batches
 #: in one transaction were slower than one after the other: nothing overlapped).
@@ -176,8 +114,10 @@ UNSCOPED = TokenScope()
 
 
 @dataclass(frozen=True, slots=True)
-class Collector:
-    """The authenticated sender of a batch (None id: unauthenticated ingest allowed by settings)."""
+class Sender:
+    """The authenticated collector that sent a batch, as its token names it (None id:
+    unauthenticated ingest allowed by settings). Not `flightdeck.collector.daemon.Collector`, the
+    daemon itself, nor a Prometheus collector."""
 
     id: int | None
     name: str
@@ -190,7 +130,7 @@ class _Request:
     """A decoded batch waiting for its group's transaction."""
 
     batch: Batch
-    collector: Collector
+    collector: Sender
     #: The gzip body, for the cluster feed (empty when not in a cluster).
     feed_body: bytes
     #: perf_counter() when the request arrived.
@@ -211,9 +151,11 @@ class IngestService:
         metrics: IngestMetrics,
         shared: SharedState,
         live: LiveDiagnosis,
+        decode_gate: DecodeGate,
         schema: SchemaGuard | None = None,
     ) -> None:
-        """`schema`: asked why, when a statement fails (a missing schema is answered 503 with
+        """`decode_gate`: waited on before decoding a batch (the diagnosis worker goes first);
+        `schema`: asked why, when a statement fails (a missing schema is answered 503 with
         the reason, not as an error of the batch)."""
         self._db = db
         self._schema = schema
@@ -222,6 +164,7 @@ class IngestService:
         self._metrics = metrics
         self._shared = shared
         self._live = live
+        self._decode_gate = decode_gate
         #: In-flight slots and the queue of requests waiting for one (see admission.py).
         self.admission = Admission(
             settings.max_inflight_ingests,
@@ -243,7 +186,7 @@ class IngestService:
         self._cache = store.IngestCache()
         #: token hash -> (its collector, clock when the database last confirmed it): valid tokens
         #: only, so it holds at most one entry per token (`auth_cache_s`).
-        self._tokens: dict[str, tuple[Collector, int]] = {}
+        self._tokens: dict[str, tuple[Sender, int]] = {}
         #: Token hashes being checked against the database now (one query per token at a time).
         self._refreshing: set[str] = set()
         self._auth_lock = threading.Lock()
@@ -328,13 +271,13 @@ class IngestService:
             self._live.submit(r, source=req.batch.collector_host, lag_s=lag, skew_free=skew_free)
         self._live.wake()
 
-    def cached(self, authorization: str | None) -> Collector | None:
+    def cached(self, authorization: str | None) -> Sender | None:
         """The collector of a token verified less than `auth_cache_s` ago, else None (no I/O:
         the route calls this on the event loop and `authenticate` in a thread only on a miss)."""
         token_hash = _bearer_hash(authorization)
         return None if token_hash is None else self._cached(token_hash)
 
-    def _cached(self, token_hash: str) -> Collector | None:
+    def _cached(self, token_hash: str) -> Sender | None:
         hit = self._tokens.get(token_hash)
         if hit is None:
             return None
@@ -345,11 +288,11 @@ class IngestService:
             return hit[0]
         return None
 
-    def authenticate(self, authorization: str | None) -> Collector:
+    def authenticate(self, authorization: str | None) -> Sender:
         """The collector a `Authorization: Bearer <token>` header belongs to; AuthError if none."""
         if not authorization:
             if self._settings.allow_unauthenticated_ingest:
-                return Collector(None, "anonymous")
+                return Sender(None, "anonymous")
             self._reject("auth")
             raise AuthError("missing bearer token")
         token_hash = _bearer_hash(authorization)
@@ -366,9 +309,7 @@ class IngestService:
             with self._db.read() as session:
                 row = store.active_token(session=session, token_hash=token_hash)
             found = (
-                None
-                if row is None
-                else Collector(row.id, row.name, TokenScope.of(row.host, row.job_patterns))
+                None if row is None else Sender(row.id, row.name, TokenScope.of(row.host, row.job_patterns))
             )
             if found is None:
                 self._tokens.pop(token_hash, None)
@@ -482,7 +423,7 @@ class IngestService:
         *,
         body: bytes,
         encoding: str | None,
-        collector: Collector,
+        collector: Sender,
         started: float,
         batch_age_ms: str | None = None,
     ) -> dict[str, Any]:
@@ -495,8 +436,7 @@ class IngestService:
             if reason is not None:
                 raise self._unavailable(reason)
         limit = self._settings.max_request_bytes
-        # The diagnosis worker goes first: see `LiveDiagnosis.run_step`.
-        self._live.decode_gate.wait(DECODE_GATE_MAX_WAIT_S)
+        self._decode_gate.wait()  # the diagnosis worker goes first (decode_gate.py)
         enc = (encoding or "identity").strip().lower()
         sent = body
         try:

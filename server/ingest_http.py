@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Mapping
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio.to_thread
 import orjson
@@ -22,10 +22,8 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from flightdeck.server.errors import ServerError, error_answer
+from flightdeck.server.services import Services
 from flightdeck.wire import BATCH_AGE_HEADER
-
-if TYPE_CHECKING:
-    from flightdeck.server.app import Services
 
 INGEST_PATH = "/api/v1/ingest"
 _AGE_HEADER = BATCH_AGE_HEADER.lower()

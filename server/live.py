@@ -29,6 +29,7 @@ from flightdeck.analysis.summary import GroupTrack, fingerprint, signature_of
 from flightdeck.server import store
 from flightdeck.server.cluster import Cluster
 from flightdeck.server.db import Database
+from flightdeck.server.decode_gate import DecodeGate
 from flightdeck.server.settings import ServerSettings
 from flightdeck.wire import Snapshot
 
@@ -310,6 +311,7 @@ class LiveDiagnosis:
         clock: Clock,
         on_events: Callable[[JobState, list[store.FindingEvent]], None],
         on_db_error: Callable[[], None],
+        decode_gate: DecodeGate,
         monotonic: Callable[[], float] = time.monotonic,
         record_events: Callable[[Session, JobState, list[store.FindingEvent]], None] | None = None,
         observe_duration: Callable[[float], None] | None = None,
@@ -319,7 +321,8 @@ class LiveDiagnosis:
         (the webhook outbox: an event is stored if and only if its finding change is);
         `observe_duration` gets the seconds of each job's diagnosis; `schema_problem` says
         whether a failed step is explained by a vanished schema (`SchemaGuard.explains`: logged
-        once there, not once per step here)."""
+        once there, not once per step here); `decode_gate` is held during each worker step
+        (`run_step`), the ingest threads wait on it."""
         self._schema_problem = schema_problem
         self._db = db
         self._settings = settings
@@ -337,10 +340,7 @@ class LiveDiagnosis:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
-        #: Clear while the worker folds and diagnoses (`run_step`): ingest threads wait on it
-        #: before decoding a batch.
-        self.decode_gate = threading.Event()
-        self.decode_gate.set()
+        self._decode_gate = decode_gate
         self._thread: threading.Thread | None = None
         self.jobs: dict[int, JobState] = {}
         #: collector host -> server clock (epoch ns) of its latest batch, heartbeats included.
@@ -475,21 +475,10 @@ class LiveDiagnosis:
     # --- worker side ----------------------------------------------------------------------------
 
     def run_step(self) -> int:
-        """`step`, with the ingest threads' decoding held back (`decode_gate`) while it runs.
-
-        Under load dozens of ingest threads decode batches while this one thread folds and
-        diagnoses, and all of them share the GIL: a 4,096-rank job's diagnosis took 1.6 s of wall
-        time instead of 0.15 s, so it was diagnosed every 8 s and a hang found 30 s late
-        (docs/dev/performance-history.md, "Eighth session"). New batches wait for the step
-        instead (`IngestService.ingest`, at most `DECODE_GATE_MAX_WAIT_S`); the writers go on
-        meanwhile, and so does decoding while a job's summaries are rebuilt from the database
-        (`_fold`).
-        """
-        self.decode_gate.clear()
-        try:
+        """`step`, with the ingest threads' decoding held back while it runs (see decode_gate.py);
+        decoding goes on while a job's summaries are rebuilt from the database (`_fold`)."""
+        with self._decode_gate.hold():
             return self.step()
-        finally:
-            self.decode_gate.set()
 
     def step(self, *, force: bool = False) -> int:
         """Fold pending snapshots in and diagnose the jobs that are due; returns how many were.
@@ -666,13 +655,8 @@ class LiveDiagnosis:
                 return
             # Reads the rows the pending snapshots were committed as: seconds for a large job,
             # mostly waiting for the database, so decoding is not held back meanwhile.
-            held = not self.decode_gate.is_set()
-            self.decode_gate.set()
-            try:
+            with self._decode_gate.let_through():
                 self._rebuild(js)
-            finally:
-                if held:
-                    self.decode_gate.clear()
             return
         for snap in pending:
             self._apply(js, snap)

@@ -1982,11 +1982,6 @@ def apply_findings(
     return events
 
 
-def finding_rows(*, session: Session, ids: Sequence[int]) -> list[FindingRow]:
-    """Finding episodes by id."""
-    return list(session.execute(select(FindingRow).where(FindingRow.id.in_(list(ids)))).scalars())
-
-
 # --- collector tokens ----------------------------------------------------------------------------
 
 

@@ -29,6 +29,7 @@ import httpx
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
+from flightdeck.retry import parse_retry_after, retry_delay_s
 from flightdeck.server import store
 from flightdeck.server.db import Database
 from flightdeck.server.metrics import WebhookMetrics
@@ -258,22 +259,17 @@ class WebhookSender:
                 log.warning("webhook %s answered %s: not retried", d.url, resp.status_code)
                 return Outcome("dropped", error=f"HTTP {resp.status_code}")
             reason = f"HTTP {resp.status_code}"
-            retry_after = _retry_after(resp.headers.get("retry-after"))
-        backoff = min(s.webhook_backoff_max_s, s.webhook_backoff_initial_s * 2 ** (d.attempts - 1))
-        delay = backoff * (0.5 + self._jitter() / 2)  # jitter: receivers coming back are not stampeded
-        if retry_after is not None:
-            delay = max(delay, min(retry_after, s.webhook_backoff_max_s))
+            retry_after = parse_retry_after(resp.headers.get("retry-after"), now_s=self._clock() / NS)
+        delay = retry_delay_s(  # jittered: receivers coming back are not stampeded
+            d.attempts,
+            base_s=s.webhook_backoff_initial_s,
+            max_s=s.webhook_backoff_max_s,
+            jitter=self._jitter(),
+            retry_after_s=retry_after,
+            retry_after_max_s=s.webhook_backoff_max_s,
+        )
         due = self._clock() + int(delay * NS)
         if d.attempts >= s.webhook_max_attempts or due > d.deadline_ns:
             log.warning("webhook %s failed %d times (%s): event dropped", d.url, d.attempts, reason)
             return Outcome("dropped", error=reason)
         return Outcome("pending", due_ns=due, error=reason)
-
-
-def _retry_after(raw: str | None) -> float | None:
-    if not raw:
-        return None
-    try:
-        return max(0.0, float(raw))
-    except ValueError:
-        return None  # an HTTP date: rare for webhooks; the backoff applies

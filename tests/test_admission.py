@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 
 import pytest
@@ -17,6 +18,20 @@ async def one_waiting(adm: Admission) -> asyncio.Task[None]:
     while adm.queued < 1:
         await asyncio.sleep(0)
     return waiting
+
+
+async def took_free_slot(adm: Admission) -> bool:
+    """Whether a new request finds a slot without waiting (it then holds it); one that would wait
+    is cancelled, which takes it out of the queue."""
+    request = asyncio.ensure_future(adm.acquire())
+    await asyncio.sleep(0)  # the request's first step: it takes a free slot or joins the queue
+    if request.done():
+        request.result()
+        return True
+    request.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await request
+    return False
 
 
 def test_waiters_get_released_slots_in_arrival_order() -> None:
@@ -34,10 +49,10 @@ def test_waiters_get_released_slots_in_arrival_order() -> None:
         tasks = [asyncio.create_task(request(i)) for i in range(4)]
         while adm.queued < 4:
             await asyncio.sleep(0)
-        assert not adm.try_acquire()  # waiters come first
+        assert not await took_free_slot(adm)  # waiters come first
         adm.release()
         await asyncio.gather(*tasks)
-        assert adm.queued == 0 and adm.try_acquire()  # the slot is back in the pool
+        assert adm.queued == 0 and await took_free_slot(adm)  # the slot is back in the pool
         return order
 
     assert asyncio.run(main()) == [0, 1, 2, 3]
@@ -53,7 +68,7 @@ def test_a_full_queue_and_a_long_wait_are_refused() -> None:
             await waiting
         assert adm.queued == 0
         adm.release()
-        assert adm.try_acquire()
+        assert await took_free_slot(adm)
 
     asyncio.run(main())
 
@@ -67,7 +82,7 @@ def test_a_cancelled_waiter_leaves_the_queue_and_loses_no_slot() -> None:
             await waiting
         assert adm.queued == 0
         adm.release()
-        assert adm.try_acquire()
+        assert await took_free_slot(adm)
 
     asyncio.run(main())
 
@@ -80,6 +95,6 @@ def test_release_from_another_thread_wakes_the_waiter() -> None:
         t.start()
         await asyncio.wait_for(waiting, 5)
         t.join()
-        assert adm.queued == 0 and not adm.try_acquire()  # the waiter holds the slot
+        assert not await took_free_slot(adm) and adm.queued == 0  # the waiter holds the slot
 
     asyncio.run(main())

@@ -117,28 +117,6 @@ def test_copied_pytorch_json_dumps(name: str, tmp_path: Path) -> None:
     _check(code, verdict, doc["expected"])
 
 
-@pytest.mark.parametrize("name", ["p2p_skip_send", "a2a_short_send"])
-def test_stored_summaries_keep_what_the_rules_need(name: str) -> None:
-    """The server stores summaries as plain data: op_ids and all_to_all totals survive the trip,
-    and the diagnosis from the decoded summaries is the same."""
-    from flightdeck.analysis import diagnose, summarize, summary_from_dict, summary_to_dict
-    from flightdeck.collector.frdump import read_dump_file
-
-    doc = _doc(name)
-    summaries = [
-        summarize(read_dump_file(DATA / name / f"rank_{r}.final.pkl")) for r in range(doc["world_size"])
-    ]
-    back = [summary_from_dict(json.loads(json.dumps(summary_to_dict(s)))) for s in summaries]
-    for a, b in zip(summaries, back, strict=True):
-        assert a.tracks["0"].op_ids == b.tracks["0"].op_ids
-        assert a.tracks["0"].totals == b.tracks["0"].totals
-    now = max(s.snapshot_time_ns or 0 for s in summaries)
-    want = [f.to_json() for f in diagnose(summaries, now_ns=now).findings]
-    got = [f.to_json() for f in diagnose(back, now_ns=now).findings]
-    assert got == want
-    assert want[0]["culprit_ranks"] == doc["expected"]["culprit_ranks"]
-
-
 def test_layout_groups_are_non_contiguous() -> None:
     """The 16-rank job's DP and PP groups are strided rank sets, as Megatron builds them."""
     code, verdict = _analyze(str(DATA / "tp_pp_dp_hang"))

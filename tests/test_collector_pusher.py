@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import email.utils
 import gzip
 import json
 import random
@@ -17,7 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from flightdeck.collector.frdump import read_dump_file
 from flightdeck.collector.metrics import CollectorMetrics
-from flightdeck.collector.pusher import Outcome, Pusher, parse_retry_after
+from flightdeck.collector.pusher import Outcome, Pusher
 from flightdeck.collector.queue import DurableQueue, NewBatch
 from flightdeck.wire import Batch, decode_batch, encode_batch, snapshot_from_dump
 
@@ -35,7 +34,7 @@ def _no_leaked_threads() -> Iterator[None]:
 
 
 def batch(batch_id: str, entries: int = 1) -> NewBatch:
-    doc = {"wire_version": 1, "batch_id": batch_id, "snapshots": [], "nixl": []}
+    doc = {"wire_version": 2, "batch_id": batch_id, "snapshots": [], "nixl": []}
     return NewBatch(batch_id, "fr", entries, gzip.compress(json.dumps(doc).encode()))
 
 
@@ -223,14 +222,6 @@ def test_down_server_leaves_the_batch_queued_after_the_deadline(tmp_path: Path, 
         assert list(recorder.batches) == ["b1"]
     finally:
         r.close()
-
-
-def test_retry_after_forms() -> None:
-    assert parse_retry_after("3", now_s=0) == 3.0
-    when = email.utils.formatdate(1000.0, usegmt=True)
-    assert parse_retry_after(when, now_s=990.0) == pytest.approx(10.0)
-    assert parse_retry_after("soon", now_s=0) is None
-    assert parse_retry_after(None, now_s=0) is None
 
 
 def _real_batch(batch_id: str) -> tuple[NewBatch, list[int]]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from flightdeck.analysis import Options, add_entries, diagnose, summarize, summary_from_dict, summary_to_dict
+from flightdeck.analysis import Options, add_entries, diagnose, summarize
 from flightdeck.collector.frdump import parse_dump, read_dump_file
 from flightdeck.records import Entry, Frame, GroupInfo, RankDump, State
 from flightdeck.wire import Batch, decode_batch, encode_batch, snapshot_from_dump
@@ -116,17 +116,11 @@ def test_options_validate() -> None:
         Options(stall_after_s=-1)
 
 
-def test_summary_and_wire_round_trip_on_a_real_dump() -> None:
+def test_wire_round_trip_on_a_real_dump() -> None:
     from pathlib import Path
 
     path = Path(__file__).parent / "data" / "fr" / "skip" / "rank_0.stall.pkl"
     dump = read_dump_file(path)
-    s = summarize(dump)
-    back = summary_from_dict(json.loads(json.dumps(summary_to_dict(s))))
-    assert back.tracks["0"].seqs == s.tracks["0"].seqs
-    assert back.tracks["0"].fps == s.tracks["0"].fps
-    assert back.tracks["0"].tail == s.tracks["0"].tail
-    assert back.sigs == s.sigs and back.thread_stacks == s.thread_stacks
     batch = Batch("b-1", "node-1", "0.1.0", T0, [snapshot_from_dump(dump)])
     doc = json.loads(json.dumps(encode_batch(batch)))
     decoded = decode_batch(doc)
@@ -146,11 +140,12 @@ def test_wire_errors_name_the_field() -> None:
     with pytest.raises(WireError, match=r"batch\.snapshots\[0\]\.rank: expected int"):
         decode_batch(
             {
-                "wire_version": 1,
+                "wire_version": 2,
                 "batch_id": "x",
                 "collector": {"host": "h"},
                 "sent_at_ns": 1,
                 "stacks": [],
+                "sigs": [],
                 "snapshots": [{"job": "j", "kind": "periodic", "rank": "3"}],
             }
         )

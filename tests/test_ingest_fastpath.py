@@ -1,6 +1,6 @@
-"""The ingest fast paths give what the plain ones give: batch decoding (`flightdeck.wire`, against
-`entry_from_wire`), the SQLite multi-row entry upsert (against the rows read back), and the
-garbage-collector pause around decoding."""
+"""The ingest fast paths give what the plain ones give: batch decoding (`flightdeck.wire`'s entry
+columns, against the entries encoded), the SQLite multi-row entry upsert (against the rows read
+back), and the garbage-collector pause around decoding."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 from sqlalchemy import event
 
-from flightdeck.records import Entry, Frame, entry_from_wire, entry_to_wire
+from flightdeck.records import Entry, Frame
+from flightdeck.runtime_tuning import GcPause
 from flightdeck.server import store
 from flightdeck.server.db import connect, migrate
-from flightdeck.server.ingest import GcPause
 from flightdeck.server.models import EntryRow
 from flightdeck.wire import Batch, Snapshot, WireError, decode_batch, encode_batch
 
@@ -55,19 +55,6 @@ def entry(i: int, **kw: Any) -> Entry:
     return replace(e, **kw)
 
 
-def wire_doc(entries: list[Any]) -> dict[str, Any]:
-    """A version 1 batch document (entries as objects, what older collectors send) with one
-    snapshot carrying these wire entries (stack table: STACKS)."""
-    doc = encode_batch(
-        Batch("b1", "host", "1", 1, [Snapshot(job="j", attempt=0, rank=0, snapshot_time_ns=1)])
-    )
-    doc["wire_version"] = 1
-    del doc["sigs"]
-    doc["stacks"] = [[[f.name, f.filename, f.line] for f in st] for st in STACKS]
-    doc["snapshots"][0]["entries"] = entries
-    return doc
-
-
 ODD_ENTRIES = [
     entry(0),
     entry(1, state="scheduled", retired=False, time_started_ns=None, time_completed_ns=None),
@@ -79,32 +66,20 @@ ODD_ENTRIES = [
 
 
 def columns_doc(entries: list[Entry]) -> dict[str, Any]:
-    """A version 2 batch document of one snapshot with these entries, through JSON."""
+    """A batch document of one snapshot with these entries, through JSON."""
     snap = Snapshot(job="j", attempt=0, rank=0, snapshot_time_ns=1, entries=entries)
     doc: dict[str, Any] = json.loads(json.dumps(encode_batch(Batch("b1", "host", "1", 1, [snap]))))
     return doc
 
 
-def reference(entries: list[dict[str, Any]]) -> list[Entry]:
-    """What the plain decoder builds from these wire entries."""
-    return [entry_from_wire(d, list(STACKS)) for d in entries]
-
-
-def test_entry_field_order_is_what_the_fast_path_builds() -> None:
-    # The fast path builds Entry positionally; a new or reordered field must be added there.
+def test_entry_field_order_is_what_the_column_decoder_builds() -> None:
+    # `EntryColumns.entries` builds Entry positionally; a new or reordered field must be added there.
     assert [f.name for f in fields(Entry)] == [
         "record_id", "group", "collective_seq_id", "p2p_seq_id", "op_id", "backend", "op", "raw_op",
         "is_p2p", "input_sizes", "output_sizes", "input_dtypes", "output_dtypes", "state", "retired",
         "time_created_ns", "time_started_ns", "time_completed_ns", "duration_ms", "timeout_ms",
         "thread_name", "peer", "frames",
     ]  # fmt: skip
-
-
-def test_decode_matches_entry_from_wire_on_ordinary_entries() -> None:
-    ents = ODD_ENTRIES
-    wire = [entry_to_wire(e, None if not e.frames else STACKS.index(e.frames)) for e in ents]
-    got = decode_batch(wire_doc(wire)).snapshots[0].entries
-    assert got == reference(wire) == ents
 
 
 def test_columns_round_trip_and_share_what_repeats() -> None:
@@ -213,78 +188,6 @@ def test_signature_errors_name_the_field(change: dict[str, Any], message: str) -
     assert str(exc.value) == message
 
 
-@pytest.mark.parametrize(
-    "change",
-    [
-        {"rid": 7.0},
-        {"rid": "7"},
-        {"seq": True},
-        {"isp2p": 1},
-        {"ret": 0},
-        {"isz": [[4.0, 16]]},
-        {"osz": [[True, 2]]},
-        {"isz": [["4", "16"]]},
-        {"idt": "Float"},
-        {"odt": [1, 2]},
-        {"dur": 1},
-        {"dur": "0.5"},
-        {"tc": 12.0},
-        {"thr": None},
-        {"thr": 5},
-        {"stk": -1},
-        {"stk": True},
-        {"stk": 1.0},
-        {"stk": "0"},
-        {"g": 0},
-        {"op": 5},
-        {"peer": 2.0},
-    ],
-)
-def test_decode_matches_entry_from_wire_on_odd_values(change: dict[str, Any]) -> None:
-    # Values of unexpected types that the plain decoder converts: the result must be the same,
-    # whether the odd entry comes first (memo empty) or after ordinary ones (memo filled).
-    ok = entry_to_wire(entry(0), 0)
-    odd = {**entry_to_wire(entry(1), 1), **change}
-    for wire in ([odd, ok], [ok, odd, ok]):
-        assert decode_batch(wire_doc(wire)).snapshots[0].entries == reference(wire)
-
-
-@pytest.mark.parametrize(
-    ("change", "message"),
-    [
-        ({"rid": None}, "batch.snapshots[0].entries[1]: "),
-        ({"rid": "x"}, "batch.snapshots[0].entries[1]: "),
-        ({"st": "done"}, "batch.snapshots[0].entries[1]: unknown entry state 'done'"),
-        ({"st": ["completed"]}, "batch.snapshots[0].entries[1]: unknown entry state"),
-        ({"isz": [[1, "x"]]}, "batch.snapshots[0].entries[1]: "),
-        ({"isz": [1]}, "batch.snapshots[0].entries[1]: "),
-        ({"stk": 9}, "batch.snapshots[0].entries[1].stk: not an index into batch.stacks"),
-        ({"stk": -3}, "batch.snapshots[0].entries[1].stk: not an index into batch.stacks"),
-    ],
-)
-def test_decode_errors_name_the_field(change: dict[str, Any], message: str) -> None:
-    wire = [entry_to_wire(entry(0), 0), {**entry_to_wire(entry(1), 1), **change}]
-    with pytest.raises(WireError) as exc:
-        decode_batch(wire_doc(wire))
-    assert str(exc.value).startswith(message)
-
-
-def test_decode_missing_field_and_non_object() -> None:
-    bad = entry_to_wire(entry(1), 1)
-    del bad["tc"]
-    with pytest.raises(WireError, match=r"entries\[1\]: missing field 'tc'"):
-        decode_batch(wire_doc([entry_to_wire(entry(0), 0), bad]))
-    with pytest.raises(WireError, match=r"entries\[0\]: expected an object"):
-        decode_batch(wire_doc([["not", "an", "object"]]))
-
-
-def test_decoded_entries_share_repeated_values() -> None:
-    wire = [entry_to_wire(entry(i), 0) for i in range(3)]
-    a, b, c = decode_batch(wire_doc(wire)).snapshots[0].entries
-    assert a.input_sizes is b.input_sizes is c.input_sizes
-    assert a.input_dtypes is b.output_dtypes
-
-
 def columns(rows: list[tuple[Any, ...]]) -> list[list[Any]]:
     """Entry rows as the columns `store._upsert_entries` takes."""
     return [list(c) for c in zip(*rows, strict=True)]
@@ -336,7 +239,7 @@ def test_gc_pause_nests_and_restores() -> None:
     assert gc.isenabled()
 
 
-def test_gc_pause_leaves_a_disabled_collector_off() -> None:
+def test_gc_pause_leaves_a_disabled_gc_off() -> None:
     pause = GcPause()
     gc.disable()
     try:

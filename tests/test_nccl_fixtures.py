@@ -233,14 +233,15 @@ def test_folded_groups_survive_the_wire_as_the_live_server_reads_them() -> None:
     """The collector ships normalized entries; the server rebuilds them (deriving the op from the
     raw name) and folds them into the same summary the offline analysis builds."""
     from flightdeck.analysis.summary import RankSummary
-    from flightdeck.records import entry_from_wire, entry_to_wire
+    from flightdeck.wire import Batch, decode_batch, encode_batch, snapshot_from_dump
 
     for name in ("nccl_coalesced_healthy", "nccl_coalesced_hang", "nccl_p2p_wrong_peer"):
         for rank in range(4):
             dump = read_dump_file(DATA / name / "pickle" / f"comm_lib_trace_rank_{rank}")
             offline = summarize(dump)
             live = RankSummary(rank=rank, source="wire")
-            add_entries(live, [entry_from_wire(entry_to_wire(e, None), []) for e in dump.entries])
+            doc = json.loads(json.dumps(encode_batch(Batch("b", "h", "v", 1, [snapshot_from_dump(dump)]))))
+            add_entries(live, decode_batch(doc).snapshots[0].entries)
             for g, t in offline.tracks.items():
                 lt = live.tracks[g]
                 assert (lt.seqs, lt.fps) == (t.seqs, t.fps), (name, rank, g)

@@ -7,6 +7,7 @@ deterministic; the webhook test runs the real delivery thread against a real loc
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 import os
@@ -33,9 +34,11 @@ from flightdeck.collector.frdump import merge
 from flightdeck.demo.ranks import free_port
 from flightdeck.nixl_records import Histogram, NixlSample
 from flightdeck.server import store
-from flightdeck.server.app import Services, create_app
+from flightdeck.server.app import create_app
+from flightdeck.server.decode_gate import DecodeGate
 from flightdeck.server.ingest import hash_token
 from flightdeck.server.live import LiveDiagnosis
+from flightdeck.server.services import Services
 from flightdeck.server.settings import ServerSettings
 from flightdeck.wire import BATCH_AGE_HEADER, Snapshot, snapshot_from_dump
 from tests.conftest import FakeClock
@@ -184,7 +187,8 @@ def test_auth_missing_bad_and_revoked_tokens(server: Server) -> None:
 
 
 def test_schema_errors_are_422_with_the_field(server: Server) -> None:
-    doc = {"wire_version": 1, "batch_id": "b1", "collector": {"host": "h"}, "sent_at_ns": 1, "stacks": []}
+    doc = {"wire_version": 2, "batch_id": "b1", "collector": {"host": "h"}, "sent_at_ns": 1, "stacks": []}
+    doc["sigs"] = []
     r = server.client.post("/api/v1/ingest", content=json.dumps(doc), headers=AUTH)
     assert r.status_code == 422
     assert r.json()["detail"] == "batch: missing field 'snapshots'"
@@ -634,7 +638,7 @@ def test_saturated_ingest_is_throttled(database_url: str, clock: FakeClock) -> N
         database_url, clock, max_inflight_ingests=1, retry_after_s=3, ingest_queue_timeout_s=0.2
     )
     try:
-        assert srv.svc.ingest.admission.try_acquire()  # another request holds the only slot
+        asyncio.run(srv.svc.ingest.admission.acquire())  # another request holds the only slot (free: at once)
         r = srv.push(snapshots(scenario_dumps("healthy_4")[0][:1]))  # waits 0.2 s in the queue
         assert r.status_code == 429
         assert r.headers["Retry-After"] == "3"
@@ -653,7 +657,7 @@ def test_ingest_waits_in_the_queue_for_a_slot(database_url: str, clock: FakeCloc
     srv = make_server(database_url, clock, max_inflight_ingests=1, ingest_queue_timeout_s=30)
     try:
         admission = srv.svc.ingest.admission
-        assert admission.try_acquire()
+        asyncio.run(admission.acquire())  # the only slot, free: taken at once
         pushed: list[int] = []
         t = threading.Thread(
             target=lambda: pushed.append(srv.push(snapshots(scenario_dumps("healthy_4")[0][:1])).status_code)
@@ -677,16 +681,14 @@ def test_a_batch_is_decoded_after_the_diagnosis_step_in_progress(database_url: s
     # otherwise share the GIL with every decoding thread and find a hang late.
     srv = make_server(database_url, clock)
     try:
-        gate = srv.svc.live.decode_gate
-        gate.clear()  # as during a step
         pushed: list[int] = []
         t = threading.Thread(
             target=lambda: pushed.append(srv.push(snapshots(scenario_dumps("healthy_4")[0][:1])).status_code)
         )
-        t.start()
-        t.join(0.3)  # it waits up to DECODE_GATE_MAX_WAIT_S (1 s) for the step
-        assert not pushed and srv.counts()["entries"] == 0
-        gate.set()
+        with srv.svc.decode_gate.hold():  # as during a step
+            t.start()
+            t.join(0.3)  # it waits up to DECODE_GATE_MAX_WAIT_S (1 s) for the step
+            assert not pushed and srv.counts()["entries"] == 0
         t.join(10)
         assert pushed == [200] and srv.counts()["entries"] > 0
     finally:
@@ -697,22 +699,24 @@ def test_the_worker_step_closes_the_decode_gate_while_it_diagnoses(server: Serve
     snaps = skip_stuck_view()
     server.clock.now_ns = max(s.snapshot_time_ns for s in snaps) + int((STALL_S + 3) * NS)
     assert server.push(snaps).status_code == 200
-    gate_open: list[bool] = []
+    gate_held: list[bool] = []
     # A second worker on the same database (as after a restart), whose finding callback runs
     # inside its step; a monotonic clock far ahead makes the job due without forcing.
+    gate = DecodeGate()
     live = LiveDiagnosis(
         db=server.svc.db,
         settings=server.svc.settings,
         clock=server.clock,
-        on_events=lambda _js, _events: gate_open.append(live.decode_gate.is_set()),
+        on_events=lambda _js, _events: gate_held.append(gate.held),
         on_db_error=lambda: None,
+        decode_gate=gate,
         monotonic=lambda: 1e9,
     )
     live.load()
-    assert live.decode_gate.is_set()
+    assert not gate.held
     assert live.run_step() == 1
-    assert gate_open == [False]  # the hang was opened with decoding held back
-    assert live.decode_gate.is_set()  # and the gate is open again after the step
+    assert gate_held == [True]  # the hang was opened with decoding held back
+    assert not gate.held  # and the gate is open again after the step
 
 
 def test_locked_sqlite_answers_503(tmp_path: Any, clock: FakeClock) -> None:

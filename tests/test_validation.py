@@ -547,23 +547,3 @@ def connect_db(url: str) -> Any:
     from flightdeck.server.db import connect
 
     return connect(url)
-
-
-def test_wire_v1_snapshots_are_checked_by_the_same_rules() -> None:
-    """An older collector's batch (entries as objects): the same values refused, with reasons."""
-    from flightdeck.records import entry_to_wire
-    from flightdeck.server.validation import decode_checked
-    from tests.test_ingest_fastpath import entry, wire_doc
-
-    ok = wire_doc([entry_to_wire(entry(0), 0), entry_to_wire(entry(1), 1)])
-    batch, refused = decode_checked(ok)
-    assert not refused and len(batch.snapshots[0].entries) == 2
-    for change, field in (
-        ({"rid": 0}, "repeated"),
-        ({"to": 2**63}, ".to"),
-        ({"raw_op": "gloo:all_reduce\x00", "op": "gloo:all_reduce\x00"}, ".sig"),
-    ):
-        second = {**entry_to_wire(entry(1), 1), **change}
-        batch, refused = decode_checked(wire_doc([entry_to_wire(entry(0), 0), second]))
-        assert not batch.snapshots and len(refused) == 1, change
-        assert field in refused[0].reason, (change, refused[0].reason)

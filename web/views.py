@@ -15,14 +15,10 @@ from typing import Any, Literal
 from urllib.parse import urlencode
 
 from flightdeck.analysis.findings import CONFIG_KINDS, MISMATCH_KINDS
-from flightdeck.analyze_cmd import _LIBRARY_MARKERS
+from flightdeck.analysis.frames import is_library_path
 from flightdeck.nixl_rates import RATE_WINDOW_S, Quantiles, window_stats
 from flightdeck.records import Entry
 from flightdeck.web.data import EntryLike, RankDetail, RankTrack, TimelineData
-
-#: Frames from these paths are plumbing (PyTorch, the stdlib, our agent), folded away: the CLI's
-#: list, plus frozen stdlib modules, which Python 3.11 names "<frozen runpy>".
-LIBRARY_MARKERS: tuple[str, ...] = (*_LIBRARY_MARKERS, "<frozen ")
 
 CellState = Literal["completed", "in_flight", "never_entered", "mismatched", "unknown"]
 
@@ -201,7 +197,7 @@ def frame_views(frames: Iterable[Any]) -> list[FrameView]:
             name, filename, line = str(f.get("name", "")), str(f.get("filename", "")), f.get("line", 0)
         else:
             name, filename, line = str(f.name), str(f.filename), f.line
-        out.append(FrameView(name, filename, int(line or 0), any(m in filename for m in LIBRARY_MARKERS)))
+        out.append(FrameView(name, filename, int(line or 0), is_library_path(filename)))
     return out
 
 

@@ -12,8 +12,6 @@ from flightdeck.analysis.summary import (
     RankSummary,
     add_entries,
     summarize,
-    summary_from_dict,
-    summary_to_dict,
 )
 
 __all__ = [
@@ -26,6 +24,4 @@ __all__ = [
     "add_entries",
     "diagnose",
     "summarize",
-    "summary_from_dict",
-    "summary_to_dict",
 ]

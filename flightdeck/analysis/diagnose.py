@@ -28,7 +28,7 @@ from flightdeck.analysis.findings import (
     Report,
     entry_json,
 )
-from flightdeck.analysis.frames import innermost_user_frame
+from flightdeck.analysis.frames import innermost_user_frame, is_agent_frame
 from flightdeck.analysis.p2p_gaps import link_stranded
 from flightdeck.analysis.p2p_gaps import refine_hang as blame_p2p_gap
 from flightdeck.analysis.progress import name_where
@@ -929,7 +929,7 @@ def _main_stack(s: RankSummary) -> Stack:
         return ()
     # Drop the agent's own frames (a final snapshot is taken from an exit hook on the main thread):
     # what is left is where the user's code is, or nothing when the interpreter was shutting down.
-    return tuple(f for f in main.frames if "/flightdeck/agent" not in f.filename)
+    return tuple(f for f in main.frames if not is_agent_frame(f))
 
 
 # --- hangs ---------------------------------------------------------------------------------------

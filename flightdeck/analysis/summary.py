@@ -16,22 +16,17 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import compress, islice
 from operator import lt, not_
-from typing import Any, Protocol
+from typing import Protocol
 
 from flightdeck.records import (
     COALESCED_END_OPS,
     Entry,
-    Frame,
     GroupInfo,
     Progress,
     RankConfig,
     RankDump,
     Stack,
     ThreadStack,
-    config_from_dict,
-    config_to_dict,
-    progress_from_dict,
-    progress_to_dict,
     with_progress_of,
 )
 
@@ -469,145 +464,3 @@ def _insert_older(track: GroupTrack, seq: int, fp: int, e: Entry) -> None:
         tail.insert(k, e)
         if len(tail) > TAIL:
             del tail[0]
-
-
-# --- plain-data form (JSON-able), for storing summaries and shipping them between processes ---
-
-
-def _entry_dict(e: Entry) -> dict[str, Any]:
-    from flightdeck.records import entry_to_wire, frames_to_wire
-
-    d = entry_to_wire(e, None)
-    d["frames"] = frames_to_wire(e.frames)
-    return d
-
-
-def _entry_from(d: dict[str, Any]) -> Entry:
-    from flightdeck.records import entry_from_wire, frames_from_wire
-
-    e = entry_from_wire(d, [])
-    return replace(e, frames=frames_from_wire(d.get("frames") or []))
-
-
-def summary_to_dict(s: RankSummary) -> dict[str, Any]:
-    """Encode a summary as plain JSON-able data."""
-    return {
-        "rank": s.rank,
-        "source": s.source,
-        "job": s.job,
-        "attempt": s.attempt,
-        "world_size": s.world_size,
-        "host": s.host,
-        "pid": s.pid,
-        "backend": s.backend,
-        "version": s.version,
-        "snapshot_time_ns": s.snapshot_time_ns,
-        "snapshot_time_from_file": s.snapshot_time_from_file,
-        "kind": s.kind,
-        "interval_s": s.interval_s,
-        "exception": s.exception,
-        "wrapped": s.wrapped,
-        "groups": {
-            k: {"desc": g.desc, "ranks": None if g.ranks is None else list(g.ranks)}
-            for k, g in s.groups.items()
-        },
-        "tracks": {
-            k: {
-                "seqs": t.seqs.tolist(),
-                "fps": t.fps.tolist(),
-                "created_ns": t.created_ns.tolist(),
-                "tail": [_entry_dict(e) for e in t.tail],
-                "p2p": [_entry_dict(e) for e in t.p2p],
-                "op_ids": t.op_ids.tolist(),
-                "totals": [[k, a, b] for k, (a, b) in t.totals.items()],
-            }
-            for k, t in s.tracks.items()
-        },
-        "sigs": {
-            str(fp): [
-                sig[0],
-                [list(x) for x in sig[1]],
-                [list(x) for x in sig[2]],
-                list(sig[3]),
-                list(sig[4]),
-            ]
-            for fp, sig in s.sigs.items()
-        },
-        "sig_frames": {
-            str(fp): [[f.name, f.filename, f.line] for f in st] for fp, st in s.sig_frames.items()
-        },
-        "thread_stacks": [
-            {
-                "thread_name": t.thread_name,
-                "thread_id": t.thread_id,
-                "frames": [[f.name, f.filename, f.line] for f in t.frames],
-            }
-            for t in s.thread_stacks
-        ],
-        "warnings": list(s.warnings),
-        "config": None if s.config is None else config_to_dict(s.config),
-        "pg_status": {k: list(v) for k, v in s.pg_status.items()},
-        "progress": None if s.progress is None else progress_to_dict(s.progress),
-    }
-
-
-def _stack(raw: list[list[Any]]) -> Stack:
-    return tuple(Frame(str(a), str(b), int(c)) for a, b, c in raw)
-
-
-def summary_from_dict(d: dict[str, Any]) -> RankSummary:
-    """Decode `summary_to_dict` output."""
-    sigs: dict[int, Signature] = {}
-    for k, v in d["sigs"].items():
-        sigs[int(k)] = (
-            str(v[0]),
-            tuple(tuple(int(x) for x in s) for s in v[1]),
-            tuple(tuple(int(x) for x in s) for s in v[2]),
-            tuple(str(x) for x in v[3]),
-            tuple(str(x) for x in v[4]),
-        )
-    return RankSummary(
-        rank=int(d["rank"]),
-        source=str(d["source"]),
-        job=d.get("job"),
-        attempt=int(d.get("attempt") or 0),
-        world_size=d.get("world_size"),
-        host=d.get("host"),
-        pid=d.get("pid"),
-        backend=d.get("backend"),
-        version=str(d.get("version") or ""),
-        snapshot_time_ns=d.get("snapshot_time_ns"),
-        snapshot_time_from_file=bool(d.get("snapshot_time_from_file")),
-        kind=str(d.get("kind") or "dump"),
-        interval_s=d.get("interval_s"),
-        exception=d.get("exception"),
-        wrapped=bool(d.get("wrapped")),
-        groups={
-            k: GroupInfo(k, str(g["desc"]), None if g["ranks"] is None else tuple(g["ranks"]))
-            for k, g in d["groups"].items()
-        },
-        tracks={
-            k: GroupTrack(
-                seqs=array("q", t["seqs"]),
-                fps=array("q", t["fps"]),
-                created_ns=array("q", t["created_ns"]),
-                tail=[_entry_from(e) for e in t["tail"]],
-                p2p=[_entry_from(e) for e in t["p2p"]],
-                # Summaries stored before these fields existed have none: the rules that use
-                # them then see nothing to judge rather than misaligned values.
-                op_ids=array("q", t.get("op_ids") or []),
-                totals={int(k): (int(a), int(b)) for k, a, b in t.get("totals") or []},
-            )
-            for k, t in d["tracks"].items()
-        },
-        sigs=sigs,
-        sig_frames={int(k): _stack(v) for k, v in d["sig_frames"].items()},
-        thread_stacks=tuple(
-            ThreadStack(str(t["thread_name"]), int(t["thread_id"]), _stack(t["frames"]))
-            for t in d["thread_stacks"]
-        ),
-        warnings=tuple(d.get("warnings") or ()),
-        config=None if d.get("config") is None else config_from_dict(d["config"]),
-        pg_status={str(k): (int(v[0]), int(v[1]), int(v[2])) for k, v in (d.get("pg_status") or {}).items()},
-        progress=progress_from_dict(d.get("progress")),
-    )
