@@ -1552,8 +1552,7 @@ def window_entries(
     """rank -> collective (non-p2p) entries of one group with seq in [seq_from, seq_to], as records
     sorted by seq; a seq held twice by a rank keeps its newest record."""
     reader = _WindowReader(session.connection())
-    rows = list(reader.rows(job_id, group_id, ranks, seq_from, seq_to))
-    rows.sort(key=itemgetter(0, 3, 1))  # rank, seq, record_id
+    rows = reader.rows(job_id, group_id, ranks, seq_from, seq_to)
     out: dict[int, list[Entry]] = {}
     for rank, e in _entry_records(session, rows[:limit], {group_id: group_name}):
         if e.is_p2p:
@@ -1607,7 +1606,6 @@ def window_cells(
     """
     columns = _SPAN_COLUMNS if spans else _CELL_COLUMNS
     rows = _WindowReader(session.connection()).rows(job_id, group_id, ranks, seq_from, seq_to, columns)
-    rows.sort(key=itemgetter(0, 1, 2))  # rank, seq, record_id
     ops: dict[int, str | None] = {
         sid: None if is_p2p else canonical_op(raw_op)
         for sid, raw_op, is_p2p in _signature_ops(session, {r[3] for r in rows})
@@ -1672,12 +1670,17 @@ class _WindowReader:
         seq_to: int | None,
         columns: Sequence[Any] = _ENTRY_COLUMNS,
     ) -> list[tuple[Any, ...]]:
-        """The `columns` (`_ENTRY_COLUMNS`) of the window's rows, in no particular order."""
+        """The `columns` (`_ENTRY_COLUMNS`) of the window's rows by rank, seq and record id (each
+        of the three must be among the columns)."""
         where = self._window(EntryRow.group_id, EntryRow.seq, group_id, seq_from, seq_to)
         if ranks is not None:
             where.append(EntryRow.rank.in_(list(ranks)))
+        order = (EntryRow.rank, EntryRow.seq, EntryRow.record_id)
         if self._conn.dialect.name != "sqlite":
-            return _plain_rows(self._conn, select(*columns).where(EntryRow.job_id == job_id, *where))
+            # Sorted by the database, in its own process: 164k rows (4,096 ranks) sorted here took
+            # ~80 ms of the page's CPU.
+            q = select(*columns).where(EntryRow.job_id == job_id, *where).order_by(*order)
+            return _plain_rows(self._conn, q)
         spans = self._conn.execute(
             select(EntryRow.rank, func.min(EntryRow.record_id), func.max(EntryRow.record_id))
             .where(EntryRow.job_id == job_id, *where)
@@ -1695,6 +1698,8 @@ class _WindowReader:
                 *again,
             )
             out.extend(_plain_rows(self._conn, q))
+        names = [c.key for c in columns]
+        out.sort(key=itemgetter(*(names.index(c.key) for c in order)))
         return out
 
     @staticmethod
