@@ -30,11 +30,11 @@ from flightdeck.runtime_tuning import SERVER, tuned
 from flightdeck.server.admin import router as admin_router
 from flightdeck.server.errors import InternalErrorMiddleware, ServerError, UnavailableError, error_answer
 from flightdeck.server.ingest_http import IngestEndpoint
+from flightdeck.server.page_data import StoreData
 from flightdeck.server.routes import router
 from flightdeck.server.services import build_services
 from flightdeck.server.settings import ServerSettings
 from flightdeck.web.routes import SecurityHeadersMiddleware, WebSettings, error_page, make_router
-from flightdeck.web.store_data import StoreData
 
 log = logging.getLogger(__name__)
 

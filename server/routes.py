@@ -15,13 +15,13 @@ from sqlalchemy.orm import Session
 from flightdeck.analysis.diagnose import missing_ranks
 from flightdeck.limits import MAX_JOB
 from flightdeck.nixl_rates import RATE_WINDOW_S, window_stats
+from flightdeck.params import AttemptQuery, GroupQuery, JobParam, RankQuery, SeqQuery
 from flightdeck.server import store
 from flightdeck.server.access import check_read
 from flightdeck.server.errors import NotFoundError
 from flightdeck.server.ingest_http import INGEST_PATH, ingest_request
 from flightdeck.server.models import JOB_STATUSES, FindingRow, Job
 from flightdeck.server.services import Services
-from flightdeck.server.validation import AttemptQuery, GroupQuery, JobParam, RankQuery, SeqQuery
 
 NS = 1_000_000_000
 

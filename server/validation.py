@@ -26,13 +26,10 @@ from collections.abc import Iterable, Sequence
 from functools import partial
 from itertools import chain
 from operator import is_not
-from typing import Annotated, Any, cast
-
-from fastapi import Path, Query
+from typing import Any, cast
 
 from flightdeck.limits import (
     CONTROL,
-    CONTROL_CHARS,
     CONTROL_TEXT,
     INT32_MAX,
     INT64_MAX,
@@ -432,22 +429,3 @@ def decode_checked(doc: object) -> tuple[Batch, list[Refusal]]:
             kept.append(d)
         batch.nixl = kept
     return batch, refused
-
-
-# --- read parameters -----------------------------------------------------------------------------
-# Annotated types for the routes' path and query parameters: FastAPI answers a value outside them
-# with 422 (naming the parameter) before the route runs, so nothing the store cannot compare
-# (a NUL, which PostgreSQL text cannot hold; an int beyond 64 bits) reaches a query.
-
-#: A name as stored: no control character (so no NUL), not empty.
-NAME_PATTERN = f"^[^{CONTROL_CHARS}]+$"
-
-JobParam = Annotated[str, Path(min_length=1, max_length=MAX_JOB, pattern=NAME_PATTERN)]
-GroupQuery = Annotated[str | None, Query(min_length=1, max_length=MAX_GROUP, pattern=NAME_PATTERN)]
-GroupRequired = Annotated[str, Query(min_length=1, max_length=MAX_GROUP, pattern=NAME_PATTERN)]
-AttemptQuery = Annotated[int | None, Query(ge=0, le=INT32_MAX)]
-RankQuery = Annotated[int | None, Query(ge=0, le=MAX_WORLD_SIZE - 1)]
-RankRequired = Annotated[int, Query(ge=0, le=MAX_WORLD_SIZE - 1)]
-RankPath = Annotated[int, Path(ge=0, le=MAX_WORLD_SIZE - 1)]
-SeqQuery = Annotated[int | None, Query(ge=0, le=INT64_MAX)]
-SeqRequired = Annotated[int, Query(ge=0, le=INT64_MAX)]

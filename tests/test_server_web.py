@@ -23,9 +23,9 @@ from flightdeck.collector.nixl_ring import OwnerFinder, RingConsumer
 from flightdeck.nixl_rates import histogram_quantile
 from flightdeck.nixl_records import NixlSample
 from flightdeck.records import Frame
+from flightdeck.server.page_data import StoreData
 from flightdeck.web import views
 from flightdeck.web.routes import CSP
-from flightdeck.web.store_data import StoreData
 from flightdeck.wire import Snapshot
 from tests.conftest import FakeClock
 from tests.test_server_api import NS, STALL_S, Server, make_server, skip_stuck_view

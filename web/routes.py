@@ -25,7 +25,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from flightdeck.limits import INT64_MAX, MAX_JOB
-from flightdeck.server.validation import (
+from flightdeck.params import (
     GroupQuery,
     GroupRequired,
     JobParam,

@@ -2,8 +2,9 @@
 
 Data flows store -> web: the verdict is the live diagnosis' latest `Report` (no re-diagnosis per
 page view), else the report stored with the job (a job no worker has diagnosed since a restart),
-else an empty one. Entries are read per window (`store.window_entries`) and seq ranges come from
-aggregates (`store.group_seq_ranges`, `store.rank_seq_ranges`), so no page loads a whole ring.
+else an empty one. Entries are read per window (`store.window_cells` for the timeline, `store.window_entries`
+where whole entries are shown) and seq ranges come from index seeks (`store.group_seq_ranges`,
+`store.rank_seq_ranges`), so no page loads a whole ring.
 Every method opens its own read session: safe from FastAPI's worker threads.
 """
 
