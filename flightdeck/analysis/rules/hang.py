@@ -6,19 +6,14 @@ from __future__ import annotations
 from flightdeck.analysis import evidence
 from flightdeck.analysis.evidence import Evidence
 from flightdeck.analysis.findings import Finding, FindingKind, Options, entry_json
-from flightdeck.analysis.frames import innermost_user_frame
 from flightdeck.analysis.progress import refine_hang as judge_progress
-from flightdeck.analysis.rules.common import (
-    NS,
-    _fmt_ranks,
-    _Group,
-    _group_label,
-    _last_entry,
-    _main_stack,
-    _present,
-    _refs,
-    _silent,
-    _sizes,
+from flightdeck.analysis.rules.common import NS, _Group, _last_entry, _main_stack, _present, _refs, _silent
+from flightdeck.analysis.rules.hang_words import (
+    HangCase,
+    culprit_words,
+    gone_quiet_words,
+    hang_detail,
+    waited_words,
 )
 from flightdeck.analysis.summary import RankSummary
 from flightdeck.records import Entry
@@ -137,51 +132,25 @@ def _hang(
     if gone:
         culprits = sorted([*culprits, *gone])
         waiting = [r for r in waiting if r not in gone]
-    label = _group_label(g)
-    if ev.elapsed_known:
-        waited = f"{elapsed:.1f} s"
-    elif positional:
-        waited = _UNKNOWN_WAIT
-    else:
-        waited = f"at least {elapsed:.1f} s (by the newest time recorded in the dumps)"
-    what = f"{first.op} {_sizes(first.input_sizes)} {','.join(first.input_dtypes)}".rstrip()
     kind: FindingKind = "hang"
+    case: HangCase
+    gap = 0.0
     if culprits and stale:
-        one = len(culprits) == 1
-        detail = (
-            f"Hang in {label} at collective_seq_id {seq} ({what}): {_fmt_ranks(waiting)} "
-            f"{'has' if len(waiting) == 1 else 'have'} waited {waited}; {_fmt_ranks(culprits, by_rank)} "
-            f"{'was' if one else 'were'} not seen entering it: {'its' if one else 'their'} last snapshots "
-            "predate it (the process stopped or died, or its host or link is down)."
-        )
+        case = "not_seen"
     elif culprits and low < high:
-        detail = (
-            f"Hang in {label} at collective_seq_id {seq} ({what}): {_fmt_ranks(culprits, by_rank)} never "
-            f"entered it; {_fmt_ranks(waiting)} {'has' if len(waiting) == 1 else 'have'} waited {waited}."
-        )
+        case = "never_entered"
     elif culprits:
-        detail = (
-            f"Hang in {label} at collective_seq_id {seq} ({what}): every rank with a dump entered it and "
-            f"has waited {waited}; {_fmt_ranks(culprits, total=missing_total)} left no dump and must be "
-            "the one missing."
-        )
+        case = "no_dump"
     elif finished_here:
         kind = "state_mismatch"
+        case = "state_mismatch"
         culprits = waiting
-        detail = (
-            f"State mismatch in {label} at collective_seq_id {seq} ({what}): finished on "
-            f"{_fmt_ranks(finished_here)} but still pending on {_fmt_ranks(waiting)} after {waited}."
-        )
     else:
         not_started = [r for r, e in stuck.items() if e.state == "scheduled"]
         started = [r for r, e in stuck.items() if e.state == "started"]
         if started and not_started:
             culprits = sorted(not_started)
-            detail = (
-                f"Hang in {label} at collective_seq_id {seq} ({what}): all member ranks entered it, but "
-                f"{_fmt_ranks(culprits, by_rank)} never started it on the device while the others did; "
-                f"waited {waited}."
-            )
+            case = "not_started"
         elif left := _left_before_the_last(stuck, opts):
             # A collective completes soon after its last member arrives. One still unfinished
             # though its last member came stall_after later than some others: those others are no
@@ -189,26 +158,25 @@ def _hang(
             late = [r for r in waiting if r not in left]
             gap = (max(e.time_created_ns for e in stuck.values()) - stuck[left[0]].time_created_ns) / NS
             culprits, waiting = left, late
-            one = len(left) == 1
-            detail = (
-                f"Hang in {label} at collective_seq_id {seq} ({what}): every member entered it, but "
-                f"{_fmt_ranks(late)} arrived {gap:.1f} s after {_fmt_ranks(left, by_rank)} and it still did "
-                f"not finish: {'it is' if one else 'they are'} no longer in it (stopped, died or killed "
-                f"inside it, or {'its' if one else 'their'} link is down)."
-            )
+            case = "left"
         else:
-            detail = (
-                f"Hang in {label} at collective_seq_id {seq} ({what}): all {len(waiting)} member ranks "
-                f"entered it and none finished in {waited}. No rank is behind in this group: either "
-                "the ranks disagree on what this collective is, or the transport between them is stuck."
-            )
+            case = "all_in"
+    waited = waited_words(elapsed, elapsed_known=ev.elapsed_known, positional=positional)
+    detail = hang_detail(
+        case,
+        g,
+        seq,
+        first,
+        waited,
+        culprits,
+        waiting,
+        by_rank,
+        missing_total=missing_total,
+        finished_here=finished_here,
+        gap=gap,
+    )
     if gone:
-        quiet_s = min((now_ns - (by_rank[r].snapshot_time_ns or now_ns)) / NS for r in gone)
-        detail += (
-            f" {_fmt_ranks(gone, by_rank).capitalize()} entered it too but {'has' if len(gone) == 1 else 'have'} "
-            f"sent nothing for {quiet_s:.1f} s while the others kept reporting (the process stopped, or its "
-            "host or link is down), so it is named with the culprits."
-        )
+        detail += gone_quiet_words(gone, by_rank, now_ns)
     finding = Finding(
         kind=kind,
         detail=detail,
@@ -233,39 +201,11 @@ def _hang(
         cs = by_rank[culprits[0]]
         last_e = _last_entry(cs)
         finding.culprit_frames = _main_stack(cs) or (last_e.frames if last_e else ())
-        # NCCL's counters confirm where the culprit stopped (gloo's say the same as its entries).
-        st = cs.pg_status.get(g.name) if cs.backend and "nccl" in cs.backend else None
-        if st is not None:
-            finding.detail += (
-                f" Its dump's pg_status for this group: last enqueued {st[0]}, last completed {st[2]}."
-            )
         if last_e is not None:
             finding.culprit_last_entry = entry_json(last_e)
-            if last_e.group != g.name or last_e.collective_seq_id < seq:
-                finding.detail += (
-                    f" {_fmt_ranks(culprits[:1]).capitalize()} is instead at {last_e.op} (group "
-                    f"{last_e.group}, collective_seq_id {last_e.collective_seq_id}, "
-                    f"{'finished' if last_e.finished else 'unfinished'})."
-                )
-        main = _main_stack(cs)
-        if main and cs.kind != "final":
-            # Taken while the others waited: where the culprit is stuck instead (a data loader, I/O):
-            # the line of the user's code, not the library call it is blocked in (`queue.get`).
-            top = innermost_user_frame(main) or main[0]
-            finding.detail += (
-                f" Its main thread is in {top.name} ({top.filename.rsplit('/', 1)[-1]}:{top.line})."
-            )
-        if cs.kind == "final":
-            finding.detail += (
-                f" It then exited with {cs.exception}."
-                if cs.exception
-                else " It then exited without an error."
-            )
+        finding.detail += culprit_words(g.name, seq, culprits[0], cs, last_e)
     # Busy or stuck, from the culprits' own evidence (flightdeck.analysis.progress).
     return judge_progress(finding, by_rank, now_ns, opts, failed=failed)
-
-
-_UNKNOWN_WAIT = "an unknown time (only file times date the dumps)"
 
 
 def _stale_shown(
