@@ -1,0 +1,80 @@
+"""Arrival skew and stragglers: how far apart the ranks enter the recent collectives of each
+group, and the rank that arrives last most often."""
+
+from __future__ import annotations
+
+import statistics
+from array import array
+from collections import Counter
+
+from flightdeck.analysis.findings import Finding, Options
+from flightdeck.analysis.rules.common import NS, _fmt_ranks, _Group, _present, _refs
+from flightdeck.analysis.summary import RankSummary
+
+#: Collectives looked at for arrival skew and stragglers (the most recent ones of the window).
+SKEW_WINDOW = 256
+
+
+def _stragglers(
+    groups: list[_Group], by_rank: dict[int, RankSummary], opts: Options
+) -> tuple[dict[str, list[float]], list[Finding]]:
+    skews: dict[str, list[float]] = {}
+    last_count: Counter[int] = Counter()
+    #: Per compared group: (enqueue times by rank, the earliest of each collective). Lags are
+    #: worked out only for the few ranks that arrive last most often, at the end.
+    compared: list[tuple[dict[int, array[int]], list[int]]] = []
+    samples = 0
+    for g in groups:
+        tracks = {
+            r: by_rank[r].tracks[g.name]
+            for r in _present(g.members, by_rank)
+            if g.name in by_rank[r].tracks and by_rank[r].tracks[g.name].seqs
+        }
+        if len(tracks) < 2 or len(tracks) < len(g.members):
+            continue
+        lo = max(t.seqs[0] for t in tracks.values())
+        hi = min(t.seqs[-1] for t in tracks.values())
+        if hi < lo:
+            continue
+        lo = max(lo, hi - SKEW_WINDOW + 1)
+        rows: dict[int, array[int]] = {}
+        for r, t in tracks.items():
+            i, j = t.index_of(lo), t.index_of(hi)
+            if i is None or j is None or j - i != hi - lo:
+                break
+            rows[r] = t.created_ns[i : j + 1]
+        else:
+            # Column by column (one collective across the ranks), with the loops in C: this
+            # runs over every member of every group, 256 collectives deep.
+            ranks = list(rows)
+            cols = list(zip(*rows.values(), strict=True))
+            tmins = list(map(min, cols))
+            tmaxs = list(map(max, cols))
+            last_count.update(ranks[col.index(tmax)] for col, tmax in zip(cols, tmaxs, strict=True))
+            samples += hi - lo + 1
+            skews[g.name] = [(b - a) / NS for a, b in zip(tmins, tmaxs, strict=True)]
+            compared.append((rows, tmins))
+    found: list[Finding] = []
+    if samples >= opts.straggler_min_samples:
+        for r, n in last_count.most_common(3):
+            share = n / samples
+            lag = statistics.median(
+                (t - m) / NS
+                for rows, tmins in compared
+                if r in rows
+                for t, m in zip(rows[r], tmins, strict=True)
+            )
+            if share >= opts.straggler_min_share and lag >= opts.straggler_min_lag_s:
+                found.append(
+                    Finding(
+                        kind="straggler",
+                        detail=(
+                            f"Straggler: {_fmt_ranks([r], by_rank)} arrived last at {share:.0%} of {samples} "
+                            f"recent collectives, {lag * 1000:.1f} ms after the first rank (median)."
+                        ),
+                        culprit_ranks=[r],
+                        culprits=_refs([r], by_rank),
+                        elapsed_s=lag,
+                    )
+                )
+    return skews, found
