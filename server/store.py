@@ -1429,7 +1429,7 @@ def _entry_records(session: Session, raw: Sequence[Any], groups: dict[int, str])
                     input_dtypes=idt,
                     output_dtypes=odt,
                     state=STATE_NAMES[state],  # type: ignore[arg-type]
-                    retired=retired,
+                    retired=bool(retired),  # SQLite rows read by `_plain_rows` hold 0/1
                     time_created_ns=created,
                     time_started_ns=started,
                     time_completed_ns=completed,

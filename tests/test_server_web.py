@@ -117,6 +117,9 @@ def test_the_page_from_cells_shows_what_it_shows_from_whole_entries(server: Serv
         shown.append(views.job_view(report, meta, tl, group="0", window=window, view=view))  # type: ignore[arg-type]
     whole, cells = shown
     assert cells.rows and cells == whole
+    # Read as the driver's plain rows: the flags are still booleans (SQLite holds them as 0/1).
+    tl = data.timeline("skip", group="0", ranks=None, seqs=(window.first, window.last))
+    assert {type(e.retired) for t in tl.ranks for e in t.entries} == {bool}  # type: ignore[union-attr]
     if view == "time":
         assert cells.lanes and any(lane.bars for lane in cells.lanes)
     assert {c.state for r in cells.rows for c in r.cells} >= {"completed", "never_entered"}
