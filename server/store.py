@@ -1486,6 +1486,11 @@ _ENTRY_COLUMNS = (
 )
 
 
+#: The names of `_ENTRY_COLUMNS`, and the position of the signature id among them.
+_ENTRY_KEYS = tuple(c.key for c in _ENTRY_COLUMNS)
+_SIG = _ENTRY_KEYS.index("sig_id")
+
+
 def _edge_seq(job_id: int, where: Sequence[Any], order: Any) -> Any:
     """The seq of the first collective (non-p2p) entry of the job matching `where` in `order`, as a
     correlated scalar subquery: one index seek per outer row instead of an aggregate over the job."""
@@ -1789,7 +1794,7 @@ def timeline(
     rows = _plain_rows(session.connection(), q)
     # What an entry's signature says, made once per signature: a window repeats a few of them.
     said: dict[int, dict[str, Any]] = {}
-    for sid, sig in _signatures(session, (r[6] for r in rows)).items():
+    for sid, sig in _signatures(session, (r[_SIG] for r in rows)).items():
         said[sid] = {
             "op": canonical_op(sig.raw_op),
             "profiling_name": sig.raw_op,
@@ -1800,41 +1805,24 @@ def timeline(
             "output_dtypes": sig.output_dtypes,
         }
     out = []
-    for (
-        rank,
-        record_id,
-        group_id,
-        seq,
-        p2p_seq,
-        _op_id,
-        sig_id,
-        stack_id,
-        state,
-        retired,
-        created,
-        started,
-        completed,
-        duration_ms,
-        _timeout_ms,
-        _thread_name,
-        peer,
-    ) in rows:
+    for row in rows:
+        e = dict(zip(_ENTRY_KEYS, row, strict=True))
         out.append(
             {
-                "rank": rank,
-                "record_id": record_id,
-                "process_group": names.get(group_id, str(group_id)),
-                "collective_seq_id": seq,
-                "p2p_seq_id": p2p_seq,
-                **said[sig_id],
-                "state": STATE_NAMES[state],
-                "retired": bool(retired),
-                "time_created_ns": created,
-                "time_started_ns": started,
-                "time_completed_ns": completed,
-                "duration_ms": duration_ms,
-                "peer": peer,
-                "stack_id": stack_id,
+                "rank": e["rank"],
+                "record_id": e["record_id"],
+                "process_group": names.get(e["group_id"], str(e["group_id"])),
+                "collective_seq_id": e["seq"],
+                "p2p_seq_id": e["p2p_seq"],
+                **said[e["sig_id"]],
+                "state": STATE_NAMES[e["state"]],
+                "retired": bool(e["retired"]),
+                "time_created_ns": e["time_created_ns"],
+                "time_started_ns": e["time_started_ns"],
+                "time_completed_ns": e["time_completed_ns"],
+                "duration_ms": e["duration_ms"],
+                "peer": e["peer"],
+                "stack_id": e["stack_id"],
             }
         )
     return out
