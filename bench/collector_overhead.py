@@ -31,7 +31,7 @@ from typing import Any
 
 from bench.collector_fixtures import REPO_ROOT, real_dumps
 from flightdeck.collector.frdump import load_raw, read_dump_file
-from flightdeck.ring_split import RECENT_SUFFIX, RING_META_KEY, RingSplitter
+from flightdeck.spool import RECENT_SUFFIX, RING_META_KEY, RingSplitter
 
 TICKS = os.sysconf("SC_CLK_TCK")
 PER_SNAPSHOT = 50  # collectives a rank enqueues between two snapshots (25/s)
