@@ -30,6 +30,8 @@ from typing import Any, Literal, TypedDict
 
 # --- names -----------------------------------------------------------------------------------------
 
+#: Where in a spool root the dump files are, as said to people (`flightdeck collector --check`).
+LAYOUT = "<job>/<attempt>/rank_<R>[.recent|.stall|.final].pkl"
 #: The spool root the agent writes to and the collector watches by default (the systemd unit's).
 DEFAULT_SPOOL_DIR = "/var/spool/flightdeck"
 #: What the agent writes: a periodic snapshot, the stall snapshot or the final one.
