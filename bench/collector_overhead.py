@@ -31,7 +31,7 @@ from typing import Any
 
 from bench.collector_fixtures import REPO_ROOT, real_dumps
 from flightdeck.collector.frdump import load_raw, read_dump_file
-from flightdeck.ring_split import RECENT_SUFFIX, RING_META_KEY, RingSplitter
+from flightdeck.spool import RING_META_KEY, RingSplitter, sidecar_path, snapshot_name
 
 TICKS = os.sysconf("SC_CLK_TCK")
 PER_SNAPSHOT = 50  # collectives a rank enqueues between two snapshots (25/s)
@@ -113,9 +113,12 @@ class Rank:
         now = time.time_ns()
         # What the agent writes: the whole ring every `full_every_s`, its recent changes between.
         part = self.splitter.split(self.raw, pickle.dumps(self.raw, protocol=4), now)
-        path = self.path if part.ring is None else self.path.with_name(f"rank_{self.rank}{RECENT_SUFFIX}.pkl")
+        recent = part.ring is not None
+        path = (
+            self.path.with_name(snapshot_name(self.rank, "periodic", recent=recent)) if recent else self.path
+        )
         meta = dict(self.meta, snapshot_time_ns=now, **{RING_META_KEY: part.ring})
-        self._write(path.with_name(path.name + ".meta.json"), json.dumps(meta).encode())
+        self._write(sidecar_path(path), json.dumps(meta).encode())
         self._write(path, part.data)
         self.splitter.written(part, now)
 

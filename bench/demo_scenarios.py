@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from flightdeck.demo.cmd import SCENARIOS
-from flightdeck.demo.ranks import free_port
+from flightdeck.launch.demo.cmd import SCENARIOS
+from flightdeck.launch.demo.ranks import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))

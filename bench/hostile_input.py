@@ -29,7 +29,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-from flightdeck.demo.ranks import free_port
+from flightdeck.launch.demo.ranks import free_port
 from flightdeck.server import store
 from flightdeck.server.db import connect
 from tests.hostile_corpus import Choice, Corpus, Request, Tally, entries_lost, send

@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 
 import httpx
 
-from flightdeck.demo.ranks import free_port
+from flightdeck.launch.demo.ranks import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 JOB = "bench-job-end"

@@ -677,7 +677,7 @@ async def drive(args: argparse.Namespace, urls: list[str], token: str, pids: lis
 def spawned(args: argparse.Namespace) -> Iterator[tuple[list[str], str, list[int], str]]:
     """Fresh database + token + `args.servers` server processes; yields (urls, token, pids, db url)."""
     from bench.server_ingest import make_token, start_server
-    from flightdeck.demo.ranks import free_port
+    from flightdeck.launch.demo.ranks import free_port
 
     env = {
         "FLIGHTDECK_STALL_AFTER_S": str(args.stall_after),

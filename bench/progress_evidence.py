@@ -4,7 +4,7 @@ progress evidence costs, with the shipped defaults (agent snapshot every 1 s, co
 
     python bench/progress_evidence.py [--ranks 4] [--steps 300] [--step-s 0.1]
 
-Runs a healthy `flightdeck.demo.worker` gloo job (no fault) under a real server and collector on
+Runs a healthy `flightdeck.launch.demo.worker` gloo job (no fault) under a real server and collector on
 127.0.0.1 and prints:
 
 - per collective, the arrival skew (last minus first rank to enter it, from the ranks' final
@@ -36,8 +36,8 @@ sys.path.insert(0, str(REPO))
 
 from flightdeck.agent import PROGRESS_SAMPLE_S, ProgressSampler  # noqa: E402
 from flightdeck.collector.frdump import read_dump_file  # noqa: E402
-from flightdeck.demo.ranks import free_port  # noqa: E402
-from flightdeck.local_stack import LocalStack, provision_token, sqlite_url  # noqa: E402
+from flightdeck.launch.demo.ranks import free_port  # noqa: E402
+from flightdeck.launch.local_stack import LocalStack, provision_token, sqlite_url  # noqa: E402
 
 
 def pct(values: list[float], q: float) -> float:
@@ -103,7 +103,7 @@ def main() -> int:
                 FLIGHTDECK_SPOOL_DIR=str(spool), FLIGHTDECK_JOB="healthy", OMP_NUM_THREADS="1",
                 PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""),
             )  # fmt: skip
-            cmd = [sys.executable, "-m", "flightdeck.demo.worker", "--steps", str(args.steps)]
+            cmd = [sys.executable, "-m", "flightdeck.launch.demo.worker", "--steps", str(args.steps)]
             cmd += ["--step-s", str(args.step_s)]
             procs = [
                 subprocess.Popen(

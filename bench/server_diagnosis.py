@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 from bench.server_ingest import PG_ADMIN, make_token, start_server
 from bench.server_synth import encode, rank_entries, snapshot, stuck_entry, template
 from flightdeck.analysis import Options, diagnose, summarize
-from flightdeck.demo.ranks import free_port
+from flightdeck.launch.demo.ranks import free_port
 from flightdeck.records import RankDump
 
 NS = 1_000_000_000

@@ -25,7 +25,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 from bench.loadgen import proc_cpu_s
 from bench.server_synth import encode, rank_entries, snapshot, template
-from flightdeck.demo.ranks import free_port
+from flightdeck.launch.demo.ranks import free_port
 from flightdeck.server import store
 from flightdeck.server.db import connect, migrate
 from flightdeck.server.ingest import hash_token, new_token

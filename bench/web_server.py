@@ -41,7 +41,7 @@ import httpx
 
 from bench.server_ingest import make_token, start_server
 from bench.server_synth import rank_entries, snapshot, stuck_entry, template
-from flightdeck.demo.ranks import free_port
+from flightdeck.launch.demo.ranks import free_port
 from flightdeck.wire import Batch, encode_batch
 
 PG_ADMIN = os.environ.get("FLIGHTDECK_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")

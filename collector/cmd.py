@@ -24,6 +24,7 @@ from typing import TextIO
 
 from flightdeck.collector.settings import CollectorSettings, SettingsError
 from flightdeck.runtime_tuning import COLLECTOR_DAEMON, tune
+from flightdeck.spool import LAYOUT
 
 log = logging.getLogger("flightdeck.collector")
 
@@ -75,7 +76,7 @@ def check(settings: CollectorSettings, out: TextIO) -> list[str]:
     print(f"watching:   ({how}, rescan every {settings.rescan_interval_s}s)", file=out)
     for d in settings.spool_dirs:
         p = Path(os.path.expanduser(d))
-        print(f"  spool  {p}/<job>/<attempt>/rank_<R>[.recent|.stall|.final].pkl  {_exists(p)}", file=out)
+        print(f"  spool  {p}/{LAYOUT}  {_exists(p)}", file=out)
         if p.exists() and not os.access(p, os.R_OK | os.W_OK | os.X_OK):
             problems.append(f"spool dir {p} is not readable and writable (bad files are moved out)")
     for prefix in settings.torch_dump_prefixes:

@@ -65,7 +65,6 @@ from flightdeck import __version__
 from flightdeck.collector.delta import RankState
 from flightdeck.collector.frdump import (
     FILE_KINDS,
-    META_SUFFIX,
     DumpBudget,
     DumpBudgetError,
     DumpError,
@@ -76,7 +75,6 @@ from flightdeck.collector.frdump import (
     TruncatedDumpError,
     UnsafePickleError,
     UnsupportedVersionError,
-    rank_from_name,
     read_regular,
 )
 from flightdeck.collector.incremental import ChangedRead, IncrementalReader
@@ -86,9 +84,10 @@ from flightdeck.collector.processes import ProcessLookup, ProcTable
 from flightdeck.collector.pusher import Pusher
 from flightdeck.collector.queue import DurableQueue, FileSig, NewBatch, RankKey, RankRecord
 from flightdeck.collector.settings import CollectorSettings
-from flightdeck.collector.watcher import Watcher, WatchRoot, is_spool_dump
+from flightdeck.collector.watcher import Watcher, WatchRoot
 from flightdeck.records import RankDump
 from flightdeck.snapshot_check import SnapshotError, check_snapshot, nixl_wire_problem
+from flightdeck.spool import is_dump_name, rank_from_name, sidecar_path
 from flightdeck.wire import MAX_GONE, Batch, GoneRank, Snapshot, encode_batch, snapshot_from_dump
 
 log = logging.getLogger(__name__)
@@ -641,9 +640,9 @@ class Collector:
             self._done[path] = sig
         else:
             shutil.move(path, dest)
-            meta = path.with_name(path.name + META_SUFFIX)
+            meta = sidecar_path(path)
             if meta.exists():
-                shutil.move(meta, dest.with_name(dest.name + META_SUFFIX))
+                shutil.move(meta, sidecar_path(dest))
             self._forget(path)
         doc = {
             "path": str(path),
@@ -727,7 +726,7 @@ class Collector:
         root = self._spool_root(directory)
         found = False
         for name in names:
-            if not is_spool_dump(name) or rank_from_name(name) != key[2]:
+            if not is_dump_name(name) or rank_from_name(name) != key[2]:
                 continue
             path = directory / name
             try:
@@ -850,7 +849,7 @@ class Collector:
                     st = entry.stat(follow_symlinks=False)
                     if st.st_mtime_ns > cutoff_ns or entry.is_dir(follow_symlinks=False):
                         return False
-                    if is_spool_dump(entry.name) and rank_from_name(entry.name) not in ranks:
+                    if is_dump_name(entry.name) and rank_from_name(entry.name) not in ranks:
                         return False  # a rank this collector knows nothing of (yet)
         except OSError:
             return False

@@ -56,7 +56,7 @@ from flightdeck.records import (
     config_from_dict,
     progress_from_dict,
 )
-from flightdeck.ring_split import RING_META_KEY
+from flightdeck.spool import RING_META_KEY, is_dump_name, is_sidecar, rank_from_name, sidecar_path
 
 log = logging.getLogger(__name__)
 
@@ -64,12 +64,9 @@ log = logging.getLogger(__name__)
 KNOWN_BACKENDS = frozenset({"nccl", "nccl2", "nccl-legacy", "gloo", "xccl", "c10d", "ucc", "mpi"})
 #: Default cap on a dump file's size: a 2,000-entry dump with frames is ~0.3-1 MB.
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
-META_SUFFIX = ".meta.json"
 #: A sidecar is a few KB (its largest part: the world group's member list); larger is not ours.
 MAX_META_BYTES = 16 * 1024 * 1024
 
-_RANK_RE = re.compile(r"rank[_-]?(\d+)((?:\.[A-Za-z][A-Za-z0-9]*)*)$")
-_TEMP_RE = re.compile(r"(\.tmp|\.partial|~|\.swp)$|^\.")
 _P2P_RE = re.compile(r"(\d+)\s*(->|<-)\s*(\d+)")
 
 
@@ -323,14 +320,6 @@ def load_raw(data: bytes, *, budget: DumpBudget = DEFAULT_BUDGET) -> dict[str, A
     if n > budget.max_entries:
         raise DumpBudgetError(f"{n} entries, over the budget of {budget.max_entries} per file")
     return raw
-
-
-def rank_from_name(name: str) -> int | None:
-    """The rank in a dump file name (`comm_lib_trace_rank_3`, `host-a_rank_3.json`, ...), or None."""
-    if name.endswith(META_SUFFIX):
-        return None
-    m = _RANK_RE.search(name)
-    return int(m.group(1)) if m else None
 
 
 @dataclass(slots=True)
@@ -1120,7 +1109,7 @@ def _apply_meta(
 
 def ring_extent(meta: dict[str, Any] | None) -> tuple[int, int | None] | None:
     """(first record id, entries) of the ring a recent-changes snapshot belongs to, from its
-    sidecar (`flightdeck.ring_split`); None for a snapshot of the whole ring. `entries` is None
+    sidecar (`flightdeck.spool`); None for a snapshot of the whole ring. `entries` is None
     when the sidecar does not say."""
     ring = meta.get(RING_META_KEY) if meta else None
     if not isinstance(ring, dict):
@@ -1133,7 +1122,7 @@ def ring_extent(meta: dict[str, Any] | None) -> tuple[int, int | None] | None:
 
 def read_meta(path: Path) -> dict[str, Any] | None:
     """The agent's sidecar for a dump file, or None when there is none or it is unreadable."""
-    mp = path.with_name(path.name + META_SUFFIX)
+    mp = sidecar_path(path)
     try:
         data, _st = read_regular(mp, max_bytes=MAX_META_BYTES)
     except (NotRegularFileError, DumpTooLargeError) as exc:
@@ -1146,7 +1135,7 @@ def read_meta(path: Path) -> dict[str, Any] | None:
     except (json.JSONDecodeError, UnicodeDecodeError):
         log.warning("%s: metadata sidecar is not valid JSON; ignored", mp)
         return None
-    return meta if isinstance(meta, dict) and meta.get("flightdeck_snapshot") else None
+    return meta if is_sidecar(meta) else None
 
 
 #: What `scan_entries` reports of an entry: (record_id, time_created_ns, progress), where progress
@@ -1363,16 +1352,12 @@ def discover(paths: Iterable[Path]) -> Iterator[Path]:
             for root, dirs, files in os.walk(p):
                 dirs.sort()
                 for name in sorted(files):
-                    if _is_candidate(name):
+                    if is_dump_name(name):
                         yield Path(root) / name
         elif p.exists():
             yield p
         else:
             raise FileNotFoundError(str(p))
-
-
-def _is_candidate(name: str) -> bool:
-    return not name.endswith(META_SUFFIX) and not _TEMP_RE.search(name) and rank_from_name(name) is not None
 
 
 def merge(dumps: list[RankDump]) -> RankDump:

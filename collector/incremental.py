@@ -224,7 +224,7 @@ def _plan_all(loaded: LoadedDump, head: RankDump, prev: RankState | None) -> tup
 def _plan_recent(
     loaded: LoadedDump, head: RankDump, prev: RankState | None, first: int
 ) -> tuple[ChangedRead, bool]:
-    """The plan of an agent's recent-changes file (`flightdeck.ring_split`): its entries are the
+    """The plan of an agent's recent-changes file (`flightdeck.spool`): its entries are the
     ring's new and unfinished ones, the rest of the ring is as the rank's last whole ring had it.
 
     As the newest snapshot, the shipped state keeps what it holds for the rest of the ring and drops

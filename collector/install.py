@@ -34,6 +34,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from flightdeck.spool import DEFAULT_SPOOL_DIR
+
 #: The service's name; systemd puts its credentials under /run/credentials/<unit>/.
 UNIT_NAME = "flightdeck-collector.service"
 #: The shipped unit, the template of the installed one.
@@ -48,7 +50,7 @@ CREDENTIAL_PATH = f"/run/credentials/{UNIT_NAME}/{CREDENTIAL}"
 TOKEN_PATH = "/etc/flightdeck/collector.token"  # noqa: S105 (a path, not a secret)
 CONFIG_PATH = "/etc/flightdeck/collector.toml"
 UNIT_PATH = f"/etc/systemd/system/{UNIT_NAME}"
-DEFAULT_SPOOL = "/var/spool/flightdeck"
+DEFAULT_SPOOL = DEFAULT_SPOOL_DIR
 USER = "flightdeck"
 
 

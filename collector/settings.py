@@ -30,6 +30,7 @@ from pydantic_settings import (
 
 from flightdeck.env_names import COLLECTOR_PREFIX
 from flightdeck.settings_sources import LegacyEnvSource
+from flightdeck.spool import DEFAULT_SPOOL_DIR
 
 ENV_PREFIX = COLLECTOR_PREFIX
 #: PyTorch's variables naming the dump file prefix (rank appended), newest name first.
@@ -95,7 +96,7 @@ class CollectorSettings(BaseSettings):
         description="File holding the bearer token (surrounding whitespace stripped). Exclusive with token.",
     )
     spool_dirs: list[Path] = Field(
-        default_factory=lambda: [Path("/var/spool/flightdeck")],
+        default_factory=lambda: [Path(DEFAULT_SPOOL_DIR)],
         description="Spool roots the in-job agents write to (<spool>/<job>/<attempt>/rank_<R>[.kind].pkl); "
         "watched recursively. A root that does not exist yet is picked up when it appears.",
     )

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -41,13 +40,11 @@ from watchdog.observers import Observer
 from watchdog.observers.api import BaseObserver
 from watchdog.observers.polling import PollingObserver
 
-from flightdeck.collector.frdump import META_SUFFIX, rank_from_name
+from flightdeck.spool import is_dump_name
 
 log = logging.getLogger(__name__)
 
 RootKind = Literal["spool", "torch"]
-#: Names the agent uses while writing (`.<name>.<pid>.tmp`) and editors' leftovers.
-_TEMP_RE = re.compile(r"(\.tmp|\.partial|~|\.swp)$|^\.")
 _EVENT_TYPES = frozenset({"closed", "moved", "created", "modified"})
 #: What inotify is asked for. Not IN_MODIFY (one per write() of every file being written), IN_OPEN
 #: or IN_CLOSE_NOWRITE (one each per read, our own reads included): a finished file shows as a
@@ -55,11 +52,6 @@ _EVENT_TYPES = frozenset({"closed", "moved", "created", "modified"})
 _INOTIFY_EVENTS: list[type[FileSystemEvent]] = [FileCreatedEvent, FileMovedEvent, FileClosedEvent]
 #: A polling observer reports a rename or a rewrite as a creation or modification.
 _POLLING_EVENTS: list[type[FileSystemEvent]] = [*_INOTIFY_EVENTS, FileModifiedEvent]
-
-
-def is_spool_dump(name: str) -> bool:
-    """Whether a file name in a spool directory is a dump (not a sidecar, not a temporary)."""
-    return not name.endswith(META_SUFFIX) and not _TEMP_RE.search(name) and rank_from_name(name) is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +77,7 @@ class WatchRoot:
                 and name.startswith(self.name_prefix)
                 and name[len(self.name_prefix) :].isdigit()
             )
-        return is_spool_dump(name) and self.directory in path.parents
+        return is_dump_name(name) and self.directory in path.parents
 
     @classmethod
     def torch(cls, prefix: str) -> WatchRoot:
@@ -199,7 +191,7 @@ class Watcher:
                     dirs[:] = sorted(d for d in dirs if not d.startswith("."))
                     for name in files:
                         path = Path(dirpath) / name
-                        if is_spool_dump(name):
+                        if is_dump_name(name):
                             yield path, root
             else:
                 try:

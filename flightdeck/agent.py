@@ -11,12 +11,13 @@ or, without touching the training script:
     torchrun --nproc-per-node 8 -m flightdeck.agent train.py --lr 3e-4
     python -m flightdeck.agent -m my_pkg.train --lr 3e-4
 
-File contract (the collector and reader depend on it exactly), in `<spool_dir>/<job>/<attempt>/`:
+File contract (the collector and reader depend on it exactly; `flightdeck.spool` holds its names,
+sidecar keys and ring split), in `<spool_dir>/<job>/<attempt>/`:
 
 - `rank_<R>.pkl`        the whole ring, without frames, rewritten every `full_every_s` (30 s);
 - `rank_<R>.recent.pkl` every `interval_s` in between: only the entries new or unfinished since
                         that whole ring (its sidecar's `ring` key says where the ring now begins),
-                        so readers decode a few dozen entries, not 2,000 (`flightdeck.ring_split`);
+                        so readers decode a few dozen entries, not 2,000 (`flightdeck.spool`);
 - `rank_<R>.stall.pkl`  once per stall episode, with frames and every thread's stack: a collective
                         pending for `STACKS_AFTER_S` (2 s) without any finishing, or none pending
                         and the main thread idle (no CPU, same stack) that long: where a rank the
@@ -79,15 +80,28 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import Any, Literal
+from typing import Any
 
 from flightdeck.env_names import AGENT_PREFIX, warn_legacy
 from flightdeck.records import PROGRESS_MAX_FRAMES, Frame, Progress, progress_to_dict
-from flightdeck.ring_split import RECENT_SUFFIX, RING_META_KEY, Part, RingSplitter
+from flightdeck.spool import (
+    DEFAULT_SPOOL_DIR,
+    SIDECAR_VERSION,
+    Identity,
+    Part,
+    RingExtent,
+    RingSplitter,
+    Sidecar,
+    SnapshotKind,
+    attempt_dir,
+    sanitize_job,
+    sidecar_path,
+    snapshot_name,
+    temp_path,
+)
 
 logger = logging.getLogger("flightdeck.agent")
 
-SnapshotKind = Literal["periodic", "stall", "final"]
 #: A flight-recorder dump function: `fn(include_stack_traces) -> pickle bytes`.
 DumpFn = Callable[[bool], bytes]
 
@@ -128,9 +142,6 @@ _VERSION_KEYS = ("torch_version", "torch_git_version", "cuda_version", "nccl_ver
 SECRET_NAME_WORDS = ("TOKEN", "SECRET", "KEY", "PASSWORD", "CREDENTIAL")
 REDACTED = "<redacted>"
 _TOKENISH = re.compile(r"[A-Za-z0-9+/=_.:-]+")
-#: The collector watches this root by default (collector/settings.py `spool_dirs`).
-DEFAULT_SPOOL_DIR = "/var/spool/flightdeck"
-SIDECAR_VERSION = 1
 #: Seconds a collective may stay pending (or, with none pending, the main thread idle) before the
 #: stall snapshot (every thread's stack, the entries' frames) is written. Short, so that the first
 #: hang finding (the server's `stall_after_s`, 5 s by default) already has it; long enough that
@@ -168,7 +179,6 @@ MAIN_THREAD_GRACE_S = 1.0
 _SIGNAL_DEDUPE_S = 1.0
 _FALSE = {"0", "false", "no", "off"}
 _TRUE = {"1", "true", "yes", "on", ""}
-_JOB_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,7 +215,7 @@ class AgentConfig:
             raise ValueError(f"interval_s must be >= 0.05 seconds, got {self.interval_s}")
         if not self.full_every_s >= 0:  # also rejects NaN; below interval_s every snapshot is whole
             raise ValueError(f"full_every_s must be >= 0 seconds, got {self.full_every_s}")
-        if self.job is not None and not _JOB_SAFE.sub("_", self.job).strip("._"):
+        if self.job is not None and not sanitize_job(self.job, default=""):
             raise ValueError(f"job must contain a letter or digit, got {self.job!r}")
         if not str(self.spool_dir):
             raise ValueError("spool_dir must not be empty")
@@ -285,11 +295,6 @@ def _parse_bool(key: str, raw: str) -> bool:
     if low in _TRUE:
         return True
     raise ValueError(f"{key} must be 0 or 1, got {raw!r}")
-
-
-def sanitize_job(job: str) -> str:
-    """The job id as used in paths and sidecars: unsafe characters become `_`."""
-    return _JOB_SAFE.sub("_", job).strip("._") or "job"
 
 
 # --- torch access (every call here is feature-detected; nothing branches on version numbers) -------
@@ -559,7 +564,7 @@ def _tb_frames(tb: TracebackType) -> list[dict[str, Any]]:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = temp_path(path, os.getpid())
     with open(tmp, "wb") as f:
         f.write(data)
         f.flush()
@@ -744,7 +749,7 @@ class Agent:
         self.sampler = ProgressSampler(clock_ns)
         self._splitter = RingSplitter(config.full_every_s)
         self._groups: dict[str, dict[str, Any]] = {}
-        self._ident: dict[str, Any] | None = None
+        self._ident: Identity | None = None
         self._dir: Path | None = None
         self._exception: str | None = None
         self._final_done = False
@@ -910,7 +915,7 @@ class Agent:
         when_ns: int,
         stacks: list[dict[str, Any]] | None = None,
         *,
-        ring: dict[str, int] | None = None,
+        ring: RingExtent | None = None,
     ) -> bool:
         """Write one snapshot (sidecar first); `ring`: it holds only the ring's recent changes."""
         assert self._ident is not None and self._dir is not None
@@ -920,13 +925,8 @@ class Agent:
             # final snapshot still holds their entries.
             self._groups.update(groups)
         rank = self._ident["rank"]
-        suffix = (
-            RECENT_SUFFIX
-            if ring is not None
-            else {"periodic": "", "stall": ".stall", "final": ".final"}[kind]
-        )
-        path = self._dir / f"rank_{rank}{suffix}.pkl"
-        meta = {
+        path = self._dir / snapshot_name(rank, kind, recent=ring is not None)
+        meta: Sidecar = {
             "flightdeck_snapshot": SIDECAR_VERSION,
             "kind": kind,
             **self._ident,
@@ -939,12 +939,12 @@ class Agent:
             "last_progress_ns": self._progress.last_progress_ns,
             "config": self._guarded("config", self._config),
             "progress": None if self.sampler.latest is None else progress_to_dict(self.sampler.latest),
-            RING_META_KEY: ring,
+            "ring": ring,
         }
         with self._io_lock:
             self._dir.mkdir(parents=True, exist_ok=True)
             # Sidecar first: whoever sees the dump file can rely on its sidecar being there.
-            _write_atomic(path.with_name(path.name + ".meta.json"), json.dumps(meta, sort_keys=True).encode())
+            _write_atomic(sidecar_path(path), json.dumps(meta, sort_keys=True).encode())
             _write_atomic(path, raw)
             self.snapshots_written += 1
             first = self.snapshots_written == 1
@@ -1017,7 +1017,7 @@ class Agent:
             if not job:
                 job = _agree_job_id(rank, store_timeout_s)
             local = os.environ.get("LOCAL_RANK")
-            ident: dict[str, Any] = {
+            ident: Identity = {
                 "job": sanitize_job(job),
                 "attempt": int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0),
                 "rank": rank,
@@ -1031,7 +1031,7 @@ class Agent:
         except Exception:
             self._log_once("identity", "flightdeck agent: could not learn rank/job; no snapshots")
             return False
-        self._dir = self.config.spool_dir / ident["job"] / str(ident["attempt"])
+        self._dir = attempt_dir(self.config.spool_dir, ident["job"], ident["attempt"])
         self._ident = ident
         return True
 

@@ -28,11 +28,11 @@ from flightdeck.collector.frdump import (
     gc_paused,
     load_dump_file,
     merge,
-    rank_from_name,
     read_dump_file,
     read_meta,
 )
 from flightdeck.records import Stack
+from flightdeck.spool import rank_from_name
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -20,14 +20,17 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "(`flightdeck collector install --help`: set a host up under systemd)",
     ),
     "demo": (
-        "flightdeck.demo.cmd",
+        "flightdeck.launch.demo.cmd",
         "run a small real gloo job with an injected fault and watch Flightdeck diagnose it",
     ),
     "dashboards": ("flightdeck.dashboards.cmd", "build the Grafana dashboards as JSON (dashboards/build/)"),
     "migrate": ("flightdeck.server.migrate_cmd", "bring the server's database schema up to this version"),
     "server": ("flightdeck.server.cmd", "run the control plane: ingest, live diagnosis, API, /metrics"),
     "token": ("flightdeck.server.token_cmd", "create, revoke or list collector tokens"),
-    "up": ("flightdeck.up_cmd", "the server (SQLite) and a local collector on this machine, in one command"),
+    "up": (
+        "flightdeck.launch.up",
+        "the server (SQLite) and a local collector on this machine, in one command",
+    ),
 }
 
 

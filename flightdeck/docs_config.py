@@ -224,9 +224,9 @@ def render() -> str:
     """The whole page, as `docs/configuration.md` should hold it."""
     from flightdeck.collector.settings import ENV_PREFIX as COLLECTOR_PREFIX
     from flightdeck.collector.settings import CollectorSettings
+    from flightdeck.launch.up import UpSettings
     from flightdeck.server.settings import ENV_PREFIX as SERVER_PREFIX
     from flightdeck.server.settings import ServerSettings
-    from flightdeck.up_cmd import UpSettings
 
     parts = [
         _HEADER,
@@ -245,7 +245,7 @@ def render() -> str:
         ),
         _section(
             "`flightdeck up`",
-            "The one-machine stack (`flightdeck/up_cmd.py`): a server on SQLite and a collector, "
+            "The one-machine stack (`flightdeck/launch/up.py`): a server on SQLite and a collector, "
             "both on 127.0.0.1. Each setting is also an option (`--port`, `--data-dir`, "
             "`--spool-dir`, `--stall-after`), which wins over the variable.",
             _pydantic_settings(UpSettings, "FLIGHTDECK_UP_"),

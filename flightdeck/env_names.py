@@ -3,7 +3,7 @@
     flightdeck server       FLIGHTDECK_SERVER_<SETTING>      (server/settings.py)
     flightdeck collector    FLIGHTDECK_COLLECTOR_<SETTING>   (collector/settings.py)
     the in-job agent        FLIGHTDECK_AGENT_<SETTING>       (flightdeck/agent.py)
-    flightdeck up           FLIGHTDECK_UP_<SETTING>          (flightdeck/up_cmd.py)
+    flightdeck up           FLIGHTDECK_UP_<SETTING>          (flightdeck/launch/up.py)
 
 The three processes used to read `FLIGHTDECK_<SETTING>` alike, so one name meant two things:
 `FLIGHTDECK_HOST` was the server's bind address and the collector's reported host name,

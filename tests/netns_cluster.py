@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from flightdeck.demo.ranks import JobSpec, free_port, start_rank, stop_all
-from flightdeck.demo.worker import busy_pg_timeout_s
+from flightdeck.launch.demo.ranks import JobSpec, free_port, start_rank, stop_all
+from flightdeck.launch.demo.worker import busy_pg_timeout_s
 
 if TYPE_CHECKING:
     from tests.ops_stack import Delivery, WebhookReceiver

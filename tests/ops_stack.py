@@ -39,7 +39,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from flightdeck.demo.ranks import free_port
+from flightdeck.launch.demo.ranks import free_port
 
 #: binaries tried for each component, first found wins.
 PROMETHEUS_BINARIES = ("prometheus",)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from flightdeck.collector.frdump import merge
-from flightdeck.demo.ranks import free_port
+from flightdeck.launch.demo.ranks import free_port
 from flightdeck.nixl_records import Histogram, NixlSample
 from flightdeck.wire import Snapshot, snapshot_from_dump
 

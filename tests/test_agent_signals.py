@@ -22,7 +22,7 @@ from types import FrameType
 import pytest
 
 from flightdeck import agent as agent_mod
-from flightdeck.demo.ranks import free_port
+from flightdeck.launch.demo.ranks import free_port
 from tests.fr_jobs.dumps import load_dump, load_sidecar
 
 JOB_SCRIPT = Path(__file__).parent / "signal_job.py"

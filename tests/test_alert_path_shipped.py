@@ -56,7 +56,7 @@ else:
     from paging_stack import incident
     from test_server_support import body, make_batch, scenario_dumps, snapshots
 
-from flightdeck.demo.ranks import free_port
+from flightdeck.launch.demo.ranks import free_port
 
 _BINARIES = find_binary(PROMETHEUS_BINARIES) is not None and find_binary(ALERTMANAGER_BINARIES) is not None
 needs_binaries = pytest.mark.skipif(

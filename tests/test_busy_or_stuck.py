@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from flightdeck.demo.ranks import free_port
+from flightdeck.launch.demo.ranks import free_port
 from tests.test_e2e import get, job_report, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]

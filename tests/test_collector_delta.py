@@ -14,7 +14,7 @@ from flightdeck.collector.delta import RankState, diff, merge_progress, progress
 from flightdeck.collector.frdump import load_raw, merge, read_dump_file
 from flightdeck.collector.incremental import IncrementalReader, read_changed
 from flightdeck.records import RankDump
-from flightdeck.ring_split import RingSplitter
+from flightdeck.spool import RingSplitter
 
 if TYPE_CHECKING:
     from tests.test_collector_fixtures import FR_DATA, AgentStandIn
@@ -174,7 +174,7 @@ def shipped_as(state: RankState | None) -> Callable[[RankDump], RankState | None
 
 def test_whole_rings_and_recent_changes_ship_what_whole_rings_every_time_ship(tmp_path: Path) -> None:
     """The agent writes the whole ring only now and then and its recent changes in between
-    (`flightdeck.ring_split`): the collector ships exactly what it ships when every snapshot is the
+    (`flightdeck.spool`): the collector ships exactly what it ships when every snapshot is the
     whole ring, keeps the same state, and knows where the ring begins and how long it is."""
     whole_every = AgentStandIn(FR_DATA / "wrapped" / "rank_0.pkl", tmp_path / "a" / "rank_0.pkl")
     split = AgentStandIn(FR_DATA / "wrapped" / "rank_0.pkl", tmp_path / "b" / "rank_0.pkl")

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from flightdeck.collector.frdump import load_raw, read_dump_file
-from flightdeck.ring_split import RECENT_SUFFIX, RING_META_KEY, RingSplitter
+from flightdeck.spool import RECENT_SUFFIX, RING_META_KEY, RingSplitter
 
 REPO = Path(__file__).resolve().parents[1]
 FR_DATA = REPO / "tests" / "data" / "fr"

@@ -32,7 +32,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from flightdeck.collector.frdump import load_raw, merge, read_dump_file
-from flightdeck.demo.ranks import free_port
+from flightdeck.launch.demo.ranks import free_port
 
 if TYPE_CHECKING:
     from tests.test_collector_fixtures import FR_DATA, NIXL_DATA, write_atomic

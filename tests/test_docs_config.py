@@ -7,8 +7,8 @@ from pathlib import Path
 
 from flightdeck import docs_config
 from flightdeck.collector.settings import CollectorSettings
+from flightdeck.launch.up import UpSettings
 from flightdeck.server.settings import ServerSettings
-from flightdeck.up_cmd import UpSettings
 
 REPO = Path(__file__).resolve().parents[1]
 

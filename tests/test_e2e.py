@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from flightdeck.demo.ranks import JobSpec, free_port, start_ranks, stop_all
+from flightdeck.launch.demo.ranks import JobSpec, free_port, start_ranks, stop_all
 
 #: Each test is bounded (its waits are bounded too; this is the backstop against a hung process).
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -529,8 +529,8 @@ def test_demo_without_torch_says_what_to_install() -> None:
 def test_demo_busy_job_group_timeout_outlasts_the_slow_ceiling() -> None:
     """The busy scenario's group timeout keeps the server's default slow ceiling (half of it) past
     the busy phase, so the busy rank stays slow_rank (no page) and gloo does not abort the barrier."""
-    from flightdeck.demo.cmd import _worker_args, configure
-    from flightdeck.demo.worker import build_parser, pg_timeout_s
+    from flightdeck.launch.demo.cmd import _worker_args, configure
+    from flightdeck.launch.demo.worker import build_parser, pg_timeout_s
 
     for busy_s in (15.0, 90.0, 180.0, 400.0):
         parser = argparse.ArgumentParser()

@@ -19,10 +19,10 @@ from flightdeck.collector.frdump import (
     load_raw,
     merge,
     parse_dump,
-    rank_from_name,
     read_dump_file,
     safe_loads,
 )
+from flightdeck.spool import rank_from_name
 
 DATA = Path(__file__).parent / "data" / "fr"
 SKIP = DATA / "skip"

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from flightdeck.demo.ranks import free_port
+from flightdeck.launch.demo.ranks import free_port
 from flightdeck.server import store
 from flightdeck.server.db import connect
 from tests.hostile_corpus import Choice, Corpus, Tally, entries_lost, send

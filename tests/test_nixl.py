@@ -43,7 +43,7 @@ from flightdeck.collector.nixl_ring import (
     RingDirectory,
     read_ring,
 )
-from flightdeck.demo.ranks import free_port
+from flightdeck.launch.demo.ranks import free_port
 from flightdeck.nixl_records import Histogram, NixlSample
 
 ROOT = Path(__file__).resolve().parents[1]

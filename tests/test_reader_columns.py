@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from flightdeck import spool
 from flightdeck.analysis.summary import summarize
 from flightdeck.collector import frdump
 from flightdeck.collector.frdump import DumpError, LoadedDump, load_dump_file
@@ -20,7 +21,7 @@ HEALTHY = DATA / "fr" / "healthy_4" / "rank_0.final.pkl"
 
 
 def _dumps() -> list[Path]:
-    return sorted(p for p in DATA.rglob("*") if p.is_file() and frdump._is_candidate(p.name))
+    return sorted(p for p in DATA.rglob("*") if p.is_file() and spool.is_dump_name(p.name))
 
 
 def _outcome(fn: Callable[[], Any]) -> tuple[str, str]:

@@ -1,4 +1,4 @@
-"""When the agent writes the whole ring and when only its recent changes (`flightdeck.ring_split`)."""
+"""When the agent writes the whole ring and when only its recent changes (`flightdeck.spool`)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pickle
 from typing import TYPE_CHECKING, Any
 
 from flightdeck.collector.frdump import load_raw
-from flightdeck.ring_split import MIN_RECENT_ENTRIES, RingSplitter
+from flightdeck.spool import MIN_RECENT_ENTRIES, RingSplitter
 
 if TYPE_CHECKING:
     from tests.test_collector_fixtures import FR_DATA

@@ -18,7 +18,7 @@ from pathlib import Path
 import yaml
 
 from flightdeck.dashboards.defaults import DEFAULT_RUNBOOK_URL
-from flightdeck.demo.ranks import free_port
+from flightdeck.launch.demo.ranks import free_port
 from flightdeck.web.runbook import anchor, to_html
 
 REPO = Path(__file__).resolve().parents[1]

@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy.engine import make_url
 from starlette.routing import Route
 
-from flightdeck.demo.ranks import free_port
+from flightdeck.launch.demo.ranks import free_port
 from flightdeck.server.app import create_app
 from flightdeck.server.settings import ServerSettings
 

@@ -31,7 +31,7 @@ from sqlalchemy import text
 
 from flightdeck.analysis import Report
 from flightdeck.collector.frdump import merge
-from flightdeck.demo.ranks import free_port
+from flightdeck.launch.demo.ranks import free_port
 from flightdeck.nixl_records import Histogram, NixlSample
 from flightdeck.server import store
 from flightdeck.server.app import create_app

@@ -20,7 +20,7 @@ import yaml
 from sqlalchemy import text
 
 from flightdeck.cli import main
-from flightdeck.demo.ranks import free_port
+from flightdeck.launch.demo.ranks import free_port
 from flightdeck.server import store
 from flightdeck.server.db import connect, migrate
 from flightdeck.server.ingest import hash_token

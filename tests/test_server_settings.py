@@ -14,8 +14,8 @@ import pytest
 from pydantic import ValidationError
 
 from flightdeck.cli import main
-from flightdeck.demo.ranks import free_port
 from flightdeck.env_names import LegacyEnvWarning
+from flightdeck.launch.demo.ranks import free_port
 from flightdeck.server.settings import ServerSettings
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from flightdeck.cli import main
-from flightdeck.local_stack import port_in_use, provision_token, sqlite_url
-from flightdeck.up_cmd import UpSettings, banner
+from flightdeck.launch.local_stack import port_in_use, provision_token, sqlite_url
+from flightdeck.launch.up import UpSettings, banner
 
 
 def test_every_setting_has_a_description() -> None:

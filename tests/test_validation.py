@@ -26,7 +26,7 @@ import httpx
 import pytest
 from sqlalchemy import text
 
-from flightdeck.demo.ranks import free_port
+from flightdeck.launch.demo.ranks import free_port
 from flightdeck.limits import INT64_MAX, MAX_WORLD_SIZE
 from flightdeck.server import store
 from flightdeck.wire import encode_batch

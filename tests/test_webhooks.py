@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from flightdeck.demo.ranks import free_port
+from flightdeck.launch.demo.ranks import free_port
 from flightdeck.server import store
 from flightdeck.server.db import Database, connect, migrate
 from flightdeck.server.metrics import WebhookMetrics

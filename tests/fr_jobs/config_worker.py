@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
 
-from flightdeck.demo.ranks import free_port
+from flightdeck.launch.demo.ranks import free_port
 from tests.fr_jobs.runner import REPO_ROOT, JobResult
 from tests.fr_jobs.scenarios import PAIRS
 

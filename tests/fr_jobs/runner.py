@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from flightdeck.demo.ranks import free_port
+from flightdeck.launch.demo.ranks import free_port
 from tests.fr_jobs.scenarios import Scenario
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -74,7 +74,7 @@ def start_rank(
     log: IO[bytes] | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start one rank (`prefix` runs it elsewhere, e.g. `ip netns exec HOST`); output to `log`."""
-    cmd = [*prefix, sys.executable, "-m", "flightdeck.demo.worker", *spec.worker_args]
+    cmd = [*prefix, sys.executable, "-m", "flightdeck.launch.demo.worker", *spec.worker_args]
     env = rank_env(spec, rank, rank if local_rank is None else local_rank, spool_dir)
     return subprocess.Popen(cmd, env=env, stdout=log or subprocess.DEVNULL, stderr=subprocess.STDOUT)
 

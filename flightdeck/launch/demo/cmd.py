@@ -8,7 +8,7 @@ given with `--server` uses its own (FLIGHTDECK_SERVER_STALL_AFTER_S, default 5 s
 server's alone: the agents have none (they write their stack snapshot after a fixed 2 s). It always
 runs its own collector(s), on spool directories of its own, so a system-wide collector is not
 needed; they push every `--push-interval` (default: the collector's, 1 s), the agents snapshot
-every `--interval` (default: the agent's, 1 s). The job's ranks run `flightdeck.demo.worker` with the agent; rank 1 commits
+every `--interval` (default: the agent's, 1 s). The job's ranks run `flightdeck.launch.demo.worker` with the agent; rank 1 commits
 the fault at `--fault-at-step`:
 
 - stall:     rank 1 blocks in its data loader (a hung storage read; not SIGSTOP, which the partition
@@ -50,8 +50,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from flightdeck.demo.ranks import JobSpec, free_port, start_rank, stop_all
-from flightdeck.demo.worker import busy_pg_timeout_s
+from flightdeck.launch.demo.ranks import JobSpec, free_port, start_rank, stop_all
+from flightdeck.launch.demo.worker import busy_pg_timeout_s
 
 SCENARIOS = ("stall", "crash", "mismatch", "partition", "busy")
 WORLD_SIZE = 4
@@ -159,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
     if not _have_torch():
         print("flightdeck demo: the demo runs a real gloo job: pip install torch", file=sys.stderr)
         return 2
-    from flightdeck.local_stack import StackError
+    from flightdeck.launch.local_stack import StackError
 
     signal.signal(signal.SIGTERM, _interrupt)
     demo = Demo(args)
@@ -196,7 +196,7 @@ class Demo:
     """One demo run: its processes, its working directory (spools, logs) and what it measured."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        from flightdeck.local_stack import Child, LocalStack
+        from flightdeck.launch.local_stack import Child, LocalStack
 
         self.args = args
         self.work = Path(tempfile.mkdtemp(prefix="flightdeck-demo-"))
@@ -246,7 +246,7 @@ class Demo:
 
     def _server(self) -> tuple[str, dict[str, Path | None]]:
         """The server's URL and each host's collector token file; starts the server when needed."""
-        from flightdeck.local_stack import port_in_use, provision_token, sqlite_url
+        from flightdeck.launch.local_stack import port_in_use, provision_token, sqlite_url
 
         args = self.args
         (self.work / "logs").mkdir()

@@ -1,4 +1,4 @@
-"""One rank of the demo job: `python -m flightdeck.demo.worker [--fault KIND --fault-rank R ...]`.
+"""One rank of the demo job: `python -m flightdeck.launch.demo.worker [--fault KIND --fault-rank R ...]`.
 
 A small training loop over gloo (env:// rendezvous: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE)
 with the Flightdeck agent started right after `init_process_group`. Two process groups take part,
@@ -181,7 +181,9 @@ def _busy_writing(weights: Any, seconds: float) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The worker's options (the demo command and the acceptance harness pass them through)."""
-    p = argparse.ArgumentParser(prog="python -m flightdeck.demo.worker", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m flightdeck.launch.demo.worker", description=__doc__.splitlines()[0]
+    )
     p.add_argument("--steps", type=int, default=60, help="training steps to run")
     p.add_argument("--step-s", type=float, default=0.1, help="seconds of pretend compute per step")
     p.add_argument("--gather-every", type=int, default=5, help="all-gather metrics every N steps")

@@ -99,7 +99,7 @@ Ctrl-C stops the server and the collector.
 
 def run(args: argparse.Namespace) -> int:
     """Start the server and the collector, print how to use them, run until a signal or a death."""
-    from flightdeck.local_stack import LocalStack, StackError, provision_token, sqlite_url
+    from flightdeck.launch.local_stack import LocalStack, StackError, provision_token, sqlite_url
 
     overrides = {
         k: v
