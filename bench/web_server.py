@@ -91,24 +91,29 @@ def post_job(client: httpx.Client, token: str, job: str, ranks: int, entries: in
             else:
                 es = rank_entries(tpl, r, 0, entries, base)
             snaps.append(snapshot(job, r, ranks, es, now))
-        batch = Batch(uuid.uuid4().hex, "bench-host", "bench", time.time_ns(), snaps)
-        body = gzip.compress(json.dumps(encode_batch(batch), separators=(",", ":")).encode(), compresslevel=1)
-        while True:
-            resp = client.post(
-                "/api/v1/ingest",
-                content=body,
-                headers={
-                    "Authorization": f"Bearer {token}",
-                    "Content-Encoding": "gzip",
-                    "Content-Type": "application/json",
-                    "Idempotency-Key": batch.batch_id,
-                },
-            )
-            if resp.status_code in (429, 503):
-                time.sleep(float(resp.headers.get("Retry-After", "0.5")))
-                continue
-            resp.raise_for_status()
-            break
+        post_batch(client, token, Batch(uuid.uuid4().hex, "bench-host", "bench", time.time_ns(), snaps))
+
+
+def post_batch(client: httpx.Client, token: str, batch: Batch) -> None:
+    """POST one batch as a collector does (gzip, bearer token, idempotency key), again after a
+    429 / 503 once its Retry-After has passed."""
+    body = gzip.compress(json.dumps(encode_batch(batch), separators=(",", ":")).encode(), compresslevel=1)
+    while True:
+        resp = client.post(
+            "/api/v1/ingest",
+            content=body,
+            headers={
+                "Authorization": f"Bearer {token}",
+                "Content-Encoding": "gzip",
+                "Content-Type": "application/json",
+                "Idempotency-Key": batch.batch_id,
+            },
+        )
+        if resp.status_code in (429, 503):
+            time.sleep(float(resp.headers.get("Retry-After", "0.5")))
+            continue
+        resp.raise_for_status()
+        return
 
 
 def wait_hang(client: httpx.Client, job: str, timeout_s: float) -> dict[str, object]:
