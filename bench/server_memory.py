@@ -90,6 +90,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--entries", type=int, default=2000)
     ap.add_argument("--jobs", type=int, default=10)
     ap.add_argument("--no-restart", action="store_true", help="skip the restart's rebuild")
+    ap.add_argument("--release-wait", type=float, default=10.0, help="seconds to wait after the jobs ended")
     args = ap.parse_args(argv)
     jobs = [f"mem-{i}" for i in range(args.jobs)]
     print(f"{args.db}, {args.jobs} job(s) of {args.ranks} ranks x {args.entries} collectives", flush=True)
@@ -138,6 +139,9 @@ def main(argv: list[str] | None = None) -> None:
                 for job in jobs:
                     end_job(client, token, job, args.ranks)
                 ended = {job: wait_status(client, job, ENDED, 300) for job in jobs}
+                # The server lets an ended job's memory go once no batch of it came for
+                # stall_after_s (5 s by default): the late final snapshots come within that.
+                time.sleep(args.release_wait)
                 wait_idle(proc.pid)
                 rss = rss_mib(proc.pid)
                 print(
