@@ -71,7 +71,19 @@ class SkewHistogram:
 
 @dataclass(slots=True)
 class JobState:
-    """What the server holds in memory about one job attempt."""
+    """What the server holds in memory about one job attempt.
+
+    Bound (issue 22): nearly all of it is `summaries`, one `RankSummary` per rank holding, per
+    process group, at most `max_summary_seqs` (8,192) collectives packed at about 5 bytes each
+    (`flightdeck.analysis.packed`: sequence id, fingerprint, enqueue time, op id), its last
+    `TAIL` entries in full and a stack per signature; the member lists of a group are one object
+    per job (`intern_members`). That is ranks x groups x collectives held x ~5 B plus ~10 KB a
+    rank: a job of 1,024 ranks x 2,000 collectives adds @PERJOB@ to the server's RSS
+    (`bench/server_memory.py`, docs/performance.md "Server memory"). When the job ends the
+    summaries go once no batch of it came for `stall_after_s` (`LiveDiagnosis.release`), the rest
+    `ended_series_s` later; an idle job's after `job_idle_s`. A restart rebuilds them a few
+    ranks at a time (`LiveDiagnosis._rebuild`).
+    """
 
     job_id: int
     name: str
