@@ -96,19 +96,28 @@ def post_job(client: httpx.Client, token: str, job: str, ranks: int, entries: in
 
 def post_batch(client: httpx.Client, token: str, batch: Batch) -> None:
     """POST one batch as a collector does (gzip, bearer token, idempotency key), again after a
-    429 / 503 once its Retry-After has passed."""
+    429 / 503 once its Retry-After has passed, and after a dropped connection (a keep-alive
+    connection the server closed as it was reused: the idempotency key makes a resend safe)."""
     body = gzip.compress(json.dumps(encode_batch(batch), separators=(",", ":")).encode(), compresslevel=1)
+    dropped = 0
     while True:
-        resp = client.post(
-            "/api/v1/ingest",
-            content=body,
-            headers={
-                "Authorization": f"Bearer {token}",
-                "Content-Encoding": "gzip",
-                "Content-Type": "application/json",
-                "Idempotency-Key": batch.batch_id,
-            },
-        )
+        try:
+            resp = client.post(
+                "/api/v1/ingest",
+                content=body,
+                headers={
+                    "Authorization": f"Bearer {token}",
+                    "Content-Encoding": "gzip",
+                    "Content-Type": "application/json",
+                    "Idempotency-Key": batch.batch_id,
+                },
+            )
+        except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
+            dropped += 1
+            if dropped > 3:
+                raise
+            print(f"  (resending a batch: {exc})", flush=True)
+            continue
         if resp.status_code in (429, 503):
             time.sleep(float(resp.headers.get("Retry-After", "0.5")))
             continue
