@@ -97,9 +97,17 @@ def post_job(client: httpx.Client, token: str, job: str, ranks: int, entries: in
             else:
                 es = rank_entries(tpl, r, 0, entries, base)
             snaps.append(snapshot(job, r, ranks, es, now))
-        batch = Batch(uuid.uuid4().hex, "bench-host", "bench", time.time_ns(), snaps)
-        body = gzip.compress(json.dumps(encode_batch(batch), separators=(",", ":")).encode(), compresslevel=1)
-        while True:
+        post_batch(client, token, Batch(uuid.uuid4().hex, "bench-host", "bench", time.time_ns(), snaps))
+
+
+def post_batch(client: httpx.Client, token: str, batch: Batch) -> None:
+    """POST one batch as a collector does (gzip, bearer token, idempotency key), again after a
+    429 / 503 once its Retry-After has passed, and after a dropped connection (a keep-alive
+    connection the server closed as it was reused: the idempotency key makes a resend safe)."""
+    body = gzip.compress(json.dumps(encode_batch(batch), separators=(",", ":")).encode(), compresslevel=1)
+    dropped = 0
+    while True:
+        try:
             resp = client.post(
                 "/api/v1/ingest",
                 content=body,
@@ -110,11 +118,17 @@ def post_job(client: httpx.Client, token: str, job: str, ranks: int, entries: in
                     "Idempotency-Key": batch.batch_id,
                 },
             )
-            if resp.status_code in (429, 503):
-                time.sleep(float(resp.headers.get("Retry-After", "0.5")))
-                continue
-            resp.raise_for_status()
-            break
+        except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
+            dropped += 1
+            if dropped > 3:
+                raise
+            print(f"  (resending a batch: {exc})", flush=True)
+            continue
+        if resp.status_code in (429, 503):
+            time.sleep(float(resp.headers.get("Retry-After", "0.5")))
+            continue
+        resp.raise_for_status()
+        return
 
 
 def copy_job(url: str, job: str, names: list[str]) -> None:

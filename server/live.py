@@ -11,6 +11,9 @@ from the database's entries. The findings are reconciled with the stored ones (`
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import gc
 import logging
 import threading
 import time
@@ -25,6 +28,7 @@ from sqlalchemy.orm import Session
 from flightdeck.analysis import Finding, Options, RankSummary, Report, add_entries, diagnose
 from flightdeck.analysis.config_skew import PeerJob
 from flightdeck.analysis.findings import CONFIG_KINDS, MISMATCH_KINDS
+from flightdeck.analysis.packed import pack_track
 from flightdeck.analysis.summary import GroupTrack, fingerprint, signature_of
 from flightdeck.server import store
 from flightdeck.server.cluster import Cluster
@@ -68,7 +72,20 @@ class SkewHistogram:
 
 @dataclass(slots=True)
 class JobState:
-    """What the server holds in memory about one job attempt."""
+    """What the server holds in memory about one job attempt.
+
+    Bound (issue 22): nearly all of it is `summaries`, one `RankSummary` per rank holding, per
+    process group, at most `max_summary_seqs` (8,192) collectives packed at about 5 bytes each
+    (`flightdeck.analysis.packed`: sequence id, fingerprint, enqueue time, op id), its last
+    `TAIL` entries in full and a stack per signature; the member lists of a group are one object
+    per job (`intern_members`). That is ranks x groups x collectives held x ~5 B plus ~10 KB a
+    rank: a job of 1,024 ranks x 2,000 collectives holds ≈ 19 MiB of objects; its share of the
+    server's RSS measured -6 to +23 MiB once the store's caches had filled (`bench/server_memory.py`,
+    docs/performance.md "Server memory"). When the job ends the
+    summaries go once no batch of it came for `stall_after_s` (`LiveDiagnosis.release`), the rest
+    `ended_series_s` later; an idle job's after `job_idle_s`. A restart rebuilds them a few
+    ranks at a time (`LiveDiagnosis._rebuild`).
+    """
 
     job_id: int
     name: str
@@ -140,6 +157,8 @@ class JobState:
     batch_lag: dict[str, tuple[float, float, bool]] = field(default_factory=dict)
     #: Monotonic time since when a collector of the job has been replaying old batches.
     replaying_since: float | None = None
+    #: Whether `summaries` were dropped when the job ended (`LiveDiagnosis.release`).
+    released: bool = False
 
     def lags(self) -> list[tuple[float, float, bool]]:
         """`batch_lag`'s values, copied: ingest threads add collectors while the worker reads
@@ -296,6 +315,23 @@ def fold_entries(s: RankSummary, snap: Snapshot) -> None:
         add_entries(s, snap.entries, map(table.__getitem__, c.sig))
 
 
+def _malloc_trim() -> None:
+    """Give the C heap's free memory back to the system (glibc's `malloc_trim`; elsewhere nothing)."""
+    global _trim
+    if _trim is None:
+        name = ctypes.util.find_library("c")
+        fn = getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+        _trim = fn if fn is not None else False
+    if _trim:
+        _trim(0)
+
+
+_trim: Any = None
+
+#: Entries folded in (from batches or a rebuild) after which the worker hands the C heap's free
+#: memory back (`malloc_trim`) once the burst is over (or after ten times as many meanwhile).
+TRIM_AFTER_ENTRIES = 100_000
+
 #: Least time between two steps of the worker (folds, diagnoses): see `LiveDiagnosis._run`.
 STEP_GAP_S = 0.05
 
@@ -349,6 +385,8 @@ class LiveDiagnosis:
         self.cluster = Cluster(db=db, clock=clock, on_db_error=on_db_error) if settings.cluster else None
         #: job id -> monotonic time of the last try to own it (cluster mode).
         self._claim_tried: dict[int, float] = {}
+        #: Entries folded in since the C heap was last trimmed (`step`).
+        self._untrimmed = 0
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -489,14 +527,26 @@ class LiveDiagnosis:
         now_ns = self._clock()
         s = self._settings
         due: list[JobState] = []
+        released: list[JobState] = []
         with self._lock:
             jobs = list(self.jobs.values())
         if self.cluster is not None:
             jobs = self._cluster_step(jobs, now, now_ns)
+        before = self._untrimmed
         for js in jobs:
             if self._expired(js, now_ns):
                 continue
             self._fold(js)
+            if (
+                js.ended_at_ns is not None
+                and js.summaries is not None
+                and not (js.dirty or js.pending)
+                and now - js.last_ingest >= s.stall_after_s
+            ):
+                # Ended and diagnosed, and no batch since for a while (the late final snapshots
+                # of a job going down come within that): its memory goes back (`release`).
+                released.append(js)
+                continue
             if not force and self._replaying(js, now):
                 continue
             idle = (now_ns - js.heard_ns) / NS > s.job_idle_s
@@ -523,12 +573,39 @@ class LiveDiagnosis:
                 due.append(js)
             elif idle and js.summaries is not None and not js.pending:
                 js.summaries = None  # memory: rebuilt from the database should the job return
+        folding = self._untrimmed > before
+        if released:
+            self.release(released)
+        elif self._untrimmed >= TRIM_AFTER_ENTRIES and (
+            not folding or self._untrimmed >= 10 * TRIM_AFTER_ENTRIES
+        ):
+            # A burst folded in (a job's backfill, a rebuild) leaves its transient memory (the
+            # decoded batches, their records) with the C heap of each thread: handed back once
+            # the burst is over, or every so often while it goes on. Measured in process: 40 MiB
+            # of 66 a 256-rank x 2,000-collective job added to RSS (docs/performance.md).
+            self._untrimmed = 0
+            _malloc_trim()
         for js in due:
             started = time.perf_counter()
             self.diagnose_job(js)
             if self._observe_duration is not None:
                 self._observe_duration(time.perf_counter() - started)
         return len(due)
+
+    def release(self, jobs: Sequence[JobState]) -> None:
+        """Drop the summaries of ended jobs and hand the memory back to the system.
+
+        An ended job's diagnosis changes only when a snapshot newer than its end arrives, and
+        that rebuilds them from the store (`_fold`). Every object of the summaries is freed
+        (in process, 0.2 MiB of a 256-rank job's 33 stayed traced), but much of the memory stays
+        with the process, fragmented (CPython's arenas, glibc's heaps): `gc.collect` and
+        `malloc_trim` hand back what they can (docs/performance.md, "Server memory").
+        """
+        for js in jobs:
+            js.summaries = None
+            js.released = True
+        gc.collect()
+        _malloc_trim()
 
     def _expired(self, js: JobState, now_ns: int) -> bool:
         """Drop an ended job's state `ended_series_s` after its end (its series leave /metrics;
@@ -653,6 +730,15 @@ class LiveDiagnosis:
         if js.summaries is None:
             if not js.dirty and not pending:
                 return
+            if js.released and js.ended_at_ns is not None:
+                for snap in pending:
+                    if snap.snapshot_time_ns > js.rank_seen_ns.get(snap.rank, 0):
+                        js.rank_seen_ns[snap.rank] = snap.snapshot_time_ns
+                if max(js.rank_seen_ns.values(), default=0) <= js.ended_at_ns:
+                    # Ended, and nothing newer than its end came (a late batch from before it, a
+                    # gone report): the diagnosis would change nothing (`diagnose_job`), so the
+                    # summaries stay released.
+                    return
             # Reads the rows the pending snapshots were committed as: seconds for a large job,
             # mostly waiting for the database, so decoding is not held back meanwhile.
             with self._decode_gate.let_through():
@@ -662,8 +748,15 @@ class LiveDiagnosis:
             self._apply(js, snap)
 
     def _rebuild(self, js: JobState) -> None:
-        """Summaries of every rank of the job from the database (restart, or another server's job)."""
+        """Summaries of every rank of the job from the database (restart, or another server's job).
+
+        The entries are read and folded in a few ranks at a time (`store.rank_entries`): all of a
+        1,024-rank x 2,000-collective job's entries as records at once took 1.2 GB."""
+        from flightdeck.records import GroupInfo
+
         summaries: dict[int, RankSummary] = {}
+        gone: dict[int, int] = {}
+        seen: dict[int, int] = {}
         try:
             with self._db.read() as session:
                 if self.cluster is not None:
@@ -683,48 +776,53 @@ class LiveDiagnosis:
                 sids = {sid for r, _ in ranks for _, _, sid in (r.thread_stacks or []) if sid is not None}
                 sids |= store.progress_stack_ids(r for r, _ in ranks)
                 stacks = store.stacks_by_id(session=session, ids=sids)
-                entries = store.load_entries(session=session, job_id=js.job_id)
                 configs = store.rank_configs(session=session, job_id=js.job_id)
+                # The job's groups, one object each, shared by every rank (a world-sized member
+                # list per rank would be ranks x world ints; diagnosis counts member lists by object).
+                js.member_lists, js.lowest_member = {}, {}
+                infos = {
+                    n: GroupInfo(n, g.desc, None if g.ranks is None else js.intern_members(tuple(g.ranks)))
+                    for n, g in groups.items()
+                }
+                for r, host in ranks:
+                    summaries[r.rank] = RankSummary(
+                        rank=r.rank,
+                        source="db",
+                        job=js.name,
+                        attempt=js.attempt,
+                        world_size=r.world_size,
+                        host=host,
+                        pid=r.pid,
+                        backend=r.backend,
+                        version=r.version,
+                        snapshot_time_ns=r.last_snapshot_ns,
+                        kind=r.kind,
+                        interval_s=r.interval_s,
+                        exception=r.exception,
+                        wrapped=r.wrapped,
+                        groups=dict(infos),
+                        thread_stacks=store.thread_stacks_of(r, stacks),
+                        config=configs.get(r.rank),
+                        progress=store.progress_of(r, stacks),
+                    )
+                    seen[r.rank] = r.last_snapshot_ns
+                    if r.gone_at_ns is not None:
+                        gone[r.rank] = r.gone_at_ns
+                for rank, entries in store.rank_entries(
+                    session=session, job_id=js.job_id, ranks=list(summaries)
+                ):
+                    s = summaries[rank]
+                    add_entries(s, entries)
+                    self._untrimmed += len(entries)
+                    for t in s.tracks.values():
+                        pack_track(t)
         except OperationalError:
             self._on_db_error()
             return
-        from flightdeck.records import GroupInfo
-
-        # The job's groups, one object each, shared by every rank (a world-sized member list
-        # per rank would be ranks x world ints; diagnosis counts member lists by object).
-        js.member_lists, js.lowest_member = {}, {}
-        js.gone = {}
-        infos = {
-            n: GroupInfo(n, g.desc, None if g.ranks is None else js.intern_members(tuple(g.ranks)))
-            for n, g in groups.items()
-        }
-        for r, host in ranks:
-            s = RankSummary(
-                rank=r.rank,
-                source="db",
-                job=js.name,
-                attempt=js.attempt,
-                world_size=r.world_size,
-                host=host,
-                pid=r.pid,
-                backend=r.backend,
-                version=r.version,
-                snapshot_time_ns=r.last_snapshot_ns,
-                kind=r.kind,
-                interval_s=r.interval_s,
-                exception=r.exception,
-                wrapped=r.wrapped,
-                groups=dict(infos),
-                thread_stacks=store.thread_stacks_of(r, stacks),
-                config=configs.get(r.rank),
-                progress=store.progress_of(r, stacks),
-            )
-            add_entries(s, entries.get(r.rank, []))
-            summaries[r.rank] = s
-            js.rank_seen_ns[r.rank] = r.last_snapshot_ns
-            if r.gone_at_ns is not None:
-                js.gone[r.rank] = r.gone_at_ns
+        js.gone = gone
+        js.rank_seen_ns.update(seen)
         js.summaries = summaries
+        js.released = False
         js.agreed = {}
         js.dirty = True
 
@@ -770,7 +868,9 @@ class LiveDiagnosis:
         fold_entries(s, snap)
         self._count_collectives(js, s, snap)
         cap = self._settings.max_summary_seqs
+        self._untrimmed += len(snap.entries)
         for t in s.tracks.values():
+            pack_track(t)  # a new group's track comes as plain arrays (`add_entries`)
             if len(t.seqs) > cap:
                 cut = len(t.seqs) - cap
                 del t.seqs[:cut], t.fps[:cut], t.created_ns[:cut]

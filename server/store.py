@@ -1369,6 +1369,35 @@ def load_entries(*, session: Session, job_id: int) -> dict[int, list[Entry]]:
     return out
 
 
+def rank_entries(
+    *, session: Session, job_id: int, ranks: Sequence[int], per_read: int = 16
+) -> Iterator[tuple[int, list[Entry]]]:
+    """Every stored entry of a job, a rank at a time (in `ranks`' order, each oldest first by
+    record id; a rank without entries is skipped), read `per_read` ranks a query: what
+    `load_entries` gives, without holding all of a large job's entries at once (a 1,024-rank x
+    2,000-collective job's records took 1.2 GB)."""
+    groups = {g.id: g.name for g in job_groups(session=session, job_id=job_id)}
+    for k in range(0, len(ranks), per_read):
+        chunk = list(ranks[k : k + per_read])
+        rows = (
+            session.connection()
+            .execute(
+                select(*_ENTRY_COLUMNS)
+                .where(EntryRow.job_id == job_id, EntryRow.rank.in_(chunk))
+                .order_by(EntryRow.rank, EntryRow.record_id)
+            )
+            .all()
+        )
+        by_rank: dict[int, list[Entry]] = {}
+        for rank, e in _entry_records(session, rows, groups):
+            by_rank.setdefault(rank, []).append(e)
+        del rows
+        for r in chunk:
+            got = by_rank.pop(r, None)
+            if got:
+                yield r, got
+
+
 def _entry_records(session: Session, raw: Sequence[Any], groups: dict[int, str]) -> list[tuple[int, Entry]]:
     """Entry rows (of `_ENTRY_COLUMNS`) as (rank, record) pairs, in the given order (signatures
     and stacks batch-loaded)."""

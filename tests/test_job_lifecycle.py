@@ -598,3 +598,29 @@ def test_a_job_that_arrives_over_keeps_its_findings_closed_and_pages_nobody(
             assert store.webhook_deliveries(session=session) == []
     finally:
         srv.svc.close()
+
+
+def test_an_ended_job_gives_its_summaries_back_and_rebuilds_them_only_for_newer_data(server: Server) -> None:
+    """Memory (issue 22): once an ended job has had no batch for stall_after_s its summaries are
+    dropped; a late snapshot from before the end leaves them dropped, and a newer one rebuilds
+    them from the store: the job runs again, as when they were held."""
+    _stuck, finals, _t = healthy_prefix(10)
+    server.clock.now_ns = max(s.snapshot_time_ns for s in finals) + NS
+    assert server.push(finals).status_code == 200
+    server.diagnose()
+    assert server.job(JOB)["status"] == "finished"
+    (js,) = server.svc.live.jobs.values()
+    assert js.summaries and not js.released
+    time.sleep(STALL_S + 0.2)  # since the last batch, on the server's monotonic clock
+    server.svc.live.step()
+    assert js.summaries is None and js.released
+    assert server.push(finals).status_code == 200  # a replay: nothing newer than the end
+    server.diagnose()
+    assert js.summaries is None and server.job(JOB)["status"] == "finished"
+    server.clock.advance(1)
+    newer = [replace(s, kind="periodic", snapshot_time_ns=server.clock()) for s in finals]
+    assert server.push(newer).status_code == 200
+    server.diagnose()
+    assert js.summaries and not js.released and len(js.summaries) == len(finals)
+    doc = server.job(JOB)
+    assert doc["ended_at_s"] is None and doc["status"] == "running"

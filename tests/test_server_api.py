@@ -896,6 +896,21 @@ def test_retention_deletes_old_entries_and_keeps_findings(server: Server) -> Non
     assert counts["ingested_batches"] == 0
 
 
+def test_entries_read_a_few_ranks_at_a_time_are_the_jobs_entries(server: Server) -> None:
+    """`store.rank_entries` (the restart's rebuild reads it, issue 22): what `load_entries`
+    gives, a rank at a time in the order asked, ranks without entries left out."""
+    stuck, _finals, t_k = healthy_prefix(10)
+    server.clock.now_ns = t_k + int((STALL_S + 1) * NS)
+    server.push(stuck)
+    with server.svc.db.read() as session:
+        whole = store.load_entries(session=session, job_id=1)
+        for per_read in (1, 3, 16):
+            ranks = [3, 99, 1, 0, 2]
+            got = list(store.rank_entries(session=session, job_id=1, ranks=ranks, per_read=per_read))
+            assert [r for r, _ in got] == [3, 1, 0, 2]
+            assert dict(got) == whole
+
+
 def test_entry_window_keeps_each_ranks_newest_entries_and_the_findings(
     database_url: str, clock: FakeClock
 ) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import compress, islice
 from operator import lt, not_
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from flightdeck.records import (
     COALESCED_END_OPS,
@@ -29,6 +29,9 @@ from flightdeck.records import (
     ThreadStack,
     with_progress_of,
 )
+
+if TYPE_CHECKING:
+    from flightdeck.analysis.packed import Column
 
 #: Entries kept in full per group (the frontier: where each rank is and what it waits on).
 TAIL = 4
@@ -88,17 +91,18 @@ class GroupTrack:
 
     # Machine-integer arrays, not lists: 8 bytes a value instead of ~36 (a pointer and an int
     # object), and nothing for the cyclic garbage collector to walk. A live server holds these
-    # for every rank and group of every job, thousands of collectives deep.
-    seqs: array[int] = field(default_factory=lambda: array("q"))
-    fps: array[int] = field(default_factory=lambda: array("q"))
-    created_ns: array[int] = field(default_factory=lambda: array("q"))
+    # for every rank and group of every job, thousands of collectives deep, packed further
+    # (`flightdeck.analysis.packed.pack_track`: the same values, about 5 bytes a collective).
+    seqs: array[int] | Column = field(default_factory=lambda: array("q"))
+    fps: array[int] | Column = field(default_factory=lambda: array("q"))
+    created_ns: array[int] | Column = field(default_factory=lambda: array("q"))
     #: The last TAIL collective entries in full, oldest first.
     tail: list[Entry] = field(default_factory=list)
     #: Point-to-point entries (NCCL records them; gloo does not), oldest first.
     p2p: list[Entry] = field(default_factory=list)
     #: Each collective's `op_id` (the group's work counter, which p2p ops advance too, recorded
     #: or not), aligned with `seqs` while as long as it; readers check the lengths match.
-    op_ids: array[int] = field(default_factory=lambda: array("q"))
+    op_ids: array[int] | Column = field(default_factory=lambda: array("q"))
     #: seq -> (input elements, output elements) of the recent all_to_all entries, whose splits
     #: may differ per rank (so their sizes are left out of the fingerprint).
     totals: dict[int, tuple[int, int]] = field(default_factory=dict)

@@ -1,0 +1,157 @@
+"""Server memory per open job, after the jobs end, and at a restart's rebuild, through a real server.
+
+A fresh database (SQLite file or a new PostgreSQL database) and one `flightdeck server` process
+with the shipped defaults. `--jobs` jobs of `--ranks` x `--entries` collectives are posted to it
+over HTTP as a collector would (bench/web_server.py's poster), one after the other; after each the
+bench waits for the server to be at rest (under a tenth of a core) and reads its resident memory
+(`VmRSS`). Then the server is stopped and started again on the same database while the jobs are
+still open: it rebuilds their summaries from the store (`VmHWM`: its peak while doing so). Last,
+every rank of every job sends its final snapshot, as the agent does when its process exits, the
+server ends the jobs, and the memory is read once more. Printed, in MiB:
+
+* the server's RSS at rest before any job (baseline), after each job and the increment of each
+  (the median of those after the first: the first job's data also fills the store's caches);
+* after the restart's rebuild (and its peak), and after every job ended.
+
+    python -m bench.server_memory --db sqlite --ranks 1024 --entries 2000 --jobs 10
+    python -m bench.server_memory --db postgresql --jobs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import time
+import uuid
+from dataclasses import replace
+from pathlib import Path
+
+import httpx
+
+from bench.server_ingest import make_token, start_server
+from bench.server_synth import snapshot
+from bench.web_server import database, post_batch, post_job, rss_mib, wait_idle
+from flightdeck.demo.ranks import free_port
+from flightdeck.wire import Batch
+
+ENDED = ("finished", "failed")
+
+
+def status_mib(pid: int, field: str) -> float:
+    """A memory field of /proc/PID/status (VmRSS, VmHWM), MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def end_job(client: httpx.Client, token: str, job: str, ranks: int) -> None:
+    """Every rank's final snapshot (its process exited), 32 ranks a batch."""
+    now = time.time_ns()
+    for first in range(0, ranks, 32):
+        snaps = [
+            replace(snapshot(job, r, ranks, [], now), kind="final")
+            for r in range(first, min(ranks, first + 32))
+        ]
+        post_batch(client, token, Batch(uuid.uuid4().hex, "bench-host", "bench", time.time_ns(), snaps))
+
+
+def wait_status(client: httpx.Client, job: str, want: tuple[str, ...], timeout_s: float) -> str:
+    """The job's status once it is one of `want`."""
+    deadline = time.monotonic() + timeout_s
+    status = ""
+    while time.monotonic() < deadline:
+        r = client.get(f"/api/v1/jobs/{job}")
+        if r.status_code == 200:
+            status = str(r.json().get("status"))
+            if status in want:
+                return status
+        time.sleep(0.5)
+    raise SystemExit(f"{job} is {status!r}, not {want}, after {timeout_s:.0f} s")
+
+
+def load() -> str:
+    """The machine's load averages (1, 5, 15 min)."""
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM and wait."""
+    proc.terminate()
+    proc.wait(60)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Post the jobs, restart, end them; print the server's memory at each step."""
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--db", choices=["sqlite", "postgresql"], default="sqlite")
+    ap.add_argument("--ranks", type=int, default=1024)
+    ap.add_argument("--entries", type=int, default=2000)
+    ap.add_argument("--jobs", type=int, default=10)
+    ap.add_argument("--no-restart", action="store_true", help="skip the restart's rebuild")
+    ap.add_argument("--release-wait", type=float, default=10.0, help="seconds to wait after the jobs ended")
+    args = ap.parse_args(argv)
+    jobs = [f"mem-{i}" for i in range(args.jobs)]
+    print(f"{args.db}, {args.jobs} job(s) of {args.ranks} ranks x {args.entries} collectives", flush=True)
+    with database(args.db, None) as url:
+        token = make_token(url)
+        port = free_port()
+        proc = start_server(url, port, {})
+        try:
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=300) as client:
+                wait_idle(proc.pid)
+                base = prev = rss_mib(proc.pid)
+                print(f"  baseline              {base:7.0f} MiB   (load {load()})", flush=True)
+                steps = []
+                for i, job in enumerate(jobs):
+                    t = time.monotonic()
+                    post_job(client, token, job, args.ranks, args.entries, hang=False)
+                    wait_status(client, job, ("running",), 300)
+                    wait_idle(proc.pid)
+                    rss = rss_mib(proc.pid)
+                    steps.append(rss - prev)
+                    print(
+                        f"  after job {i + 1:<3}         {rss:7.0f} MiB   {rss - prev:+6.1f} MiB"
+                        f"   ({time.monotonic() - t:.0f} s, load {load()})",
+                        flush=True,
+                    )
+                    prev = rss
+                # The first job also fills the store's caches (SQLite's page cache per
+                # connection, the connection pool): the ones after it are what a job costs.
+                later = steps[1:] or steps
+                print(
+                    f"  per job after the 1st median {statistics.median(later):+.1f} MiB"
+                    f" (min {min(later):+.1f}, max {max(later):+.1f}); all jobs {prev - base:+.0f} MiB",
+                    flush=True,
+                )
+                if not args.no_restart:
+                    stop(proc)
+                    proc = start_server(url, port, {})
+                    start = rss_mib(proc.pid)
+                    wait_idle(proc.pid)
+                    rss, peak = rss_mib(proc.pid), status_mib(proc.pid, "VmHWM")
+                    print(
+                        f"  restarted, rebuilt    {rss:7.0f} MiB   (at start {start:.0f}, peak {peak:.0f}; "
+                        f"load {load()})",
+                        flush=True,
+                    )
+                for job in jobs:
+                    end_job(client, token, job, args.ranks)
+                ended = {job: wait_status(client, job, ENDED, 300) for job in jobs}
+                # The server lets an ended job's memory go once no batch of it came for
+                # stall_after_s (5 s by default): the late final snapshots come within that.
+                time.sleep(args.release_wait)
+                wait_idle(proc.pid)
+                rss = rss_mib(proc.pid)
+                print(
+                    f"  jobs ended            {rss:7.0f} MiB   ({', '.join(sorted(set(ended.values())))};"
+                    f" load {load()})",
+                    flush=True,
+                )
+        finally:
+            stop(proc)
+
+
+if __name__ == "__main__":
+    main()
