@@ -32,7 +32,7 @@ import httpx
 from bench.server_ingest import make_token, start_server
 from bench.server_synth import snapshot
 from bench.web_server import database, post_batch, post_job, rss_mib, wait_idle
-from flightdeck.demo.ranks import free_port
+from flightdeck.launch.demo.ranks import free_port
 from flightdeck.wire import Batch
 
 ENDED = ("finished", "failed")
