@@ -106,6 +106,9 @@ def _summary_of_file(path: Path) -> RankSummary:
     reader gives them (`parse_columns`: whole entries built only for what the summary keeps in
     full), else from the normalized entries. The same summary either way."""
     loaded = load_dump_file(path)
+    lean = loaded.parse_signatures()
+    if lean is not None:
+        return summarize(lean[0], signatures=lean[1])
     got = loaded.parse_columns()
     if got is None:
         return summarize(loaded.parse())
