@@ -10,6 +10,7 @@ can be built next to the file (in a worker process, in the collector) and shippe
 from __future__ import annotations
 
 import hashlib
+import struct
 from array import array
 from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
@@ -295,6 +296,28 @@ def summarize(
     return s
 
 
+def _first_of_each(positions: Iterable[int], fps: Sequence[int], distinct: int) -> dict[int, int]:
+    """fingerprint -> the first of `positions` that has it, in the order they come; the scan stops
+    once `distinct` fingerprints are found (a ring cycles through a few signatures, so the first
+    and the last few entries usually hold them all)."""
+    out: dict[int, int] = {}
+    for i in positions:
+        fp = fps[i]
+        if fp not in out:
+            out[fp] = i
+            if len(out) == distinct:
+                break
+    return out
+
+
+def _int64_array(values: Sequence[int]) -> array[int]:
+    """Ints (fingerprints: 63 bits) as a 64-bit array, packed in C (`struct`; `array("q", values)`
+    parses each item as a call's argument, several times the cost)."""
+    out = array("q")
+    out.frombytes(struct.pack(f"{len(values)}q", *values))
+    return out
+
+
 def _increasing(a: array[int]) -> bool:
     """Whether the values strictly increase."""
     return all(map(lt, a, islice(a, 1, None)))
@@ -319,7 +342,8 @@ def add_signatures(s: RankSummary, c: SignatureColumns) -> None:
             lists[g].append(i)
         positions = list(lists)
     fp_at = {at: fingerprint(signature_of(*k)) for at, k in keys.items()}
-    fps_all = array("q", map(fp_at.__getitem__, key_of))
+    fps_list = list(map(fp_at.__getitem__, key_of))
+    fps_all = _int64_array(fps_list)
     plans = []
     ok = not (s.tracks or s.sigs or s.sig_frames)
     for g, idx in zip(c.groups, positions, strict=True):
@@ -341,10 +365,9 @@ def add_signatures(s: RankSummary, c: SignatureColumns) -> None:
     framed = c.framed if is_p2p is None else [i for i in c.framed if not is_p2p[i]]
     # The newest stack per fingerprint, in the order the fingerprints first had one; declined
     # where the first or the newest entry's frames normalize to no stack (the fold skips those).
-    framed_fps = list(map(fps_all.__getitem__, framed))
-    newest = dict(zip(framed_fps, framed, strict=True))
-    oldest = dict(zip(reversed(framed_fps), reversed(framed), strict=True))
-    stacks = {fp: c.frames(i) for fp, i in newest.items()}
+    oldest = _first_of_each(framed, fps_list, len(set(fp_at.values())))
+    newest = _first_of_each(reversed(framed), fps_list, len(oldest))
+    stacks = {fp: c.frames(newest[fp]) for fp in oldest}
     if not (ok and all(stacks.values()) and all(map(c.frames, oldest.values()))):
         add_entries(s, [c.entry(i) for i in range(n)])
         return
