@@ -33,11 +33,11 @@ import pickle
 import re
 import stat as stat_mod
 import struct
+from array import array
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
-from array import array
 from itertools import chain, compress, count, islice, repeat
 from operator import attrgetter, contains, itemgetter, lt, methodcaller
 from pathlib import Path
@@ -771,7 +771,9 @@ def _entry_columns(
 
 #: A collective's comparable fields as a dump gives them: (canonical op, input sizes, output
 #: sizes, input dtypes, output dtypes), sizes and dtypes as tuples.
-SigKey = tuple[str, tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...], tuple[str, ...], tuple[str, ...]]
+SigKey = tuple[
+    str, tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...], tuple[str, ...], tuple[str, ...]
+]
 
 
 @dataclass(slots=True)
@@ -972,7 +974,9 @@ def _signature_keys(
         most = max(most, len(ins) + sum(map(len, ins)) + len(outs) + sum(map(len, outs)))
         if most * len(raw_entries) > budget.max_dims:
             return None
-        if not (_types(chain.from_iterable(chain(ins, outs))) <= _INTS and _types(chain(in_dt, out_dt)) <= _STRS):
+        if not (
+            _types(chain.from_iterable(chain(ins, outs))) <= _INTS and _types(chain(in_dt, out_dt)) <= _STRS
+        ):
             return None
         key: SigKey = (
             _op_info(prof, ctx)[1],

@@ -338,8 +338,8 @@ def add_signatures(s: RankSummary, c: SignatureColumns) -> None:
         positions = [range(n)]
     else:
         lists: list[list[int]] = [[] for _ in c.groups]
-        for i, g in enumerate(c.group_of):
-            lists[g].append(i)
+        for i, gi in enumerate(c.group_of):
+            lists[gi].append(i)
         positions = list(lists)
     fp_at = {at: fingerprint(signature_of(*k)) for at, k in keys.items()}
     fps_list = list(map(fp_at.__getitem__, key_of))
