@@ -835,14 +835,14 @@ def _int64_array(values: Sequence[Any]) -> array[int]:
     return out
 
 
-def _increasing(values: Sequence[int]) -> bool:
+def _increasing(values: tuple[int, ...]) -> bool:
     """Whether the ints strictly increase: one compare in C when they count up by one (the usual
     record and sequence ids), else a pass."""
     n = len(values)
     if n < 2:
         return True
     first = values[0]
-    if values[-1] - first == n - 1 and tuple(values) == tuple(range(first, first + n)):
+    if values[-1] - first == n - 1 and values == tuple(range(first, first + n)):
         return True
     return all(map(lt, values, islice(values, 1, None)))
 
@@ -878,7 +878,7 @@ def _signature_columns(
                 e["state"],
                 e.get("duration_ms"),
                 e.get("frames"),
-                e.get("is_p2p"),
+                e["is_p2p"],
                 e["process_group"],
                 (
                     e["profiling_name"],
@@ -903,7 +903,8 @@ def _signature_columns(
             f"{n_frames} stack frames over {n} entries, over the budget of {budget.max_frames} per file"
         )
     try:
-        if not (_increasing(_int64_array(rid)) and set(state) <= _STATES.keys()):
+        _int64s(n).pack(*rid)  # ints within 64 bits (struct.error else), as the arrays below
+        if not (_increasing(rid) and set(state) <= _STATES.keys()):
             return None
         seq_a, created_a, op_id_a = _int64_array(seq), _int64_array(created), _int64_array(op_id)
         p0 = pg[0]
@@ -1201,12 +1202,13 @@ def parse_columns(
     `entries` left empty) and its entries as columns; None when the entries must be normalized
     one by one (`_entry_columns` says when), and then `parse_dump` does it.
 
-    With `flightdeck.analysis.summary.add_columns` it is what `flightdeck analyze`'s workers do
-    with a rank that has one file: no `Entry` for entries the summary keeps only as sequence
+    With `flightdeck.analysis.summary.add_columns` it summarizes a rank that has one file with
+    no `Entry` for entries the summary keeps only as sequence
     ids, fingerprints and times. Reading, normalizing and summarizing one of
     bench/analyze_scale.py's 2,000-entry files took 162 million instructions by entries, 128
     million by columns (callgrind; restricted unpickling alone: 25 million); the same summaries
-    on every fixture (tests/test_reader_columns.py).
+    on every fixture (tests/test_reader_columns.py). `flightdeck analyze` tries
+    `parse_signatures` first (fewer fields per entry read, in one pass), this where that declines.
 
     Raises NotADumpError where `parse_dump` does.
     """
