@@ -9,7 +9,9 @@ as `flightdeck analyze` uses, in a fresh interpreter) and the ratio of `flightde
 and the load average before and after.
 
     python bench/analyze_scale.py [--ranks 1024] [--entries 2000] [--culprit 637] [--skip-torch]
-        [--workers N]
+        [--workers N] [--repeat N]
+
+Both commands start from byte-compiled modules (compiled once per run, before measuring).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import json
 import os
 import pickle
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -170,6 +173,17 @@ def unpickle_only(paths: list[str], workers: int) -> int:
         return sum(pool.map(_unpickle, paths, chunksize=max(1, len(paths) // (workers * 8))))
 
 
+def _compile_once(cache: Path) -> None:
+    """Byte-compile what both commands import, into a cache of this run (`PYTHONPYCACHEPREFIX`),
+    before either is measured: an installed package has compiled bytecode, and a checkout run
+    with PYTHONDONTWRITEBYTECODE would otherwise compile flightdeck's modules on every start
+    (~0.1 s, more of it for analyze, which imports more)."""
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    os.environ["PYTHONPYCACHEPREFIX"] = str(cache)
+    warm = "import flightdeck.cli, flightdeck.analyze_cmd, flightdeck.analysis, flightdeck.collector.frdump"
+    subprocess.run([sys.executable, "-c", warm], check=True)
+
+
 def _load() -> str:
     with open("/proc/loadavg") as fh:
         return " ".join(fh.read().split()[:3])
@@ -219,6 +233,7 @@ def main() -> int:
         default=min(os.cpu_count() or 1, 8),
         help="reader processes of flightdeck analyze and of the unpickling floor (default: its default)",
     )
+    ap.add_argument("--repeat", type=int, default=1, help="runs of floor and analyze (medians printed)")
     ap.add_argument("--unpickle-only", type=Path, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.unpickle_only is not None:  # the floor's own process (see unpickle_only)
@@ -226,7 +241,10 @@ def main() -> int:
         print(unpickle_only(paths, args.workers))
         return 0
     print(f"load average before: {_load()}")
-    with tempfile.TemporaryDirectory(prefix="fd-bench-") as tmp:
+    with (
+        tempfile.TemporaryDirectory(prefix="fd-bench-") as tmp,
+        tempfile.TemporaryDirectory(prefix="fd-bench-pyc-") as pyc,
+    ):
         d = Path(tmp)
         t = time.monotonic()
         size = build(d, args.ranks, args.entries, args.culprit)
@@ -249,19 +267,36 @@ def main() -> int:
         ]
         floor_cmd = [sys.executable, str(Path(__file__).resolve()), "--unpickle-only", str(d)]
         floor_cmd += ["--workers", str(args.workers)]
-        fwall, fcpu, frss, fcode, ftail = measure(floor_cmd, 600)
-        wall, cpu, rss, code, _tail = measure(fd_cmd, 600)
-        print(
-            f"flightdeck analyze: {wall:.2f} s wall, {cpu:.2f} s CPU, peak RSS {rss} MB, exit {code}, "
-            f"{size / 1e6 / wall:.0f} MB/s ({args.workers} reader processes)"
-        )
-        print(
-            f"unpickling floor:   {fwall:.2f} s wall, {fcpu:.2f} s CPU, peak RSS {frss} MB, exit {fcode} "
-            f"(read + restricted unpickling only, {args.workers} processes); "
-            f"analyze / floor: {wall / fwall:.2f}x wall, {cpu / fcpu:.2f}x CPU"
-        )
-        if fcode != 0:
-            print("  floor failed: " + ftail.strip()[-300:])
+        _compile_once(Path(pyc))
+        walls, fwalls, cpus, fcpus = [], [], [], []
+        for run in range(1, args.repeat + 1):
+            # Floor and analyze alternate, so that a change in the machine's load falls on both.
+            fwall, fcpu, frss, fcode, ftail = measure(floor_cmd, 600)
+            wall, cpu, rss, code, _tail = measure(fd_cmd, 600)
+            walls.append(wall)
+            fwalls.append(fwall)
+            cpus.append(cpu)
+            fcpus.append(fcpu)
+            tag = f"[run {run}, load {_load()}] " if args.repeat > 1 else ""
+            print(
+                f"{tag}flightdeck analyze: {wall:.2f} s wall, {cpu:.2f} s CPU, peak RSS {rss} MB, "
+                f"exit {code}, {size / 1e6 / wall:.0f} MB/s ({args.workers} reader processes)"
+            )
+            print(
+                f"{tag}unpickling floor:   {fwall:.2f} s wall, {fcpu:.2f} s CPU, peak RSS {frss} MB, "
+                f"exit {fcode} (read + restricted unpickling only, {args.workers} processes); "
+                f"analyze / floor: {wall / fwall:.2f}x wall, {cpu / fcpu:.2f}x CPU"
+            )
+            if fcode != 0:
+                print("  floor failed: " + ftail.strip()[-300:])
+        if args.repeat > 1:
+            med = statistics.median
+            print(
+                f"median of {args.repeat}: analyze {med(walls):.2f} s wall, {med(cpus):.2f} s CPU; "
+                f"floor {med(fwalls):.2f} s wall, {med(fcpus):.2f} s CPU; analyze / floor "
+                f"{med(w / f for w, f in zip(walls, fwalls, strict=True)):.2f}x wall, "
+                f"{med(c / f for c, f in zip(cpus, fcpus, strict=True)):.2f}x CPU"
+            )
         out = subprocess.run(fd_cmd, capture_output=True, text=True, check=False)
         verdict = json.loads(out.stdout)
         root = verdict["findings"][0]

@@ -31,7 +31,7 @@ from flightdeck.collector.frdump import (
     read_dump_file,
     read_meta,
 )
-from flightdeck.records import Stack
+from flightdeck.records import GroupInfo, Stack
 from flightdeck.spool import rank_from_name
 
 
@@ -103,6 +103,9 @@ def _summary_of_file(path: Path) -> RankSummary:
     reader gives them (`parse_columns`: whole entries built only for what the summary keeps in
     full), else from the normalized entries. The same summary either way."""
     loaded = load_dump_file(path)
+    lean = loaded.parse_signatures()
+    if lean is not None:
+        return summarize(lean[0], signatures=lean[1])
     got = loaded.parse_columns()
     if got is None:
         return summarize(loaded.parse())
@@ -132,7 +135,18 @@ def load_summaries(
     items = [_RankFiles(j, a, r, tuple(ps)) for (j, a, r), ps in sorted(groups.items(), key=_key)]
     out: dict[tuple[str | None, int], list[RankSummary]] = defaultdict(list)
     n_workers = workers if workers is not None else min(os.cpu_count() or 1, 8)
-    results: Sequence[tuple[RankSummary | None, list[tuple[str, str]]]]
+    results: list[tuple[RankSummary | None, list[tuple[str, str]]]]
+    # Every rank's summary names the same groups, each with its member list (4,096 ints for the
+    # world group of a 4,096-rank job): one copy is kept, not one per rank (~0.6 GB at 4,096),
+    # as each summary arrives.
+    shared: dict[GroupInfo, GroupInfo] = {}
+
+    def keep(res: tuple[RankSummary | None, list[tuple[str, str]]]) -> None:
+        summary = res[0]
+        if summary is not None:
+            summary.groups = {k: shared.setdefault(g, g) for k, g in summary.groups.items()}
+        results.append(res)
+
     if n_workers > 1 and len(items) >= 16:
         # fork: workers inherit the imported modules, so start-up costs milliseconds.
         ctx = multiprocessing.get_context("fork")
@@ -141,13 +155,13 @@ def load_summaries(
             for i, res in enumerate(
                 pool.map(_load_rank, items, chunksize=max(1, len(items) // (n_workers * 8)))
             ):
-                results.append(res)
+                keep(res)
                 if on_progress:
                     on_progress(i + 1, len(items))
     else:
         results = []
         for i, item in enumerate(items):
-            results.append(_load_rank(item))
+            keep(_load_rank(item))
             if on_progress:
                 on_progress(i + 1, len(items))
     for item, (summary, errs) in zip(items, results, strict=True):

@@ -43,6 +43,12 @@ class Frame:
     filename: str
     line: int
 
+    def __reduce__(self) -> tuple[type[Frame], tuple[str, str, int]]:
+        # Pickled as a constructor call: a frozen slots dataclass's default (its __setstate__
+        # looks its fields up on every object) was ~70% of unpickling a rank's summary, which
+        # `flightdeck analyze`'s reader processes send to the parent for every rank.
+        return (Frame, (self.name, self.filename, self.line))
+
 
 Stack = tuple[Frame, ...]
 
@@ -55,6 +61,9 @@ class GroupInfo:
     desc: str
     #: Global ranks of the members, sorted; None when no source told us.
     ranks: tuple[int, ...] | None = None
+
+    def __reduce__(self) -> tuple[type[GroupInfo], tuple[str, str, tuple[int, ...] | None]]:
+        return (GroupInfo, (self.name, self.desc, self.ranks))  # as `Frame.__reduce__`
 
 
 @dataclass(slots=True)

@@ -50,8 +50,28 @@ def _by_columns(loaded: LoadedDump) -> tuple[str, str]:
     return _outcome(run)
 
 
+def _by_signatures(loaded: LoadedDump) -> tuple[str, str]:
+    """What `flightdeck analyze`'s reader makes of a one-file rank (`analyze_cmd._summary_of_file`)."""
+
+    def run() -> Any:
+        lean = loaded.parse_signatures()
+        if lean is not None:
+            return summarize(lean[0], signatures=lean[1])
+        got = loaded.parse_columns()
+        return summarize(*got) if got is not None else summarize(loaded.parse())
+
+    return _outcome(run)
+
+
+def _takes_signatures(loaded: LoadedDump) -> bool:
+    try:
+        return loaded.parse_signatures() is not None
+    except DumpError:
+        return False
+
+
 def test_every_fixture_reads_the_same_by_columns(monkeypatch: pytest.MonkeyPatch) -> None:
-    compared = columns = 0
+    compared = columns = lean = 0
     for path in _dumps():
         try:
             loaded = load_dump_file(path)
@@ -60,10 +80,13 @@ def test_every_fixture_reads_the_same_by_columns(monkeypatch: pytest.MonkeyPatch
         want = _by_entries(loaded, monkeypatch)
         assert _by_parse(loaded) == want, path
         assert _by_columns(loaded) == want, path
+        assert _by_signatures(loaded) == want, path
         compared += 1
         columns += loaded.parse_columns() is not None
+        lean += _takes_signatures(loaded)
     assert compared > 100
     assert columns > compared // 2  # the fast paths are the ones the fixtures take
+    assert lean > compared // 2
 
 
 def test_a_real_dump_takes_the_column_paths() -> None:
@@ -132,7 +155,60 @@ def test_an_odd_value_reads_as_entry_by_entry(name: str, monkeypatch: pytest.Mon
     loaded = LoadedDump(raw, base.rank, base.source, base.meta, base.mtime_ns, base.size)
     declined = frdump._columnar_entries(raw["entries"], frdump._Ctx()) is None
     assert declined != (name in FOLD_DECLINES)
-    assert _by_columns(loaded) == _by_entries(loaded, monkeypatch)
+    want = _by_entries(loaded, monkeypatch)
+    assert _by_columns(loaded) == want
+    assert _by_signatures(loaded) == want
+
+
+#: Values the entry-by-entry path takes in its fast path or converts without a warning, placed
+#: in entries the summary keeps only as columns (not the last ones): the signature path either
+#: reads them the same or declines, and the summary is the same either way.
+SIGNATURE_CASES: dict[str, Callable[[dict[str, Any]], None]] = {
+    **MUTATIONS,
+    "bool seq": lambda e: e.__setitem__("collective_seq_id", True),
+    "str p2p seq": lambda e: e.__setitem__("p2p_seq_id", "x"),
+    "no retired": lambda e: e.pop("retired"),
+    "no is_p2p": lambda e: e.pop("is_p2p"),
+    "truthy is_p2p": lambda e: e.__setitem__("is_p2p", 1),
+    "list process group": lambda e: e.__setitem__("process_group", ["0", "default_pg"]),
+    "three-part process group": lambda e: e.__setitem__("process_group", ("0", "default_pg", "x")),
+    "str sizes": lambda e: e.__setitem__("input_sizes", "ab"),
+    "bytes dims": lambda e: e.__setitem__("input_sizes", [b"\x04"]),
+    "dict sizes": lambda e: e.__setitem__("input_sizes", {(4, 4): 0}),
+    "str dtypes": lambda e: e.__setitem__("input_dtypes", "Float"),
+    "list dtype": lambda e: e.__setitem__("input_dtypes", [["Float"]]),
+    "negative seq": lambda e: e.__setitem__("collective_seq_id", -1),
+    "frames not a list": lambda e: e.__setitem__("frames", 5),
+    "empty frames": lambda e: e.__setitem__("frames", []),
+    "float duration": lambda e: e.__setitem__("duration_ms", 1.5),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SIGNATURE_CASES))
+@pytest.mark.parametrize("where", [0, 3, -1])
+def test_an_odd_value_reads_the_same_by_signatures(
+    name: str, where: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base = load_dump_file(HEALTHY)
+    raw = copy.deepcopy(base.raw)
+    SIGNATURE_CASES[name](raw["entries"][where])
+    loaded = LoadedDump(raw, base.rank, base.source, base.meta, base.mtime_ns, base.size)
+    assert _by_signatures(loaded) == _by_entries(loaded, monkeypatch)
+
+
+def test_shared_objects_read_the_same_by_signatures(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pickle that memoizes lists shared by entries (bench/analyze_scale.py writes such files)
+    decodes to shared objects: read per distinct object, the summary is the same."""
+    base = load_dump_file(HEALTHY)
+    raw = copy.deepcopy(base.raw)
+    entries = raw["entries"]
+    for e in entries[1:]:
+        for k in ("input_sizes", "output_sizes", "input_dtypes", "output_dtypes", "frames"):
+            if e[k] == entries[0][k]:
+                e[k] = entries[0][k]
+    loaded = LoadedDump(raw, base.rank, base.source, base.meta, base.mtime_ns, base.size)
+    assert loaded.parse_signatures() is not None
+    assert _by_signatures(loaded) == _by_entries(loaded, monkeypatch)
 
 
 def test_the_huge_duration_is_still_refused(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -140,9 +216,10 @@ def test_the_huge_duration_is_still_refused(monkeypatch: pytest.MonkeyPatch) -> 
     raw = copy.deepcopy(base.raw)
     _huge_duration(raw["entries"][3])
     loaded = LoadedDump(raw, base.rank, base.source, base.meta, base.mtime_ns, base.size)
-    kind, message = _by_columns(loaded)
-    assert kind == "NotADumpError"
-    assert "OverflowError" in message
+    for read in (_by_columns, _by_signatures):
+        kind, message = read(loaded)
+        assert kind == "NotADumpError"
+        assert "OverflowError" in message
 
 
 def test_every_fixture_normalizes_to_the_same_records(monkeypatch: pytest.MonkeyPatch) -> None:

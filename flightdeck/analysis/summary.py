@@ -10,9 +10,10 @@ can be built next to the file (in a worker process, in the collector) and shippe
 from __future__ import annotations
 
 import hashlib
+import struct
 from array import array
 from bisect import bisect_left
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import compress, islice
 from operator import lt, not_
@@ -220,9 +221,48 @@ class EntryColumns(Protocol):
         ...
 
 
-def summarize(dump: RankDump, columns: EntryColumns | None = None) -> RankSummary:
-    """Build the summary of one rank's (merged) dump; with `columns`, of the dump whose entries
-    are those columns (`dump.entries` is then not read)."""
+class SignatureColumns(Protocol):
+    """A run of entries as the reader's `flightdeck.collector.frdump.SignatureColumns` gives them,
+    for `add_signatures`: positions in record-id order (record ids strictly increase), 64-bit
+    columns, each entry's signature as the position of the first entry with the same one."""
+
+    @property
+    def collective_seq_id(self) -> array[int]: ...
+    @property
+    def time_created_ns(self) -> array[int]: ...
+    @property
+    def op_id(self) -> array[int]: ...
+    @property
+    def groups(self) -> Sequence[str]: ...
+    @property
+    def group_of(self) -> Sequence[int] | None: ...
+    @property
+    def is_p2p(self) -> Sequence[bool] | None: ...
+    @property
+    def key_of(self) -> Sequence[int]: ...
+    @property
+    def keys(self) -> Mapping[int, Signature]: ...
+    @property
+    def framed(self) -> Sequence[int]: ...
+    @property
+    def seq_increasing(self) -> bool: ...
+
+    def __len__(self) -> int: ...
+
+    def entry(self, i: int) -> Entry:
+        """The whole entry at position `i`."""
+        ...
+
+    def frames(self, i: int) -> Stack:
+        """The stack of the entry at position `i`."""
+        ...
+
+
+def summarize(
+    dump: RankDump, columns: EntryColumns | None = None, *, signatures: SignatureColumns | None = None
+) -> RankSummary:
+    """Build the summary of one rank's (merged) dump; with `columns` or `signatures`, of the dump
+    whose entries are those columns (`dump.entries` is then not read)."""
     s = RankSummary(
         rank=dump.rank,
         source=dump.source,
@@ -246,11 +286,110 @@ def summarize(dump: RankDump, columns: EntryColumns | None = None) -> RankSummar
         pg_status=dict(dump.pg_status),
         progress=dump.progress,
     )
-    if columns is None:
-        add_entries(s, dump.entries)
-    else:
+    if signatures is not None:
+        add_signatures(s, signatures)
+    elif columns is not None:
         add_columns(s, columns)
+    else:
+        add_entries(s, dump.entries)
     return s
+
+
+def _first_of_each(positions: Iterable[int], fps: Sequence[int], distinct: int) -> dict[int, int]:
+    """fingerprint -> the first of `positions` that has it, in the order they come; the scan stops
+    once `distinct` fingerprints are found (a ring cycles through a few signatures, so the first
+    and the last few entries usually hold them all)."""
+    out: dict[int, int] = {}
+    for i in positions:
+        fp = fps[i]
+        if fp not in out:
+            out[fp] = i
+            if len(out) == distinct:
+                break
+    return out
+
+
+def _int64_array(values: Sequence[int]) -> array[int]:
+    """Ints (fingerprints: 63 bits) as a 64-bit array, packed in C (`struct`; `array("q", values)`
+    parses each item as a call's argument, several times the cost)."""
+    out = array("q")
+    out.frombytes(struct.pack(f"{len(values)}q", *values))
+    return out
+
+
+def _increasing(a: array[int]) -> bool:
+    """Whether the values strictly increase."""
+    return all(map(lt, a, islice(a, 1, None)))
+
+
+def add_signatures(s: RankSummary, c: SignatureColumns) -> None:
+    """Fold entries given as `SignatureColumns` into a summary that holds no tracks yet: the
+    summary `add_entries` makes of the same entries, with each fingerprint computed once per
+    distinct signature, each group's arrays taken from the 64-bit columns, and whole entries built
+    only for what it keeps in full (each group's tail and point-to-point entries, one stack per
+    signature). Anything but the common shape (a sequence id that does not increase within its
+    group or is negative, a stack that normalizes to none) goes to `add_entries` with every entry
+    built."""
+    n = len(c)
+    key_of, keys, is_p2p = c.key_of, c.keys, c.is_p2p
+    positions: list[Sequence[int]]
+    if c.group_of is None:
+        positions = [range(n)]
+    else:
+        lists: list[list[int]] = [[] for _ in c.groups]
+        for i, gi in enumerate(c.group_of):
+            lists[gi].append(i)
+        positions = list(lists)
+    fp_at = {at: fingerprint(signature_of(*k)) for at, k in keys.items()}
+    fps_list = list(map(fp_at.__getitem__, key_of))
+    fps_all = _int64_array(fps_list)
+    plans = []
+    ok = not (s.tracks or s.sigs or s.sig_frames)
+    for g, idx in zip(c.groups, positions, strict=True):
+        mine = idx if is_p2p is None else [i for i in idx if not is_p2p[i]]
+        if isinstance(mine, range):
+            seqs, created, op_ids, fps = c.collective_seq_id, c.time_created_ns, c.op_id, fps_all
+            increasing = c.seq_increasing
+        else:
+            seqs = array("q", map(c.collective_seq_id.__getitem__, mine))
+            created = array("q", map(c.time_created_ns.__getitem__, mine))
+            op_ids = array("q", map(c.op_id.__getitem__, mine))
+            fps = array("q", map(fps_all.__getitem__, mine))
+            increasing = _increasing(seqs)
+        if seqs and not (seqs[0] >= 0 and increasing):
+            ok = False
+            break
+        plans.append((g, idx, mine, seqs, created, op_ids, fps))
+    coll: Sequence[int] = range(n) if is_p2p is None else list(compress(range(n), map(not_, is_p2p)))
+    framed = c.framed if is_p2p is None else [i for i in c.framed if not is_p2p[i]]
+    # The newest stack per fingerprint, in the order the fingerprints first had one; declined
+    # where the first or the newest entry's frames normalize to no stack (the fold skips those).
+    oldest = _first_of_each(framed, fps_list, len(set(fp_at.values())))
+    newest = _first_of_each(reversed(framed), fps_list, len(oldest))
+    stacks = {fp: c.frames(newest[fp]) for fp in oldest}
+    if not (ok and all(stacks.values()) and all(map(c.frames, oldest.values()))):
+        add_entries(s, [c.entry(i) for i in range(n)])
+        return
+    sigs = s.sigs
+    # Each fingerprint's signature is its first collective's.
+    firsts = keys if is_p2p is None else dict.fromkeys(map(key_of.__getitem__, coll))
+    for at in firsts:
+        fp = fp_at[at]
+        if fp not in sigs:
+            sigs[fp] = signature_of(*keys[at])
+    s.sig_frames.update(stacks)
+    free = {at for at, k in keys.items() if k[0] in _SIZES_FREE}
+    for g, idx, mine, seqs, created, op_ids, fps in plans:
+        track = s.tracks[g] = GroupTrack(seqs=seqs, fps=fps, created_ns=created, op_ids=op_ids)
+        track.tail = [c.entry(i) for i in mine[-TAIL:]]
+        if is_p2p is not None and len(mine) < len(idx):
+            track.p2p = [c.entry(i) for i in idx if is_p2p[i]]
+        if free:
+            recent = [i for i in mine if key_of[i] in free][-TOTALS_KEPT:]
+            track.totals = {
+                c.collective_seq_id[i]: (_elements(keys[key_of[i]][1]), _elements(keys[key_of[i]][2]))
+                for i in recent
+            }
 
 
 def add_columns(s: RankSummary, c: EntryColumns) -> None:
