@@ -24,17 +24,13 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from flightdeck.demo.cmd import SCENARIOS
 from flightdeck.demo.ranks import free_port
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-if TYPE_CHECKING:
-    from tests.ops_stack import Delivery, HangTarget, OpsStack, pages
-else:
-    from ops_stack import Delivery, HangTarget, OpsStack, pages
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+from tests.support.ops_stack import Delivery, HangTarget, OpsStack, pages
 
 _JOB = re.compile(r"^job (\S+): ")
 _FAULT_AT = re.compile(r"\(?at (\d+\.\d+)\)")

@@ -30,41 +30,23 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run as a script from anywhere
-sys.path.insert(0, str(ROOT / "tests"))
-if TYPE_CHECKING:
-    from tests.netns_cluster import (
-        BUSY,
-        BUSY_S,
-        EXPECTED,
-        FAULT_RANK,
-        FAULT_STEP,
-        FAULTS,
-        FaultRun,
-        NetnsCluster,
-        await_finding,
-        inject_fault,
-        netns_unavailable,
-    )
-    from tests.ops_stack import Delivery, HangTarget, OpsStack, pages
-else:
-    from netns_cluster import (
-        BUSY,
-        BUSY_S,
-        EXPECTED,
-        FAULT_RANK,
-        FAULT_STEP,
-        FAULTS,
-        FaultRun,
-        NetnsCluster,
-        await_finding,
-        inject_fault,
-        netns_unavailable,
-    )
-    from ops_stack import Delivery, HangTarget, OpsStack, pages
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+from tests.support.netns_cluster import (
+    BUSY,
+    BUSY_S,
+    EXPECTED,
+    FAULT_RANK,
+    FAULT_STEP,
+    FAULTS,
+    FaultRun,
+    NetnsCluster,
+    await_finding,
+    inject_fault,
+    netns_unavailable,
+)
+from tests.support.ops_stack import Delivery, HangTarget, OpsStack, pages
 
 #: Targets of issue #19 (seconds from the fault to the page at the webhook, shipped defaults).
 PAGE_TARGET_S = 15.0

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 from flightdeck.demo.ranks import free_port
 from flightdeck.server import store
 from flightdeck.server.db import connect
-from tests.hostile_corpus import Choice, Corpus, Request, Tally, entries_lost, send
+from tests.support.hostile_corpus import Choice, Corpus, Request, Tally, entries_lost, send
 
 
 def _peak_rss_mb(pid: int) -> float:

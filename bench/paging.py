@@ -34,19 +34,18 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run as a script from anywhere
-sys.path.insert(0, str(ROOT / "tests"))
-if TYPE_CHECKING:
-    from tests.ops_stack import HangTarget, OpsStack
-    from tests.paging_stack import ServerProcess, incident, notifications
-    from tests.test_replica_export import feed, figures_from_prometheus, figures_of
-else:
-    from ops_stack import HangTarget, OpsStack
-    from paging_stack import ServerProcess, incident, notifications
-    from test_replica_export import feed, figures_from_prometheus, figures_of
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+from tests.support.ops_stack import HangTarget, OpsStack
+from tests.support.paging_stack import (
+    ServerProcess,
+    feed,
+    figures_from_prometheus,
+    figures_of,
+    incident,
+    notifications,
+)
 
 SCENARIOS = ("stall", "restart", "lost_rank", "failover", "replicas")
 PG_ADMIN_URL = os.environ.get("FLIGHTDECK_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")

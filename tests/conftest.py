@@ -9,22 +9,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.support.clock import FakeClock
+
 #: PostgreSQL server the tests may use (trust auth); FLIGHTDECK_TEST_PG="" turns those tests off.
 PG_ADMIN_URL = os.environ.get("FLIGHTDECK_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
-
-
-class FakeClock:
-    """An injectable clock (epoch ns) that tests move by hand."""
-
-    def __init__(self, now_ns: int) -> None:
-        self.now_ns = now_ns
-
-    def __call__(self) -> int:
-        return self.now_ns
-
-    def advance(self, seconds: float) -> None:
-        """Move the clock forward."""
-        self.now_ns += int(seconds * 1_000_000_000)
 
 
 @pytest.fixture(scope="session")

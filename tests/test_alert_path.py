@@ -12,30 +12,18 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 
-if TYPE_CHECKING:
-    from tests.ops_stack import (
-        ALERTMANAGER_BINARIES,
-        PROMETHEUS_BINARIES,
-        Delivery,
-        HangTarget,
-        OpsStack,
-        fake_hang_target,
-        find_binary,
-    )
-else:
-    from ops_stack import (
-        ALERTMANAGER_BINARIES,
-        PROMETHEUS_BINARIES,
-        Delivery,
-        HangTarget,
-        OpsStack,
-        fake_hang_target,
-        find_binary,
-    )
+from tests.support.ops_stack import (
+    ALERTMANAGER_BINARIES,
+    PROMETHEUS_BINARIES,
+    Delivery,
+    HangTarget,
+    OpsStack,
+    fake_hang_target,
+    find_binary,
+)
 
 RULES = Path(__file__).resolve().parents[1] / "dashboards" / "alerts" / "flightdeck.rules.yml"
 

@@ -13,16 +13,17 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 
-if TYPE_CHECKING:
-    from tests.ops_stack import ALERTMANAGER_BINARIES, PROMETHEUS_BINARIES, HangTarget, OpsStack, find_binary
-    from tests.test_server_support import body, make_batch, scenario_dumps, snapshots
-else:
-    from ops_stack import ALERTMANAGER_BINARIES, PROMETHEUS_BINARIES, HangTarget, OpsStack, find_binary
-    from test_server_support import body, make_batch, scenario_dumps, snapshots
+from tests.support.ops_stack import (
+    ALERTMANAGER_BINARIES,
+    PROMETHEUS_BINARIES,
+    HangTarget,
+    OpsStack,
+    find_binary,
+)
+from tests.support.server_batches import body, make_batch, scenario_dumps, snapshots
 
 RULES = Path(__file__).resolve().parents[1] / "dashboards" / "alerts" / "flightdeck.rules.yml"
 

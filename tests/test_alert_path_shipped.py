@@ -20,43 +20,26 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 import yaml
 
-if TYPE_CHECKING:
-    from tests.ops_stack import (
-        ALERTMANAGER_BINARIES,
-        PAGE_PATH,
-        PROMETHEUS_BINARIES,
-        SHIPPED_ALERTMANAGER,
-        SHIPPED_PROMETHEUS,
-        HangTarget,
-        OpsStack,
-        find_binary,
-        pages,
-        render_shipped,
-    )
-    from tests.paging_stack import incident
-    from tests.test_server_support import body, make_batch, scenario_dumps, snapshots
-else:
-    from ops_stack import (
-        ALERTMANAGER_BINARIES,
-        PAGE_PATH,
-        PROMETHEUS_BINARIES,
-        SHIPPED_ALERTMANAGER,
-        SHIPPED_PROMETHEUS,
-        HangTarget,
-        OpsStack,
-        find_binary,
-        pages,
-        render_shipped,
-    )
-    from paging_stack import incident
-    from test_server_support import body, make_batch, scenario_dumps, snapshots
-
 from flightdeck.demo.ranks import free_port
+from tests.support.ops_stack import (
+    ALERTMANAGER_BINARIES,
+    PAGE_PATH,
+    PROMETHEUS_BINARIES,
+    SHIPPED_ALERTMANAGER,
+    SHIPPED_PROMETHEUS,
+    HangTarget,
+    OpsStack,
+    find_binary,
+    pages,
+    render_shipped,
+)
+from tests.support.paging_stack import incident
+from tests.support.server_batches import body, make_batch, scenario_dumps, snapshots
 
 _BINARIES = find_binary(PROMETHEUS_BINARIES) is not None and find_binary(ALERTMANAGER_BINARIES) is not None
 needs_binaries = pytest.mark.skipif(

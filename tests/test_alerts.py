@@ -6,18 +6,14 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 import yaml
 
 from flightdeck.dashboards.alert_links import RULE_FILES, render, write
 from flightdeck.dashboards.defaults import DEFAULT_FLIGHTDECK_URL, DEFAULT_RUNBOOK_URL
-
-if TYPE_CHECKING:
-    from tests.metrics_doc import documented_series, metric_names
-else:
-    from metrics_doc import documented_series, metric_names
+from tests.support.metrics_doc import documented_series, metric_names
 
 REPO = Path(__file__).resolve().parents[1]
 ALERTS = REPO / "dashboards" / "alerts"

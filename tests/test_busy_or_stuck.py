@@ -28,13 +28,13 @@ from typing import Any
 import pytest
 
 from flightdeck.demo.ranks import free_port
-from tests.test_e2e import get, job_report, wait_until
+from tests.support.api_client import get, job_report, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 torch = pytest.importorskip("torch", reason="these tests run a real gloo job")
 
 FLIGHTDECK = [sys.executable, "-m", "flightdeck"]
-JOB_SCRIPT = Path(__file__).parent / "progress_job.py"
+JOB_SCRIPT = Path(__file__).parent / "support" / "progress_job.py"
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -173,7 +173,7 @@ class Job:
 
 @contextlib.contextmanager
 def torchrun(stack: Stack, tmp_path: Path, job: str, *args: str) -> Iterator[Job]:
-    """`torchrun --nproc-per-node 3 -m flightdeck.agent tests/progress_job.py ARGS` with the agent's
+    """`torchrun --nproc-per-node 3 -m flightdeck.agent tests/support/progress_job.py ARGS` with the agent's
     default settings, spooling where the collector watches."""
     env = {
         k: v

@@ -11,54 +11,19 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 
-if TYPE_CHECKING:
-    from tests.test_collector_daemon import stand_ins
-    from tests.test_collector_fixtures import REPO, thread_guard
-    from tests.test_collector_recorder import Recorder, wait_for
-    from tests.test_collector_server import Server
-else:
-    from test_collector_daemon import stand_ins
-    from test_collector_fixtures import REPO, thread_guard
-    from test_collector_recorder import Recorder, wait_for
-    from test_collector_server import Server
+from tests.support.collector_fixtures import REPO, thread_guard
+from tests.support.collector_harness import stand_ins
+from tests.support.collector_recorder import Recorder, wait_for
+from tests.support.collector_stack import Server, write_config
 
 
 @pytest.fixture(autouse=True)
 def _no_leaked_threads() -> Iterator[None]:
     yield from thread_guard()
-
-
-def write_config(tmp_path: Path, url: str, **extra: Any) -> Path:
-    values: dict[str, Any] = {
-        "server_url": url,
-        "token": "tok",
-        "spool_dirs": [str(tmp_path / "spool")],
-        "torch_dump_prefixes": [],
-        "state_dir": str(tmp_path / "state"),
-        "metrics_listen": "",
-        "host": "node-k",
-        "push_interval_s": 0.1,
-        "rescan_interval_s": 1.0,
-        "retry_backoff_s": 0.05,
-        "retry_backoff_max_s": 0.2,
-        "shutdown_grace_s": 3.0,
-    }
-    values.update(extra)
-    lines = []
-    for k, v in values.items():
-        if isinstance(v, str):
-            lines.append(f'{k} = "{v}"')
-        elif isinstance(v, list):
-            lines.append(f"{k} = [{', '.join(repr(x).replace(chr(39), chr(34)) for x in v)}]")
-        else:
-            lines.append(f"{k} = {v}")
-    cfg = tmp_path / "collector.toml"
-    cfg.write_text("\n".join(lines) + "\n")
-    return cfg
 
 
 def clean_env() -> dict[str, str]:

@@ -10,15 +10,11 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-if TYPE_CHECKING:
-    from tests.paging_stack import ServerProcess
-else:
-    from paging_stack import ServerProcess
+from tests.support.paging_stack import ServerProcess
 
 AGE = "flightdeck_collector_last_push_age_seconds"
 

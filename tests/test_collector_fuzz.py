@@ -13,7 +13,7 @@ import json
 import pickle
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 from hypothesis import HealthCheck, given, settings
@@ -23,11 +23,7 @@ from flightdeck.collector.frdump import DumpError, load_raw
 from flightdeck.collector.incremental import IncrementalReader
 from flightdeck.snapshot_check import SnapshotError, check_snapshot
 from flightdeck.wire import Batch, decode_batch, encode_batch, snapshot_from_dump
-
-if TYPE_CHECKING:
-    from tests.test_collector_fixtures import FR_DATA
-else:
-    from test_collector_fixtures import FR_DATA
+from tests.support.collector_fixtures import FR_DATA
 
 SRC = FR_DATA / "healthy_2" / "rank_0.final.pkl"
 RAW = load_raw(SRC.read_bytes())

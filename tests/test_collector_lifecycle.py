@@ -22,7 +22,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -30,17 +30,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from flightdeck.collector.processes import ProcTable
 from flightdeck.demo.ranks import free_port
 from flightdeck.wire import decode_batch
-
-if TYPE_CHECKING:
-    from tests.test_collector_daemon import Harness, settings_for
-    from tests.test_collector_fixtures import FR_DATA, spool_scenario, thread_guard
-    from tests.test_collector_recorder import Recorder
-    from tests.test_collector_server import FLIGHTDECK, Server, get_json, wait_until
-else:
-    from test_collector_daemon import Harness, settings_for
-    from test_collector_fixtures import FR_DATA, spool_scenario, thread_guard
-    from test_collector_recorder import Recorder
-    from test_collector_server import FLIGHTDECK, Server, get_json, wait_until
+from tests.support.collector_fixtures import FR_DATA, spool_scenario, thread_guard
+from tests.support.collector_harness import Harness, settings_for
+from tests.support.collector_recorder import Recorder
+from tests.support.collector_stack import FLIGHTDECK, Server, get_json, wait_until
 
 HOST = "node-a"  # settings_for's collector host name
 

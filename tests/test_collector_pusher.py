@@ -9,7 +9,6 @@ import random
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import httpx
 import pytest
@@ -20,13 +19,8 @@ from flightdeck.collector.metrics import CollectorMetrics
 from flightdeck.collector.pusher import Outcome, Pusher, parse_retry_after
 from flightdeck.collector.queue import DurableQueue, NewBatch
 from flightdeck.wire import Batch, decode_batch, encode_batch, snapshot_from_dump
-
-if TYPE_CHECKING:
-    from tests.test_collector_fixtures import FR_DATA, thread_guard
-    from tests.test_collector_recorder import Recorder, Scripted
-else:
-    from test_collector_fixtures import FR_DATA, thread_guard
-    from test_collector_recorder import Recorder, Scripted
+from tests.support.collector_fixtures import FR_DATA, thread_guard
+from tests.support.collector_recorder import Recorder, Scripted
 
 
 @pytest.fixture(autouse=True)

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 import yaml
@@ -246,10 +246,7 @@ def test_compose_resolves_the_guards_as_the_secure_defaults_test_does(compose: P
     """The real compose binary resolves the server's environment exactly as
     tests/test_secure_defaults.py's own interpolation does (which the running-server check uses),
     and hands Prometheus the read token as a secret."""
-    if TYPE_CHECKING:
-        from tests.test_secure_defaults import real_secrets, resolved_compose
-    else:
-        from test_secure_defaults import real_secrets, resolved_compose
+    from tests.support.compose import real_secrets, resolved_compose
 
     secrets = real_secrets()
     env_file = tmp_path / "test.env"

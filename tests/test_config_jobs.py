@@ -23,9 +23,9 @@ from flightdeck.analysis.findings import CONFIG_KINDS
 from flightdeck.collector.frdump import discover, merge, read_dump_file
 from flightdeck.records import RankDump
 from flightdeck.wire import snapshot_from_dump
-from tests.conftest import FakeClock
 from tests.fr_jobs.config_worker import run_config_job
-from tests.test_server_api import Server, make_server
+from tests.support.clock import FakeClock
+from tests.support.server_app import Server, make_server
 
 NS = 1_000_000_000
 SECRET = "hf_Zx8Qm2Lr7Tb4Wn9Kc3Vy6Pd1Gs5Jh0Af"  # looks like an access token (not a real one)

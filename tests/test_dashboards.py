@@ -7,7 +7,7 @@ import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 from jsonschema import Draft7Validator
@@ -19,11 +19,7 @@ from flightdeck.dashboards import build
 from flightdeck.dashboards.cmd import main as dashboards_main
 from flightdeck.dashboards.common import DATASOURCE_UID, DATASOURCE_VARIABLE, URL_VARIABLE
 from flightdeck.dashboards.defaults import BUILD_DIR
-
-if TYPE_CHECKING:
-    from tests.metrics_doc import documented_series, metric_names
-else:
-    from metrics_doc import documented_series, metric_names
+from tests.support.metrics_doc import documented_series, metric_names
 
 REPO = Path(__file__).resolve().parents[1]
 #: Grafana's schemas, vendored into the repository (tests/data/grafana/README.md).

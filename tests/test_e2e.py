@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 
 from flightdeck.demo.ranks import JobSpec, free_port, start_ranks, stop_all
+from tests.support.api_client import get, job_report, wait_until
 
 #: Each test is bounded (its waits are bounded too; this is the backstop against a hung process).
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -51,36 +52,6 @@ FAST = [
     "--settle",
     "2",
 ]
-
-
-def get(url: str, token: str | None = None) -> tuple[int, str]:
-    """GET `url`: (status, body); status 0 when nothing answers."""
-    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
-    try:
-        with urllib.request.urlopen(req, timeout=10) as r:
-            return int(r.status), r.read().decode()
-    except urllib.error.HTTPError as exc:
-        return int(exc.code), exc.read().decode(errors="replace")
-    except OSError:
-        return 0, ""
-
-
-def wait_until(cond: Any, timeout_s: float, what: str, poll_s: float = 0.2) -> Any:
-    """Poll `cond()` until it returns something truthy (returned) or fail after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(poll_s)
-
-
-def job_report(base: str, job: str, token: str | None = None) -> dict[str, Any] | None:
-    """The server's report of `job`, None while it does not know the job."""
-    status, body = get(f"{base}/api/v1/jobs/{urllib.parse.quote(job)}", token)
-    return json.loads(body) if status == 200 else None
 
 
 def children_of(pid: int) -> list[int]:

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from flightdeck.demo.ranks import free_port
 from flightdeck.server import store
 from flightdeck.server.db import connect
-from tests.hostile_corpus import Choice, Corpus, Tally, entries_lost, send
+from tests.support.hostile_corpus import Choice, Corpus, Tally, entries_lost, send
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

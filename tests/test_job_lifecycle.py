@@ -29,9 +29,9 @@ from flightdeck.server.ingest import hash_token
 from flightdeck.server.live import end_state, job_end, job_status
 from flightdeck.server.models import Job
 from flightdeck.wire import Batch, GoneRank, Snapshot
-from tests.conftest import FakeClock
-from tests.test_server_api import AUTH, STALL_S, Server, healthy_prefix, make_server, start_server_process
-from tests.test_server_support import body, make_batch, scenario_dumps, snapshots
+from tests.support.clock import FakeClock
+from tests.support.server_app import AUTH, STALL_S, Server, healthy_prefix, make_server, start_server_process
+from tests.support.server_batches import body, make_batch, scenario_dumps, snapshots
 
 NS = 1_000_000_000
 JOB = "healthy_4"

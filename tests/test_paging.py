@@ -14,30 +14,19 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 
-if TYPE_CHECKING:
-    from tests.ops_stack import (
-        ALERTMANAGER_BINARIES,
-        PROMETHEUS_BINARIES,
-        Delivery,
-        HangTarget,
-        OpsStack,
-        find_binary,
-    )
-    from tests.paging_stack import ServerProcess, incident, notifications
-else:
-    from ops_stack import (
-        ALERTMANAGER_BINARIES,
-        PROMETHEUS_BINARIES,
-        Delivery,
-        HangTarget,
-        OpsStack,
-        find_binary,
-    )
-    from paging_stack import ServerProcess, incident, notifications
+from tests.support.ops_stack import (
+    ALERTMANAGER_BINARIES,
+    PROMETHEUS_BINARIES,
+    Delivery,
+    HangTarget,
+    OpsStack,
+    find_binary,
+)
+from tests.support.paging_stack import ServerProcess, incident, notifications
 
 pytestmark = [
     pytest.mark.slow,

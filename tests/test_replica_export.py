@@ -16,17 +16,25 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-if TYPE_CHECKING:
-    from tests.ops_stack import ALERTMANAGER_BINARIES, PROMETHEUS_BINARIES, HangTarget, OpsStack, find_binary
-    from tests.paging_stack import ServerProcess, healthy_job, incident, nixl_sample, notifications
-else:
-    from ops_stack import ALERTMANAGER_BINARIES, PROMETHEUS_BINARIES, HangTarget, OpsStack, find_binary
-    from paging_stack import ServerProcess, healthy_job, incident, nixl_sample, notifications
+from tests.support.ops_stack import (
+    ALERTMANAGER_BINARIES,
+    PROMETHEUS_BINARIES,
+    HangTarget,
+    OpsStack,
+    find_binary,
+)
+from tests.support.paging_stack import (
+    ServerProcess,
+    feed,
+    figures_from_prometheus,
+    figures_of,
+    incident,
+    notifications,
+)
 
 pytestmark = [
     pytest.mark.slow,
@@ -35,72 +43,6 @@ pytestmark = [
         reason="needs `prometheus` and `prometheus-alertmanager` (Debian packages of the same names)",
     ),
 ]
-
-#: The summed figures compared: PromQL over both replicas, and the same over one server's exposition.
-SUMS = {
-    "jobs": "sum(flightdeck_jobs)",
-    "jobs hung": 'sum(flightdeck_jobs{status="hung"})',
-    "hang active": "sum(flightdeck_job_hang_active)",
-    "culprit ranks": "sum(flightdeck_job_culprit_ranks)",
-    "NIXL bytes written": "sum(flightdeck_nixl_tx_bytes_total)",
-    "NIXL registered memory": "sum(flightdeck_nixl_memory_registered_bytes)",
-    "collectors": "count(flightdeck_collector_last_push_age_seconds)",
-}
-#: metric (sample name) and label filter of each figure, for one server's exposition.
-_SAMPLES: dict[str, tuple[str, dict[str, str], str]] = {
-    "jobs": ("flightdeck_jobs", {}, "sum"),
-    "jobs hung": ("flightdeck_jobs", {"status": "hung"}, "sum"),
-    "hang active": ("flightdeck_job_hang_active", {}, "sum"),
-    "culprit ranks": ("flightdeck_job_culprit_ranks", {}, "sum"),
-    "NIXL bytes written": ("flightdeck_nixl_tx_bytes_total", {}, "sum"),
-    "NIXL registered memory": ("flightdeck_nixl_memory_registered_bytes", {}, "sum"),
-    "collectors": ("flightdeck_collector_last_push_age_seconds", {}, "count"),
-}
-
-
-def figures_of(exposition: str) -> dict[str, float]:
-    """The `SUMS` figures computed from one server's /metrics text."""
-    samples = [s for fam in text_string_to_metric_families(exposition) for s in fam.samples]
-    out = {}
-    for key, (name, labels, how) in _SAMPLES.items():
-        values = [
-            s.value
-            for s in samples
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
-        ]
-        out[key] = float(len(values)) if how == "count" else float(sum(values))
-    return out
-
-
-def figures_from_prometheus(stack: OpsStack) -> dict[str, float]:
-    """The `SUMS` figures as Prometheus computes them over every scraped replica."""
-    out = {}
-    for key, expr in SUMS.items():
-        rows = stack.query(expr)
-        out[key] = float(rows[0]["value"][1]) if rows else 0.0
-    return out
-
-
-def feed(servers: list[ServerProcess], *, now_ns: int) -> None:
-    """The same batches, spread over `servers` (one server gets them all)."""
-    a, b = servers[0], servers[-1]
-    a.post(incident("hang", "hung-job"))
-    finals = healthy_job("healthy-job")
-    a.post(finals[:2])
-    b.post(finals[2:])
-    a.post(
-        [], nixl=[nixl_sample("node-1", "agent-a", tx_bytes=1_000_000, read_time_ns=now_ns, registered=4096)]
-    )
-    b.post(
-        [], nixl=[nixl_sample("node-2", "agent-b", tx_bytes=500_000, read_time_ns=now_ns, registered=2048)]
-    )
-    # a later sample of agent-a through the other replica (the balancer moved its collector)
-    b.post(
-        [],
-        nixl=[
-            nixl_sample("node-1", "agent-a", tx_bytes=3_000_000, read_time_ns=now_ns + 10**9, registered=8192)
-        ],
-    )
 
 
 def _wait(predicate: Any, timeout: float, what: str) -> Any:

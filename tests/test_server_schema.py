@@ -26,9 +26,9 @@ from flightdeck.server.db import connect, migrate
 from flightdeck.server.ingest import hash_token
 from flightdeck.server.models import Base
 from flightdeck.server.schema import current_revision, head_revisions
-from tests.conftest import FakeClock
-from tests.test_server_api import TOKEN, Server, make_server
-from tests.test_server_support import scenario_dumps, snapshots
+from tests.support.clock import FakeClock
+from tests.support.server_app import TOKEN, Server, make_server
+from tests.support.server_batches import scenario_dumps, snapshots
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -123,8 +123,8 @@ def test_a_server_process_on_a_dropped_and_recreated_database_answers_503_withou
     per request or per worker step), and after `flightdeck migrate` it serves again."""
     import psycopg
 
-    from tests.test_server_api import start_server_process
-    from tests.test_server_support import body, make_batch
+    from tests.support.server_app import start_server_process
+    from tests.support.server_batches import body, make_batch
 
     assert main(["migrate", "--database-url", pg_url]) == 0
     token = "fdk_process-test-token"

@@ -25,8 +25,8 @@ from flightdeck.nixl_records import NixlSample
 from flightdeck.records import Frame
 from flightdeck.web.routes import CSP
 from flightdeck.wire import Snapshot
-from tests.conftest import FakeClock
-from tests.test_server_api import NS, STALL_S, Server, make_server, skip_stuck_view
+from tests.support.clock import FakeClock
+from tests.support.server_app import NS, STALL_S, Server, make_server, skip_stuck_view
 
 EVIL = "<script>alert(1)</script>"
 #: A job id with a slash, a space and an unclosed tag: one URL path segment cannot hold it.

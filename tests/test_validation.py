@@ -30,9 +30,9 @@ from flightdeck.demo.ranks import free_port
 from flightdeck.limits import INT64_MAX, MAX_WORLD_SIZE
 from flightdeck.server import store
 from flightdeck.wire import encode_batch
-from tests.conftest import FakeClock
-from tests.test_server_api import AUTH, Server, make_server
-from tests.test_server_support import make_batch, scenario_dumps, snapshots
+from tests.support.clock import FakeClock
+from tests.support.server_app import AUTH, Server, make_server
+from tests.support.server_batches import make_batch, scenario_dumps, snapshots
 
 NS = 1_000_000_000
 
@@ -553,7 +553,7 @@ def test_wire_v1_snapshots_are_checked_by_the_same_rules() -> None:
     """An older collector's batch (entries as objects): the same values refused, with reasons."""
     from flightdeck.records import entry_to_wire
     from flightdeck.server.validation import decode_checked
-    from tests.test_ingest_fastpath import entry, wire_doc
+    from tests.support.wire_docs import entry, wire_doc
 
     ok = wire_doc([entry_to_wire(entry(0), 0), entry_to_wire(entry(1), 1)])
     batch, refused = decode_checked(ok)

@@ -30,8 +30,8 @@ from flightdeck.server.metrics import WebhookMetrics
 from flightdeck.server.settings import ServerSettings
 from flightdeck.server.webhooks import WebhookSender
 from flightdeck.wire import Snapshot
-from tests.conftest import FakeClock
-from tests.test_server_api import (
+from tests.support.clock import FakeClock
+from tests.support.server_app import (
     STALL_S,
     Server,
     healthy_prefix,
@@ -39,7 +39,7 @@ from tests.test_server_api import (
     skip_stuck_view,
     start_server_process,
 )
-from tests.test_server_support import body, make_batch, renamed
+from tests.support.server_batches import body, make_batch, renamed
 
 NS = 1_000_000_000
 

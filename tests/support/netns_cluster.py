@@ -35,15 +35,11 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
 from flightdeck.demo.ranks import JobSpec, free_port, start_rank, stop_all
 from flightdeck.demo.worker import busy_pg_timeout_s
-
-if TYPE_CHECKING:
-    from tests.ops_stack import Delivery, WebhookReceiver
-else:
-    from ops_stack import Delivery, WebhookReceiver
+from tests.support.ops_stack import Delivery, WebhookReceiver
 
 #: Namespaces, bridges and root-side veths this module creates; the number is the owner's pid.
 _NS_RE = re.compile(r"^fd-h\d+-(\d+)$")

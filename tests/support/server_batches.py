@@ -19,7 +19,7 @@ from flightdeck.collector.frdump import read_dump_file
 from flightdeck.records import RankDump
 from flightdeck.wire import Batch, Snapshot, encode_batch, snapshot_from_dump
 
-FR_DATA = Path(__file__).parent / "data" / "fr"
+FR_DATA = Path(__file__).resolve().parents[1] / "data" / "fr"
 
 
 def scenario_expected(name: str) -> dict[str, Any]:
