@@ -185,9 +185,8 @@ def test_flightdeck_analyze_reports_the_skew_offline(skewed: dict[int, RankDump]
 @pytest.fixture
 def server(database_url: str, clock: FakeClock) -> Iterator[Server]:
     """A server on a fresh database (SQLite file or PostgreSQL schema)."""
-    srv = make_server(database_url, clock)
-    yield srv
-    srv.svc.close()
+    with make_server(database_url, clock) as srv:
+        yield srv
 
 
 def test_server_stores_configs_and_opens_resolves_findings(

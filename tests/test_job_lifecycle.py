@@ -40,9 +40,8 @@ JOB = "healthy_4"
 @pytest.fixture
 def server(database_url: str, clock: FakeClock) -> Iterator[Server]:
     """A server with short retention of ended jobs' series (60 s)."""
-    srv = make_server(database_url, clock, ended_series_s=60.0)
-    yield srv
-    srv.svc.close()
+    with make_server(database_url, clock, ended_series_s=60.0) as srv:
+        yield srv
 
 
 def push_batch(srv: Server, batch: Batch, auth: dict[str, str] | None = None) -> httpx.Response:

@@ -64,6 +64,12 @@ class Server:
         )
         return resp
 
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.svc.close()
+
     def diagnose(self) -> None:
         """Fold everything in and diagnose every job now."""
         self.svc.live.step(force=True)
