@@ -1,18 +1,17 @@
 """Shared fixtures. Server tests: a real database per test (SQLite file, or a fresh schema in a
-PostgreSQL database created for the test session), a fake clock."""
+PostgreSQL database created for the test session), a fake clock. Collector tests: a recording ingest
+endpoint. Helpers that are not fixtures live in tests/support/."""
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 
 import pytest
 
 from tests.support.clock import FakeClock
-
-#: PostgreSQL server the tests may use (trust auth); FLIGHTDECK_TEST_PG="" turns those tests off.
-PG_ADMIN_URL = os.environ.get("FLIGHTDECK_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+from tests.support.collector_recorder import Recorder
+from tests.support.postgres import PG_ADMIN_URL
 
 
 @pytest.fixture(scope="session")
@@ -54,3 +53,10 @@ def database_url(request: pytest.FixtureRequest, tmp_path: object) -> str:
 def clock() -> FakeClock:
     """A fake clock at a fixed moment (tests move it)."""
     return FakeClock(1_800_000_000 * 1_000_000_000)
+
+
+@pytest.fixture
+def recorder() -> Iterator[Recorder]:
+    """A recording ingest endpoint on 127.0.0.1 for the collector tests (collector_recorder.py)."""
+    with Recorder() as rec:
+        yield rec

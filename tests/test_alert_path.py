@@ -15,14 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.markers import needs_ops_binaries
 from tests.support.ops_stack import (
-    ALERTMANAGER_BINARIES,
-    PROMETHEUS_BINARIES,
     Delivery,
     HangTarget,
     OpsStack,
     fake_hang_target,
-    find_binary,
 )
 
 RULES = Path(__file__).resolve().parents[1] / "dashboards" / "alerts" / "flightdeck.rules.yml"
@@ -32,10 +30,7 @@ DELIVERY_BOUND_S = 60.0
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(
-        find_binary(PROMETHEUS_BINARIES) is None or find_binary(ALERTMANAGER_BINARIES) is None,
-        reason="needs `prometheus` and `prometheus-alertmanager` (Debian packages of the same names)",
-    ),
+    needs_ops_binaries,
 ]
 
 

@@ -30,12 +30,6 @@ def _no_leaked_threads() -> Iterator[None]:
 
 
 @pytest.fixture
-def recorder() -> Iterator[Recorder]:
-    with Recorder() as rec:
-        yield rec
-
-
-@pytest.fixture
 def harness(tmp_path: Path, recorder: Recorder) -> Iterator[Harness]:
     h = Harness(settings_for(tmp_path, recorder.url))
     yield h

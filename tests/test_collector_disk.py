@@ -20,8 +20,8 @@ from tests.support.collector_stack import (
     expected_entries,
     rank_feeders,
     stored,
-    wait_until,
 )
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -25,8 +25,8 @@ from tests.support.collector_stack import (
     expected,
     stop_promptly,
     timeline,
-    wait_until,
 )
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

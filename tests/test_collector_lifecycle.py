@@ -30,10 +30,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from flightdeck.collector.processes import ProcTable
 from flightdeck.demo.ranks import free_port
 from flightdeck.wire import decode_batch
+from tests.support.cli import FLIGHTDECK
 from tests.support.collector_fixtures import FR_DATA, spool_scenario, thread_guard
 from tests.support.collector_harness import Harness, settings_for
 from tests.support.collector_recorder import Recorder
-from tests.support.collector_stack import FLIGHTDECK, Server, get_json, wait_until
+from tests.support.collector_stack import Server, get_json
+from tests.support.waiting import wait_until
 
 HOST = "node-a"  # settings_for's collector host name
 
@@ -41,12 +43,6 @@ HOST = "node-a"  # settings_for's collector host name
 @pytest.fixture(autouse=True)
 def _no_leaked_threads() -> Iterator[None]:
     yield from thread_guard()
-
-
-@pytest.fixture
-def recorder() -> Iterator[Recorder]:
-    with Recorder() as rec:
-        yield rec
 
 
 @pytest.fixture
@@ -423,7 +419,7 @@ def test_flightdeck_up_restarted_on_the_same_folders_ships_nothing_again(tmp_pat
             seen.append(_metric_sum(base, "flightdeck_ingest_entries_total"))
             return len(seen) >= 3 and seen[-1] == seen[-3] > 0
 
-        wait_until(settled, 60, "every spooled entry at the server", interval_s=1.0)
+        wait_until(settled, 60, "every spooled entry at the server", poll_s=1.0)
         before = _report(base, "up-replay")
         assert before is not None
     with _flightdeck_up(tmp_path) as base:

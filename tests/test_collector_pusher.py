@@ -64,12 +64,6 @@ class Rig:
 
 
 @pytest.fixture
-def recorder() -> Iterator[Recorder]:
-    with Recorder() as rec:
-        yield rec
-
-
-@pytest.fixture
 def rig(tmp_path: Path, recorder: Recorder) -> Iterator[Rig]:
     r = Rig(tmp_path, recorder)
     yield r

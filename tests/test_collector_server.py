@@ -33,8 +33,8 @@ from tests.support.collector_stack import (
     get_json,
     rank_feeders,
     stored,
-    wait_until,
 )
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -225,7 +225,7 @@ def test_collector_to_real_server_through_outage_and_kill(tmp_path: Path, server
             return root is not None and root["kind"] == exp["kind"]
 
         try:
-            wait_until(diagnosed, 60, "the server's diagnosis", interval_s=0.5)
+            wait_until(diagnosed, 60, "the server's diagnosis", poll_s=0.5)
         except AssertionError:
             raise AssertionError(f"the server's root finding: {root_finding()}") from None
         report = get_json(f"{server.url}/api/v1/jobs/{JOB}")

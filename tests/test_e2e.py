@@ -30,13 +30,14 @@ from typing import Any
 import pytest
 
 from flightdeck.demo.ranks import JobSpec, free_port, start_ranks, stop_all
-from tests.support.api_client import get, job_report, wait_until
+from tests.support.api_client import get, job_report
+from tests.support.cli import FLIGHTDECK, clean_env, collector_env, create_token
+from tests.support.waiting import wait_until
 
 #: Each test is bounded (its waits are bounded too; this is the backstop against a hung process).
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 torch = pytest.importorskip("torch", reason="the end-to-end tests run a real gloo job")
 
-FLIGHTDECK = [sys.executable, "-m", "flightdeck"]
 DATA = Path(__file__).parent / "data" / "fr"
 STALL_AFTER_S = 3.0
 #: The demo's options that keep these tests short: small threshold, early fault, quick snapshots.
@@ -350,31 +351,15 @@ def test_gloo_job_to_collector_to_server(tmp_path: Path) -> None:
     the sequence id and the op of the blocked all-reduce."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLIGHTDECK_")}
+    env = clean_env()
     server_env = {**env, "FLIGHTDECK_DATA_DIR": str(tmp_path / "data"), "FLIGHTDECK_PORT": str(port)}
     server_env["FLIGHTDECK_STALL_AFTER_S"] = str(STALL_AFTER_S)
     (tmp_path / "data").mkdir()
-    token = subprocess.run(
-        [*FLIGHTDECK, "token", "create", "e2e", "--host", socket.gethostname()],
-        env=server_env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout.strip()
+    token = create_token(server_env, "e2e", "--host", socket.gethostname())
     (tmp_path / "token").write_text(token)
     spool = tmp_path / "spool"
     spool.mkdir()
-    collector_env = {
-        **env,
-        "FLIGHTDECK_SERVER_URL": base,
-        "FLIGHTDECK_TOKEN_FILE": str(tmp_path / "token"),
-        "FLIGHTDECK_SPOOL_DIRS": json.dumps([str(spool)]),
-        "FLIGHTDECK_TORCH_DUMP_PREFIXES": "[]",
-        "FLIGHTDECK_STATE_DIR": str(tmp_path / "state"),
-        "FLIGHTDECK_METRICS_LISTEN": "",
-        "FLIGHTDECK_PUSH_INTERVAL_S": "0.5",
-    }
+    collector_vars = {**collector_env(env, base, tmp_path, spool), "FLIGHTDECK_PUSH_INTERVAL_S": "0.5"}
     logs = {name: open(tmp_path / f"{name}.log", "wb") for name in ("server", "collector", 0, 1, 2, 3)}  # noqa: SIM115
     procs: list[subprocess.Popen[bytes]] = []
     try:
@@ -387,7 +372,7 @@ def test_gloo_job_to_collector_to_server(tmp_path: Path) -> None:
         procs.append(
             subprocess.Popen(
                 [*FLIGHTDECK, "collector"],
-                env=collector_env,
+                env=collector_vars,
                 stdout=logs["collector"],
                 stderr=subprocess.STDOUT,
             )

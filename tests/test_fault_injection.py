@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.markers import needs_ops_binaries
 from tests.support.netns_cluster import (
     EXPECTED,
     FAULT_RANK,
@@ -40,11 +41,8 @@ from tests.support.netns_cluster import (
     wait_for,
 )
 from tests.support.ops_stack import (
-    ALERTMANAGER_BINARIES,
-    PROMETHEUS_BINARIES,
     HangTarget,
     OpsStack,
-    find_binary,
 )
 
 RULES = Path(__file__).resolve().parents[1] / "dashboards" / "alerts" / "flightdeck.rules.yml"
@@ -53,10 +51,7 @@ _NETNS = netns_unavailable()
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(_NETNS is not None, reason=f"namespace cluster: {_NETNS}"),
-    pytest.mark.skipif(
-        find_binary(PROMETHEUS_BINARIES) is None or find_binary(ALERTMANAGER_BINARIES) is None,
-        reason="needs `prometheus` and `prometheus-alertmanager` (Debian packages of the same names)",
-    ),
+    needs_ops_binaries,
 ]
 
 

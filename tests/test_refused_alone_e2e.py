@@ -22,8 +22,9 @@ import pytest
 from flightdeck.collector.frdump import load_raw
 from flightdeck.wire import encode_batch
 from tests.support.collector_fixtures import FR_DATA
-from tests.support.collector_stack import Collector, Server, expected, stop_promptly, timeline, wait_until
+from tests.support.collector_stack import Collector, Server, expected, stop_promptly, timeline
 from tests.support.server_batches import make_batch, scenario_dumps, snapshots
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -8,11 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.support.clock import FakeClock
-from tests.support.server_app import (
-    AUTH,
-    Server,
-    make_server,
-)
+from tests.support.server_app import AUTH, Server, make_server
 
 
 @pytest.fixture

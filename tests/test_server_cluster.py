@@ -12,15 +12,8 @@ import httpx
 from flightdeck.collector.frdump import merge
 from flightdeck.wire import Snapshot
 from tests.support.clock import FakeClock
-from tests.support.server_app import (
-    AUTH,
-    NS,
-    STALL_S,
-    make_server,
-    skip_stuck_view,
-    start_server_process,
-)
-from tests.support.server_batches import body, make_batch, scenario_dumps, snapshots
+from tests.support.server_app import AUTH, NS, STALL_S, make_server, start_server_process
+from tests.support.server_batches import body, make_batch, scenario_dumps, skip_stuck_view, snapshots
 
 
 def test_two_servers_on_one_postgresql_agree(pg_database: str, clock: FakeClock) -> None:

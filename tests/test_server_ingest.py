@@ -1,10 +1,5 @@
 """Ingest through the in-process server (server/ingest_http.py, server/ingest.py) on real SQLite and
-PostgreSQL: auth, validation, size limits, idempotency, backpressure and the decode gate.
-
-Batches are built from the committed dumps of real gloo jobs (tests/data/fr/). Workers are off
-(`start_workers=False`) and the diagnosis is stepped by hand with a fake clock, so every test is
-deterministic.
-"""
+PostgreSQL: auth, validation, size limits, idempotency, backpressure and the decode gate."""
 
 from __future__ import annotations
 
@@ -21,15 +16,8 @@ from sqlalchemy import text
 from flightdeck.server import store
 from flightdeck.server.live import LiveDiagnosis
 from tests.support.clock import FakeClock
-from tests.support.server_app import (
-    AUTH,
-    NS,
-    STALL_S,
-    Server,
-    make_server,
-    skip_stuck_view,
-)
-from tests.support.server_batches import body, make_batch, scenario_dumps, snapshots
+from tests.support.server_app import AUTH, NS, STALL_S, Server, make_server
+from tests.support.server_batches import body, make_batch, scenario_dumps, skip_stuck_view, snapshots
 
 
 @pytest.fixture

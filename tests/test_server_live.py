@@ -1,10 +1,5 @@
 """Live diagnosis (server/live.py) through the in-process server's API on real SQLite and PostgreSQL:
-hangs found and resolved, replayed and late batches judged by their lag, a restart without new data.
-
-Batches are built from the committed dumps of real gloo jobs (tests/data/fr/). Workers are off
-(`start_workers=False`) and the diagnosis is stepped by hand with a fake clock, so every test is
-deterministic.
-"""
+hangs found and resolved, replayed and late batches judged by their lag, a restart without new data."""
 
 from __future__ import annotations
 
@@ -17,15 +12,8 @@ import pytest
 from flightdeck.analysis import Report
 from flightdeck.wire import BATCH_AGE_HEADER, Snapshot, snapshot_from_dump
 from tests.support.clock import FakeClock
-from tests.support.server_app import (
-    NS,
-    STALL_S,
-    Server,
-    healthy_prefix,
-    make_server,
-    skip_stuck_view,
-)
-from tests.support.server_batches import scenario_dumps, scenario_expected
+from tests.support.server_app import NS, STALL_S, Server, healthy_prefix, make_server
+from tests.support.server_batches import scenario_dumps, scenario_expected, skip_stuck_view
 
 
 @pytest.fixture

@@ -13,14 +13,8 @@ import pytest
 
 from tests.support.clock import FakeClock
 from tests.support.metrics_doc import METRICS_DOC
-from tests.support.server_app import (
-    NS,
-    STALL_S,
-    Server,
-    make_server,
-    nixl_wire_sample,
-    skip_stuck_view,
-)
+from tests.support.server_app import NS, STALL_S, Server, make_server, nixl_wire_sample
+from tests.support.server_batches import skip_stuck_view
 
 
 @pytest.fixture

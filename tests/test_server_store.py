@@ -1,10 +1,5 @@
 """What the store keeps (server/store.py), through the in-process server's API on real SQLite and
-PostgreSQL: entries upserted, the timeline window, retention and the per-rank entry window.
-
-Batches are built from the committed dumps of real gloo jobs (tests/data/fr/). Workers are off
-(`start_workers=False`) and the diagnosis is stepped by hand with a fake clock, so every test is
-deterministic.
-"""
+PostgreSQL: entries upserted, the timeline window, retention and the per-rank entry window."""
 
 from __future__ import annotations
 
@@ -14,13 +9,7 @@ import pytest
 
 from flightdeck.server import store
 from tests.support.clock import FakeClock
-from tests.support.server_app import (
-    NS,
-    STALL_S,
-    Server,
-    healthy_prefix,
-    make_server,
-)
+from tests.support.server_app import NS, STALL_S, Server, healthy_prefix, make_server
 from tests.support.server_batches import scenario_dumps, snapshots
 
 

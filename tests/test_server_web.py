@@ -26,7 +26,8 @@ from flightdeck.records import Frame
 from flightdeck.web.routes import CSP
 from flightdeck.wire import Snapshot
 from tests.support.clock import FakeClock
-from tests.support.server_app import NS, STALL_S, Server, make_server, skip_stuck_view
+from tests.support.server_app import NS, STALL_S, Server, make_server
+from tests.support.server_batches import skip_stuck_view
 
 EVIL = "<script>alert(1)</script>"
 #: A job id with a slash, a space and an unclosed tag: one URL path segment cannot hold it.

@@ -31,18 +31,12 @@ from flightdeck.server.settings import ServerSettings
 from flightdeck.server.webhooks import WebhookSender
 from flightdeck.wire import Snapshot
 from tests.support.clock import FakeClock
-from tests.support.server_app import (
-    STALL_S,
-    Server,
-    healthy_prefix,
-    make_server,
-    skip_stuck_view,
-    start_server_process,
-)
+from tests.support.server_app import STALL_S, Server, healthy_prefix, make_server, start_server_process
 from tests.support.server_batches import (
     body,
     make_batch,
     renamed,
+    skip_stuck_view,
 )
 
 NS = 1_000_000_000

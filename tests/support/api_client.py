@@ -4,13 +4,10 @@ optional token, the job report, and a poll that fails the test when its conditio
 from __future__ import annotations
 
 import json
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from typing import Any
-
-import pytest
 
 
 def get(url: str, token: str | None = None) -> tuple[int, str]:
@@ -23,18 +20,6 @@ def get(url: str, token: str | None = None) -> tuple[int, str]:
         return int(exc.code), exc.read().decode(errors="replace")
     except OSError:
         return 0, ""
-
-
-def wait_until(cond: Any, timeout_s: float, what: str, poll_s: float = 0.2) -> Any:
-    """Poll `cond()` until it returns something truthy (returned) or fail after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(poll_s)
 
 
 def job_report(base: str, job: str, token: str | None = None) -> dict[str, Any] | None:

@@ -20,6 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from flightdeck.wire import decode_batch
+from tests.support.waiting import wait_until
 
 
 @dataclass(slots=True)
@@ -158,8 +159,4 @@ class Recorder:
 
 def wait_for(cond: Callable[[], bool], timeout_s: float = 10.0, what: str = "condition") -> None:
     """Poll until `cond()` holds; fail the test after `timeout_s`."""
-    end = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(0.02)
+    wait_until(cond, timeout_s, what, poll_s=0.02)

@@ -8,11 +8,8 @@ import os
 import pickle
 import signal
 import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,23 +17,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from flightdeck.collector.frdump import load_raw, merge, read_dump_file
 from flightdeck.demo.ranks import free_port
+from tests.support.cli import FLIGHTDECK, flightdeck
 from tests.support.collector_fixtures import (
     FR_DATA,
     write_atomic,
 )
+from tests.support.waiting import wait_until
 
 SCENARIO = "skip"
 JOB = "skip"
-FLIGHTDECK = [sys.executable, "-m", "flightdeck"]
-
-
-def wait_until(cond: Callable[[], bool], timeout_s: float, what: str, interval_s: float = 0.1) -> None:
-    """Poll `cond` until true; fail the test naming `what` after `timeout_s`."""
-    end = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(interval_s)
 
 
 def get_json(url: str, timeout_s: float = 5.0) -> Any:
@@ -66,15 +55,7 @@ class Server:
         Created tokens are unscoped unless a scope is given: the committed dumps name the host they
         were recorded on ("vm"), the collector calls itself "testhost"."""
         scope = scope or (("--any-host",) if action == "create" else ())
-        out = subprocess.run(
-            [*FLIGHTDECK, "token", action, name, *scope],
-            env=self.env,
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=60,
-        )
-        return out.stdout.strip()
+        return flightdeck(self.env, "token", action, name, *scope)
 
     def start(self) -> None:
         """Start (or restart, same port and database) and wait until /healthz answers."""

@@ -39,6 +39,7 @@ from typing import IO, Any
 
 from flightdeck.demo.ranks import JobSpec, free_port, start_rank, stop_all
 from flightdeck.demo.worker import busy_pg_timeout_s
+from tests.support.cli import create_token
 from tests.support.ops_stack import Delivery, WebhookReceiver
 
 #: Namespaces, bridges and root-side veths this module creates; the number is the owner's pid.
@@ -310,14 +311,7 @@ class NetnsCluster:
             env["FLIGHTDECK_STALL_AFTER_S"] = str(self.stall_after_s)
         cmd = [sys.executable, "-m", "flightdeck"]
         # The token goes into the server's database: same environment as the server.
-        self.token = subprocess.run(
-            [*cmd, "token", "create", "netns-collectors", "--any-host"],
-            env=env,
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=60,
-        ).stdout.strip()
+        self.token = create_token(env, "netns-collectors")
         log = (self.workdir / "server.log").open("wb")
         self.server = subprocess.Popen([*cmd, "server"], env=env, stdout=log, stderr=subprocess.STDOUT)
         log.close()

@@ -12,13 +12,10 @@ lost ranks and the hang they cause). `notifications()` counts what reached the p
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 import urllib.request
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,36 +25,22 @@ from flightdeck.collector.frdump import merge
 from flightdeck.demo.ranks import free_port
 from flightdeck.nixl_records import Histogram, NixlSample
 from flightdeck.wire import Snapshot, snapshot_from_dump
+from tests.support.cli import FLIGHTDECK, clean_env, create_token, flightdeck
 from tests.support.ops_stack import (
     PAGE_PATH,
     Delivery,
     OpsStack,
 )
-from tests.support.server_batches import body, make_batch, scenario_dumps, snapshots
+from tests.support.server_batches import body, make_batch, scenario_dumps, scenario_snapshots, skip_stuck_view
+from tests.support.waiting import wait_until
 
 
 def incident(name: str, job: str) -> list[Snapshot]:
     """The snapshots that open incident `name` ("hang" or "lost_rank") for `job`."""
     if name == "hang":
-        dumps = scenario_dumps("skip")
-        # Ranks 0, 1, 3 wait in seq 12 (their stall snapshots); rank 2 went on without it, its
-        # periodic snapshot taken at the same moment: nobody looks silent, so no rank is lost.
-        stall_t = max(d.snapshot_time_ns or 0 for ds in dumps.values() for d in ds if d.kind == "stall")
-        out = []
-        for ds in dumps.values():
-            stall = [d for d in ds if d.kind == "stall"]
-            if stall:
-                out.append(snapshot_from_dump(stall[0], job=job))
-            else:
-                periodic = next(d for d in ds if d.kind == "periodic")
-                out.append(replace(snapshot_from_dump(periodic, job=job), snapshot_time_ns=stall_t))
-        return out
+        return skip_stuck_view(job)
     if name == "lost_rank":
-        return [
-            s
-            for ds in scenario_dumps("sigkill").values()
-            for s in snapshots([d for d in ds if d.kind != "final"], job=job)
-        ]
+        return scenario_snapshots("sigkill", job, live=True)
     raise ValueError(f"unknown incident {name!r}")
 
 
@@ -116,27 +99,20 @@ class ServerProcess:
         self.base = f"http://127.0.0.1:{self.port}"
         self.data_dir = data_dir
         data_dir.mkdir(parents=True, exist_ok=True)
-        base_env = {k: v for k, v in os.environ.items() if not k.startswith("FLIGHTDECK_")}
-        self.env = base_env | {"FLIGHTDECK_DATA_DIR": str(data_dir), "FLIGHTDECK_PORT": str(self.port)}
+        self.env = clean_env() | {"FLIGHTDECK_DATA_DIR": str(data_dir), "FLIGHTDECK_PORT": str(self.port)}
         self.env |= env or {}
-        self._cmd = [sys.executable, "-m", "flightdeck"]
+        self._cmd = list(FLIGHTDECK)
         if migrate:
-            subprocess.run(
-                [*self._cmd, "migrate"], env=self.env, capture_output=True, check=True, timeout=120
-            )
-        self.token = (
-            token
-            or subprocess.run(
-                [*self._cmd, "token", "create", "paging-test", "--any-host"],
-                env=self.env,
-                capture_output=True,
-                text=True,
-                check=True,
-                timeout=60,
-            ).stdout.strip()
-        )
+            flightdeck(self.env, "migrate", timeout_s=120)
+        self.token = token or create_token(self.env, "paging-test")
         self.proc: subprocess.Popen[bytes] | None = None
         self._log = (data_dir / "server.log").open("ab")
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @property
     def cmd(self) -> list[str]:
@@ -308,3 +284,26 @@ def feed(servers: list[ServerProcess], *, now_ns: int) -> None:
             nixl_sample("node-1", "agent-a", tx_bytes=3_000_000, read_time_ns=now_ns + 10**9, registered=8192)
         ],
     )
+
+
+def rule_evaluations(stack: OpsStack) -> float:
+    """How many times Prometheus has evaluated the paging rule group."""
+    rows = stack.query('prometheus_rule_group_iterations_total{rule_group=~".*;flightdeck-page"}')
+    return float(rows[0]["value"][1]) if rows else 0.0
+
+
+def more_evaluations(stack: OpsStack, n: int, timeout_s: float) -> None:
+    """Wait until the paging rules have been evaluated `n` more times (what could page again has had
+    its chance)."""
+    start = rule_evaluations(stack)
+    wait_until(
+        lambda: rule_evaluations(stack) >= start + n, timeout_s, f"{n} more evaluations of the paging rules"
+    )
+
+
+def exports_hang(server: ServerProcess, job: str) -> bool:
+    """Whether `server`'s /metrics shows `job`'s hang in group 0 (False while it does not answer)."""
+    try:
+        return f'flightdeck_job_hang_active{{group="0",job="{job}"}} 1.0' in server.metrics()
+    except OSError:
+        return False

@@ -1,5 +1,7 @@
-"""The server in-process for the tests: a FastAPI test client on a real database with the test token,
-workers off and a fake clock; scenes cut from real dumps; a real `flightdeck server` process."""
+"""The server in-process for the tests: a FastAPI test client on a real database (SQLite or
+PostgreSQL) with the test token, workers off (`start_workers=False`) and a fake clock, the diagnosis
+stepped by hand, so every test is deterministic; batches built from the committed dumps of real gloo
+jobs (tests/data/fr/); a real `flightdeck server` process for the tests that need one."""
 
 from __future__ import annotations
 
@@ -101,22 +103,6 @@ def make_server(url: str, clock: FakeClock, **overrides: Any) -> Server:
                 session=session, name="test-collector", token_hash=hash_token(TOKEN), now_ns=clock()
             )
     return Server(TestClient(app), clock)
-
-
-def skip_stuck_view() -> list[Snapshot]:
-    """The `skip` job as a live server sees it while stuck: ranks 0, 1, 3 wait in seq 12 (their
-    stall snapshots), rank 2 went on without it (its periodic snapshot, taken at the same moment)."""
-    dumps = scenario_dumps("skip")
-    stall_t = max(d.snapshot_time_ns or 0 for ds in dumps.values() for d in ds if d.kind == "stall")
-    out = []
-    for ds in dumps.values():
-        stall = [d for d in ds if d.kind == "stall"]
-        if stall:
-            out.append(snapshot_from_dump(stall[0]))
-        else:
-            periodic = next(d for d in ds if d.kind == "periodic")
-            out.append(replace(snapshot_from_dump(periodic), snapshot_time_ns=stall_t))
-    return out
 
 
 def healthy_prefix(k: int) -> tuple[list[Snapshot], list[Snapshot], int]:
