@@ -4,7 +4,7 @@
 
 Each run is a fresh demo with its defaults (own server on SQLite with stall_after 5 s, one collector
 per "host" pushing every 1 s, a 4-rank gloo job with the agent snapshotting every 1 s). One real
-Prometheus + Alertmanager with the shipped configuration (tests/ops_stack.py `render_shipped`)
+Prometheus + Alertmanager with the shipped configuration (tests/support/ops_stack.py `render_shipped`)
 scrapes the demo's server throughout. Per run: fault -> finding in the API (the demo's own figure)
 and fault -> page (the fault's firing alert at the paging receiver, /flightdeck/critical). `busy`
 (rank 1 computes and writes for `--busy-s` while the others wait in a barrier) reports the findings

@@ -2,11 +2,11 @@
 
     sudo .venv/bin/python bench/fault_injection.py [--repeat 3] [--faults partition,stall,mismatch,busy]
 
-Builds the cluster of tests/netns_cluster.py (two namespace hosts, two ranks of one 4-rank gloo job
+Builds the cluster of tests/support/netns_cluster.py (two namespace hosts, two ranks of one 4-rank gloo job
 each, a collector per host, the server on the bridge) with `shipped_defaults`: no threshold or
 interval is set anywhere, so the server (stall_after 5 s), the collectors (push every 1 s) and the
 agents (snapshot every 1 s) run with their defaults. Prometheus and Alertmanager run the shipped
-configuration (tests/ops_stack.py `render_shipped`: dashboards/prometheus, dashboards/alerts,
+configuration (tests/support/ops_stack.py `render_shipped`: dashboards/prometheus, dashboards/alerts,
 dashboards/alertmanager with only the addresses made local). For each fault and repetition it
 starts a fresh job, commits the fault on rank 3 (host 1) and measures, from the injection:
 

@@ -4,10 +4,10 @@ alert path.
     python bench/paging.py [--scenarios stall,restart,lost_rank,failover,replicas] [--stall-s 60]
 
 Prometheus and Alertmanager run the shipped files (dashboards/prometheus/prometheus.yml, the
-shipped rule file, dashboards/alertmanager/alertmanager.yml) rendered by `tests/ops_stack.py`
+shipped rule file, dashboards/alertmanager/alertmanager.yml) rendered by `tests/support/ops_stack.py`
 (`render_shipped`): only the scrape targets, the Alertmanager address and the receivers' host:port
 change. Real `flightdeck server` processes with default settings; the incidents are POSTed
-snapshots of real gloo jobs (tests/paging_stack.py). A page is a notification of the paging
+snapshots of real gloo jobs (tests/support/paging_stack.py). A page is a notification of the paging
 receiver (`/flightdeck/critical`) about the incident's job: `firing` ones are pages, `resolved`
 ones mean the incident was closed (then a later firing one is a second page).
 

@@ -1,5 +1,5 @@
 """A running server's JSON API over plain HTTP, for the tests that start real processes: GET with an
-optional token, the job report, and a poll that fails the test when its condition never holds."""
+optional token, and the job report."""
 
 from __future__ import annotations
 
