@@ -35,7 +35,8 @@ def pg_database() -> Iterator[str]:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+# The PostgreSQL variant is a real service: `slow`, so the fast loop runs the SQLite one only.
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.slow)])
 def database_url(request: pytest.FixtureRequest, tmp_path: object) -> str:
     """A fresh, empty database: a SQLite file, or a new schema in the session's PostgreSQL database."""
     if request.param == "sqlite":

@@ -150,6 +150,7 @@ def test_layout_groups_are_non_contiguous() -> None:
     assert sorted(root["waiting_ranks"]) == [11, 13, 15]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name", ["p2p_skip_send", "a2a_short_send", "tp_pp_dp_pp_skip_send", "coalesced_healthy"]
 )

@@ -47,6 +47,7 @@ def collector(cfg: Path, *args: str, log: Path | None = None) -> subprocess.Pope
             out.close()  # type: ignore[union-attr]
 
 
+@pytest.mark.slow
 def test_check_prints_what_it_watches_and_exits_0(tmp_path: Path) -> None:
     (tmp_path / "spool").mkdir()
     cfg = write_config(tmp_path, "http://127.0.0.1:1", nixl_multiproc_dir=str(tmp_path / "mp"))
@@ -72,6 +73,7 @@ def test_check_prints_what_it_watches_and_exits_0(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("extra", "message"),
     [({"server_url": "nope"}, "http:// or https://"), ({"bogus_key": 1}, "bogus_key")],
@@ -90,6 +92,7 @@ def test_check_refuses_bad_config_with_exit_2(tmp_path: Path, extra: dict[str, A
     assert message in r.stderr
 
 
+@pytest.mark.slow
 def test_sigkill_mid_push_then_restart_delivers_every_entry_exactly_once(tmp_path: Path) -> None:
     with Recorder() as rec:
         in_flight = threading.Event()
@@ -150,6 +153,7 @@ def test_sigkill_mid_push_then_restart_delivers_every_entry_exactly_once(tmp_pat
         assert all(r[0] == "healthy_4" for r in rows)
 
 
+@pytest.mark.slow
 def test_once_ships_everything_and_exits_0(tmp_path: Path) -> None:
     with Recorder() as rec:
         cfg = write_config(tmp_path, rec.url)
@@ -168,6 +172,7 @@ def test_once_ships_everything_and_exits_0(tmp_path: Path) -> None:
         assert len(rec.entry_rows()) == sum(len(a.entries) for a in agents.values())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("token", ["wrong", "revoked"])
 def test_once_with_a_rejected_token_exits_4_with_the_reason(tmp_path: Path, token: str) -> None:
     """A real server refuses the token (unknown, or revoked): `--once` stops at the first 401

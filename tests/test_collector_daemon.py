@@ -313,6 +313,7 @@ def test_nixl_ring_and_store_samples_are_shipped(tmp_path: Path, recorder: Recor
 # watchdog 7.1 warns (RuntimeWarning, in its inotify thread) when a directory created just after a
 # recursive watch started is added twice; harmless, but `filterwarnings = error` would turn it into an
 # exception that kills watchdog's shared inotify thread for the rest of the session.
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:Callback with id:RuntimeWarning")
 @pytest.mark.parametrize("polling", [False, True])
 def test_running_daemon_ships_files_as_the_agent_writes_them(
@@ -360,6 +361,7 @@ def test_running_daemon_ships_files_as_the_agent_writes_them(
         harness.close()
 
 
+@pytest.mark.slow
 def test_server_down_for_a_while_then_everything_arrives(tmp_path: Path, recorder: Recorder) -> None:
     recorder.stop()
     harness = Harness(settings_for(tmp_path, recorder.url))

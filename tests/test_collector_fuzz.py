@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -47,6 +48,7 @@ META_FIELDS = ["job", "attempt", "rank", "world_size", "local_rank", "host", "pi
                "snapshot_time_ns", "kind", "interval_s", "exception", "groups", "thread_stacks"]  # fmt: skip
 
 
+@pytest.mark.slow
 @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     entry_changes=st.lists(

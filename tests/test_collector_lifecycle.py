@@ -86,6 +86,7 @@ def snapshots_of(recorder: Recorder) -> list[tuple[str, int, str]]:
 # --- the process table ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_proc_table_tells_running_from_zombie_gone_and_reused(sleeper: subprocess.Popen[bytes]) -> None:
     table = ProcTable()
     now = time.time_ns()
@@ -105,6 +106,7 @@ def test_proc_table_tells_running_from_zombie_gone_and_reused(sleeper: subproces
 # --- gone ranks -----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_rank_whose_process_is_gone_is_reported_once_after_its_snapshots(
     tmp_path: Path, recorder: Recorder, sleeper: subprocess.Popen[bytes]
 ) -> None:
@@ -184,6 +186,7 @@ def test_a_rank_whose_process_is_gone_is_reported_once_after_its_snapshots(
             ended.wait()
 
 
+@pytest.mark.slow
 def test_a_gone_rank_waits_for_its_files_on_disk(
     tmp_path: Path, recorder: Recorder, sleeper: subprocess.Popen[bytes]
 ) -> None:

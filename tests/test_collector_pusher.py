@@ -103,6 +103,7 @@ def test_full_queue_refuses_batches_and_their_shipped_state_together(tmp_path: P
 # --- pusher -----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_503_and_429_are_retried_honouring_retry_after(rig: Rig, recorder: Recorder) -> None:
     recorder.script = [Scripted(503, {"Retry-After": "1"}), Scripted(429, {"Retry-After": "0"})]
     rig.queue.enqueue([batch("b1")])

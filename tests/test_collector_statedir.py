@@ -72,6 +72,7 @@ CASES: dict[str, tuple[Callable[[Path, Path], Path], str]] = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize(
     "mode", [(), ("--once",), ("--requeue-dead-letters",)], ids=["run", "once", "requeue"]

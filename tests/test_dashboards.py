@@ -105,6 +105,7 @@ def test_check_flag_reports_drift(tmp_path: Path) -> None:
     assert build.drift(tmp_path) == ["flightdeck-overview.json", "stale.json"]
 
 
+@pytest.mark.slow
 def test_flightdeck_cli_builds(tmp_path: Path) -> None:
     """`flightdeck dashboards build` writes one file per dashboard."""
     exe = shutil.which("flightdeck")
@@ -218,6 +219,7 @@ def test_panels_use_the_provisioned_datasource(name: str) -> None:
     assert f"uid: {DATASOURCE_UID}" in provisioning
 
 
+@pytest.mark.slow
 def test_exprs_parse_with_promtool(tmp_path: Path) -> None:
     """Every dashboard expression is valid PromQL (checked as recording rules by promtool)."""
     promtool = shutil.which("promtool")

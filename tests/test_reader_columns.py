@@ -50,6 +50,7 @@ def _by_columns(loaded: LoadedDump) -> tuple[str, str]:
     return _outcome(run)
 
 
+@pytest.mark.slow
 def test_every_fixture_reads_the_same_by_columns(monkeypatch: pytest.MonkeyPatch) -> None:
     compared = columns = 0
     for path in _dumps():

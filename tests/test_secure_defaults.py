@@ -158,6 +158,7 @@ def test_compose_turns_every_guard_on() -> None:
     }
 
 
+@pytest.mark.slow
 def test_no_unauthenticated_read_in_the_shipped_compose_config(
     compose_server: tuple[ServerProcess, dict[str, str]], tmp_path: Path
 ) -> None:
@@ -190,6 +191,7 @@ def test_no_unauthenticated_read_in_the_shipped_compose_config(
         assert client.get("/api/v1/admin/tokens", headers=read).status_code == 403
 
 
+@pytest.mark.slow
 def test_admin_token_manages_collector_tokens_over_http(tmp_path: Path) -> None:
     """Create, use, list and revoke a collector token through the admin API of a real server."""
     admin_token = "admin-" + uuid.uuid4().hex
@@ -236,6 +238,7 @@ def test_admin_token_manages_collector_tokens_over_http(tmp_path: Path) -> None:
         server.stop()
 
 
+@pytest.mark.slow
 def test_admin_api_is_off_without_an_admin_token(tmp_path: Path) -> None:
     """No admin token configured: the admin API refuses everyone (403), with the reason."""
     server = ServerProcess({"FLIGHTDECK_SERVER_DATA_DIR": str(tmp_path / "data")}, tmp_path / "server.log")
@@ -251,6 +254,7 @@ def _start_and_fail(env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(command, env={**base_env(), **env}, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_placeholder_secrets_of_env_example_are_refused_at_start(tmp_path: Path) -> None:
     """The server started with .env.example as it ships refuses to start: exit code 2 and one
     line per placeholder, naming the variable and never printing the value."""
@@ -264,6 +268,7 @@ def test_placeholder_secrets_of_env_example_are_refused_at_start(tmp_path: Path)
     assert "change-me" not in result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "value,reason",
     [

@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 import httpx
+import pytest
 
 from flightdeck.collector.frdump import merge
 from flightdeck.wire import Snapshot
@@ -16,6 +17,7 @@ from tests.support.server_app import AUTH, NS, STALL_S, make_server, start_serve
 from tests.support.server_batches import body, make_batch, scenario_dumps, skip_stuck_view, snapshots
 
 
+@pytest.mark.slow
 def test_two_servers_on_one_postgresql_agree(pg_database: str, clock: FakeClock) -> None:
     import psycopg
 
@@ -53,6 +55,7 @@ def _stable(doc: Any) -> Any:
     return doc
 
 
+@pytest.mark.slow
 def test_two_server_processes_share_jobs_without_duplicates(pg_database: str, tmp_path: Any) -> None:
     """Two real server processes in cluster mode on one PostgreSQL, each ingesting half the ranks of
     the same jobs: one of them diagnoses each job (advisory lock), from both halves (the feed), and

@@ -112,6 +112,7 @@ def test_saturated_ingest_is_throttled(database_url: str, clock: FakeClock) -> N
         srv.svc.close()
 
 
+@pytest.mark.slow
 def test_ingest_waits_in_the_queue_for_a_slot(database_url: str, clock: FakeClock) -> None:
     # A request that finds every slot taken waits (no 429) and is applied once one frees up.
     srv = make_server(database_url, clock, max_inflight_ingests=1, ingest_queue_timeout_s=30)

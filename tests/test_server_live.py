@@ -92,6 +92,7 @@ def test_replayed_old_batches_open_no_finding_before_the_newer_ones_arrive(
         srv.svc.close()
 
 
+@pytest.mark.slow
 def test_a_replay_that_never_catches_up_is_diagnosed_after_stall_after(
     database_url: str, clock: FakeClock
 ) -> None:
@@ -151,6 +152,7 @@ def test_late_batches_are_judged_as_of_their_lag_not_the_clock(
         srv.svc.close()
 
 
+@pytest.mark.slow
 def test_ranks_behind_a_late_collector_are_not_lost_next_to_an_on_time_one(
     database_url: str, clock: FakeClock
 ) -> None:
@@ -180,6 +182,7 @@ def test_ranks_behind_a_late_collector_are_not_lost_next_to_an_on_time_one(
         srv.svc.close()
 
 
+@pytest.mark.slow
 def test_hang_found_after_restart_without_new_data(database_url: str, clock: FakeClock) -> None:
     """Summaries are rebuilt from the database: a restarted server still sees the hang grow."""
     snaps = skip_stuck_view()

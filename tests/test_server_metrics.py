@@ -35,6 +35,7 @@ def _families(text_: str) -> set[str]:
     return {line.split()[2] for line in text_.splitlines() if line.startswith("# TYPE ")}
 
 
+@pytest.mark.slow
 def test_metrics_expose_the_documented_names_and_the_state(server: Server) -> None:
     snaps = skip_stuck_view()
     server.clock.now_ns = max(s.snapshot_time_ns for s in snaps) + int((STALL_S + 3) * NS)

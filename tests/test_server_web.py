@@ -215,6 +215,7 @@ def test_script_in_job_name_and_frames_is_escaped(server: Server) -> None:
     assert EVIL in _text(pages[2].text)  # the frame is shown, as text
 
 
+@pytest.mark.slow
 def test_job_id_with_slash_space_and_tag(server: Server) -> None:
     snaps = [replace(s, job=EVIL_JOB) for s in skip_stuck_view()]
     _hung(server, snaps)

@@ -278,6 +278,7 @@ def test_batch_level_errors_refuse_the_batch(server: Server, clock: FakeClock) -
     assert entry_count(server, "good") == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "path",
     [
@@ -306,6 +307,7 @@ def test_reads_validate_their_parameters(server: Server, clock: FakeClock, path:
     assert r.status_code == 422, (path, r.status_code, r.text[:300])
 
 
+@pytest.mark.slow
 def test_web_rank_filter_is_bounded(server: Server, clock: FakeClock) -> None:
     """A rank filter naming more ranks than the largest world size is a 400, not a huge set."""
     assert post(server, healthy_doc(clock)).status_code == 200
@@ -345,6 +347,7 @@ def test_a_claimed_world_of_a_million_ranks_costs_what_was_received(server: Serv
     assert peak < 24 * 2**20, f"peak {peak / 2**20:.1f} MiB"
 
 
+@pytest.mark.slow
 def test_unexpected_errors_are_500_with_an_id_on_a_kept_connection(database_url: str, tmp_path: Path) -> None:
     """A real `flightdeck server`: a stored report of the wrong shape makes a read raise a
     TypeError. The answer is a 500 whose body holds an error id, the log has one line with it, and

@@ -358,6 +358,7 @@ def _webhook_env(url: str, *hooks: str) -> dict[str, str]:
     }
 
 
+@pytest.mark.slow
 def test_event_survives_sigkill_of_the_server(tmp_path: Path) -> None:
     """The receiver is down while a hang opens; the server is SIGKILLed with the event undelivered
     and restarted with the receiver up: the event arrives, under the id it was stored with."""
@@ -405,6 +406,7 @@ def test_event_survives_sigkill_of_the_server(tmp_path: Path) -> None:
     assert not any("Traceback" in e for e in errors), errors
 
 
+@pytest.mark.slow
 def test_two_server_processes_deliver_each_event_once(pg_database: str, tmp_path: Path) -> None:
     """Two server processes on one PostgreSQL, polling the outbox every 50 ms: every event's first
     attempt is refused (503, Retry-After 0), so both race for each retry. Each event is POSTed
