@@ -4,7 +4,7 @@
 
 Each run is a fresh demo with its defaults (own server on SQLite with stall_after 5 s, one collector
 per "host" pushing every 1 s, a 4-rank gloo job with the agent snapshotting every 1 s). One real
-Prometheus + Alertmanager with the shipped configuration (tests/ops_stack.py `render_shipped`)
+Prometheus + Alertmanager with the shipped configuration (tests/support/ops_stack.py `render_shipped`)
 scrapes the demo's server throughout. Per run: fault -> finding in the API (the demo's own figure)
 and fault -> page (the fault's firing alert at the paging receiver, /flightdeck/critical). `busy`
 (rank 1 computes and writes for `--busy-s` while the others wait in a barrier) reports the findings
@@ -24,17 +24,13 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from flightdeck.launch.demo.cmd import SCENARIOS
 from flightdeck.launch.demo.ranks import free_port
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-if TYPE_CHECKING:
-    from tests.ops_stack import Delivery, HangTarget, OpsStack, pages
-else:
-    from ops_stack import Delivery, HangTarget, OpsStack, pages
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+from tests.support.ops_stack import Delivery, HangTarget, OpsStack, pages
 
 _JOB = re.compile(r"^job (\S+): ")
 _FAULT_AT = re.compile(r"\(?at (\d+\.\d+)\)")

@@ -2,11 +2,11 @@
 
     sudo .venv/bin/python bench/fault_injection.py [--repeat 3] [--faults partition,stall,mismatch,busy]
 
-Builds the cluster of tests/netns_cluster.py (two namespace hosts, two ranks of one 4-rank gloo job
+Builds the cluster of tests/support/netns_cluster.py (two namespace hosts, two ranks of one 4-rank gloo job
 each, a collector per host, the server on the bridge) with `shipped_defaults`: no threshold or
 interval is set anywhere, so the server (stall_after 5 s), the collectors (push every 1 s) and the
 agents (snapshot every 1 s) run with their defaults. Prometheus and Alertmanager run the shipped
-configuration (tests/ops_stack.py `render_shipped`: dashboards/prometheus, dashboards/alerts,
+configuration (tests/support/ops_stack.py `render_shipped`: dashboards/prometheus, dashboards/alerts,
 dashboards/alertmanager with only the addresses made local). For each fault and repetition it
 starts a fresh job, commits the fault on rank 3 (host 1) and measures, from the injection:
 
@@ -30,41 +30,23 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run as a script from anywhere
-sys.path.insert(0, str(ROOT / "tests"))
-if TYPE_CHECKING:
-    from tests.netns_cluster import (
-        BUSY,
-        BUSY_S,
-        EXPECTED,
-        FAULT_RANK,
-        FAULT_STEP,
-        FAULTS,
-        FaultRun,
-        NetnsCluster,
-        await_finding,
-        inject_fault,
-        netns_unavailable,
-    )
-    from tests.ops_stack import Delivery, HangTarget, OpsStack, pages
-else:
-    from netns_cluster import (
-        BUSY,
-        BUSY_S,
-        EXPECTED,
-        FAULT_RANK,
-        FAULT_STEP,
-        FAULTS,
-        FaultRun,
-        NetnsCluster,
-        await_finding,
-        inject_fault,
-        netns_unavailable,
-    )
-    from ops_stack import Delivery, HangTarget, OpsStack, pages
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+from tests.support.netns_cluster import (
+    BUSY,
+    BUSY_S,
+    EXPECTED,
+    FAULT_RANK,
+    FAULT_STEP,
+    FAULTS,
+    FaultRun,
+    NetnsCluster,
+    await_finding,
+    inject_fault,
+    netns_unavailable,
+)
+from tests.support.ops_stack import Delivery, HangTarget, OpsStack, pages
 
 #: Targets of issue #19 (seconds from the fault to the page at the webhook, shipped defaults).
 PAGE_TARGET_S = 15.0

@@ -1,7 +1,7 @@
 """A corpus of malformed and edge-case requests against a real `flightdeck server` over HTTP.
 
 Starts the server on the given database, sends `--requests` requests drawn at random (seeded) from
-`tests/hostile_corpus.py` over one keep-alive connection (mutated wire batches field by field,
+`tests/support/hostile_corpus.py` over one keep-alive connection (mutated wire batches field by field,
 raw garbage bodies, reads of every OpenAPI GET route and dashboard page with hostile parameters),
 then lets the live diagnosis run over what was stored and prints: requests tried, answers by
 status, 5xx, dropped connections, peak server RSS (VmHWM), and healthy entries lost (sent beside
@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 from flightdeck.launch.demo.ranks import free_port
 from flightdeck.server import store
 from flightdeck.server.db import connect
-from tests.hostile_corpus import Choice, Corpus, Request, Tally, entries_lost, send
+from tests.support.hostile_corpus import Choice, Corpus, Request, Tally, entries_lost, send
 
 
 def _peak_rss_mb(pid: int) -> float:

@@ -2,7 +2,7 @@
 
 Real processes only: `flightdeck up` (server + collector) on temporary folders, and a 4-rank gloo
 job under a real `torchrun -m flightdeck.agent` whose rank 0 blocks in its data loader while the
-others wait in a barrier (tests/progress_job.py --fault block). Once the server says `hung`,
+others wait in a barrier (tests/support/progress_job.py --fault block). Once the server says `hung`,
 torchrun gets SIGTERM (it forwards it to the ranks: the agent writes their final snapshots, the
 collector reports their processes gone). Printed:
 
@@ -125,7 +125,7 @@ def start_job(root: Path, log: Any) -> subprocess.Popen[bytes]:
         str(free_port()),
         "-m",
         "flightdeck.agent",
-        str(REPO / "tests" / "progress_job.py"),
+        str(REPO / "tests" / "support" / "progress_job.py"),
     ]
     cmd += ["--steps", "100000", "--fault", "block", "--fault-at-step", "4", "--out", str(root)]
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=root)

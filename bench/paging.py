@@ -4,10 +4,10 @@ alert path.
     python bench/paging.py [--scenarios stall,restart,lost_rank,failover,replicas] [--stall-s 60]
 
 Prometheus and Alertmanager run the shipped files (dashboards/prometheus/prometheus.yml, the
-shipped rule file, dashboards/alertmanager/alertmanager.yml) rendered by `tests/ops_stack.py`
+shipped rule file, dashboards/alertmanager/alertmanager.yml) rendered by `tests/support/ops_stack.py`
 (`render_shipped`): only the scrape targets, the Alertmanager address and the receivers' host:port
 change. Real `flightdeck server` processes with default settings; the incidents are POSTed
-snapshots of real gloo jobs (tests/paging_stack.py). A page is a notification of the paging
+snapshots of real gloo jobs (tests/support/paging_stack.py). A page is a notification of the paging
 receiver (`/flightdeck/critical`) about the incident's job: `firing` ones are pages, `resolved`
 ones mean the incident was closed (then a later firing one is a second page).
 
@@ -28,49 +28,29 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run as a script from anywhere
-sys.path.insert(0, str(ROOT / "tests"))
-if TYPE_CHECKING:
-    from tests.ops_stack import HangTarget, OpsStack
-    from tests.paging_stack import ServerProcess, incident, notifications
-    from tests.test_replica_export import feed, figures_from_prometheus, figures_of
-else:
-    from ops_stack import HangTarget, OpsStack
-    from paging_stack import ServerProcess, incident, notifications
-    from test_replica_export import feed, figures_from_prometheus, figures_of
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+from tests.support.ops_stack import HangTarget, OpsStack
+from tests.support.paging_stack import (
+    ServerProcess,
+    exports_hang,
+    feed,
+    figures_from_prometheus,
+    figures_of,
+    incident,
+    more_evaluations,
+    notifications,
+)
+from tests.support.postgres import PG_ADMIN_URL
+from tests.support.waiting import wait_until
 
 SCENARIOS = ("stall", "restart", "lost_rank", "failover", "replicas")
-PG_ADMIN_URL = os.environ.get("FLIGHTDECK_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
-
-
-def _wait(predicate: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.2)
-
-
-def _evaluations(stack: OpsStack) -> float:
-    rows = stack.query('prometheus_rule_group_iterations_total{rule_group=~".*;flightdeck-page"}')
-    return float(rows[0]["value"][1]) if rows else 0.0
-
-
-def _more_evaluations(stack: OpsStack, n: int) -> None:
-    start = _evaluations(stack)
-    _wait(lambda: _evaluations(stack) >= start + n, 180, f"{n} more evaluations")
 
 
 def _stack(servers: list[ServerProcess], work: Path) -> OpsStack:
@@ -109,8 +89,8 @@ def run_stall(work: Path, stall_s: float) -> dict[str, Any]:
             server.pause()
             time.sleep(stall_s)
             server.resume()
-            _wait(lambda: stack.query('up{job="flightdeck"} == 1'), 60, "a scrape again")
-            _more_evaluations(stack, 10)
+            wait_until(lambda: stack.query('up{job="flightdeck"} == 1'), 60, "a scrape again")
+            more_evaluations(stack, 10, 180)
             return _count(stack, "j")
     finally:
         server.close()
@@ -126,8 +106,8 @@ def run_restart(work: Path) -> dict[str, Any]:
             server.stop()
             server.start()
             out = {"restart (s)": round(time.monotonic() - down, 1)}
-            _wait(lambda: stack.query('up{job="flightdeck"} == 1'), 60, "a scrape again")
-            _more_evaluations(stack, 10)
+            wait_until(lambda: stack.query('up{job="flightdeck"} == 1'), 60, "a scrape again")
+            more_evaluations(stack, 10, 180)
             return out | _count(stack, "j")
     finally:
         server.close()
@@ -139,7 +119,7 @@ def run_lost_rank(work: Path) -> dict[str, Any]:
     try:
         with _stack([server], work) as stack:
             first = _page(stack, server, "lost_rank", "k")
-            _wait(lambda: time.monotonic() - first > 70, 90, "a group_interval")
+            wait_until(lambda: time.monotonic() - first > 70, 90, "a group_interval")
             out = {"findings open": sorted({f["kind"] for f in server.open_findings("k")})}
             return out | _count(stack, "k")
     finally:
@@ -173,26 +153,21 @@ def _replicas(work: Path, url: str) -> list[ServerProcess]:
     return servers
 
 
-def _exports_hang(server: ServerProcess, job: str) -> bool:
-    try:
-        return f'flightdeck_job_hang_active{{group="0",job="{job}"}} 1.0' in server.metrics()
-    except OSError:
-        return False
-
-
 def run_failover(work: Path) -> dict[str, Any]:
     url, schema = _pg_schema()
     servers = _replicas(work, url)
     try:
         with _stack(servers, work) as stack:
             _page(stack, servers[0], "hang", "j")
-            owner = _wait(lambda: next((s for s in servers if _exports_hang(s, "j")), None), 60, "the owner")
+            owner = wait_until(
+                lambda: next((s for s in servers if exports_hang(s, "j")), None), 60, "the owner"
+            )
             other = next(s for s in servers if s is not owner)
             killed = time.monotonic()
             owner.kill()
-            _wait(lambda: _exports_hang(other, "j"), 120, "the other replica to export the hang")
+            wait_until(lambda: exports_hang(other, "j"), 120, "the other replica to export the hang")
             out = {"takeover (s)": round(time.monotonic() - killed, 1)}
-            _more_evaluations(stack, 10)
+            more_evaluations(stack, 10, 180)
             return out | _count(stack, "j")
     finally:
         for s in servers:
@@ -209,7 +184,7 @@ def run_replicas(work: Path) -> dict[str, Any]:
         now_ns = time.time_ns()
         feed([single], now_ns=now_ns)
         feed(servers, now_ns=now_ns)
-        _wait(lambda: figures_of(single.metrics())["hang active"] == 1, 60, "the single server's hang")
+        wait_until(lambda: figures_of(single.metrics())["hang active"] == 1, 60, "the single server's hang")
         one = figures_of(single.metrics())
         with _stack(servers, work) as stack:
             stack.wait_for_targets_up(timeout=120)
@@ -221,7 +196,7 @@ def run_replicas(work: Path) -> dict[str, Any]:
                 return got == one
 
             with contextlib.suppress(RuntimeError):  # unequal after 90 s: print what it is
-                _wait(settled, 90, "equal sums")
+                wait_until(settled, 90, "equal sums")
             return {"two replicas": dict(got), "one server": one, "equal": got == one}
     finally:
         single.close()

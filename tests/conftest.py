@@ -1,30 +1,17 @@
 """Shared fixtures. Server tests: a real database per test (SQLite file, or a fresh schema in a
-PostgreSQL database created for the test session), a fake clock."""
+PostgreSQL database created for the test session), a fake clock. Collector tests: a recording ingest
+endpoint. Helpers that are not fixtures live in tests/support/."""
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 
 import pytest
 
-#: PostgreSQL server the tests may use (trust auth); FLIGHTDECK_TEST_PG="" turns those tests off.
-PG_ADMIN_URL = os.environ.get("FLIGHTDECK_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
-
-
-class FakeClock:
-    """An injectable clock (epoch ns) that tests move by hand."""
-
-    def __init__(self, now_ns: int) -> None:
-        self.now_ns = now_ns
-
-    def __call__(self) -> int:
-        return self.now_ns
-
-    def advance(self, seconds: float) -> None:
-        """Move the clock forward."""
-        self.now_ns += int(seconds * 1_000_000_000)
+from tests.support.clock import FakeClock
+from tests.support.collector_recorder import Recorder
+from tests.support.postgres import PG_ADMIN_URL
 
 
 @pytest.fixture(scope="session")
@@ -48,7 +35,8 @@ def pg_database() -> Iterator[str]:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+# The PostgreSQL variant is a real service: `slow`, so the fast loop runs the SQLite one only.
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.slow)])
 def database_url(request: pytest.FixtureRequest, tmp_path: object) -> str:
     """A fresh, empty database: a SQLite file, or a new schema in the session's PostgreSQL database."""
     if request.param == "sqlite":
@@ -66,3 +54,10 @@ def database_url(request: pytest.FixtureRequest, tmp_path: object) -> str:
 def clock() -> FakeClock:
     """A fake clock at a fixed moment (tests move it)."""
     return FakeClock(1_800_000_000 * 1_000_000_000)
+
+
+@pytest.fixture
+def recorder() -> Iterator[Recorder]:
+    """A recording ingest endpoint on 127.0.0.1 for the collector tests (collector_recorder.py)."""
+    with Recorder() as rec:
+        yield rec

@@ -152,6 +152,7 @@ def test_agent_stall_after_is_deprecated_and_ignored(caplog: pytest.LogCaptureFi
     assert agent_mod.STACKS_AFTER_S == 2.0
 
 
+@pytest.mark.slow
 def test_progress_sampler_tells_a_busy_thread_from_a_sleeping_one() -> None:
     """Real threads, real /proc: one computes, one blocks on an event; the sampler sees CPU time
     grow (and the stack move) only for the first."""

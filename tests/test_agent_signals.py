@@ -25,7 +25,7 @@ from flightdeck import agent as agent_mod
 from flightdeck.launch.demo.ranks import free_port
 from tests.fr_jobs.dumps import load_dump, load_sidecar
 
-JOB_SCRIPT = Path(__file__).parent / "signal_job.py"
+JOB_SCRIPT = Path(__file__).parent / "support" / "signal_job.py"
 REPO = Path(__file__).resolve().parents[1]
 
 

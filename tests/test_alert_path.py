@@ -12,30 +12,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 
-if TYPE_CHECKING:
-    from tests.ops_stack import (
-        ALERTMANAGER_BINARIES,
-        PROMETHEUS_BINARIES,
-        Delivery,
-        HangTarget,
-        OpsStack,
-        fake_hang_target,
-        find_binary,
-    )
-else:
-    from ops_stack import (
-        ALERTMANAGER_BINARIES,
-        PROMETHEUS_BINARIES,
-        Delivery,
-        HangTarget,
-        OpsStack,
-        fake_hang_target,
-        find_binary,
-    )
+from tests.support.markers import needs_ops_binaries
+from tests.support.ops_stack import (
+    Delivery,
+    HangTarget,
+    OpsStack,
+    fake_hang_target,
+)
 
 RULES = Path(__file__).resolve().parents[1] / "dashboards" / "alerts" / "flightdeck.rules.yml"
 
@@ -44,10 +30,7 @@ DELIVERY_BOUND_S = 60.0
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(
-        find_binary(PROMETHEUS_BINARIES) is None or find_binary(ALERTMANAGER_BINARIES) is None,
-        reason="needs `prometheus` and `prometheus-alertmanager` (Debian packages of the same names)",
-    ),
+    needs_ops_binaries,
 ]
 
 

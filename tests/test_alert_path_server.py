@@ -5,95 +5,39 @@ real Prometheus evaluates the shipped rules and real Alertmanager delivers to a 
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 
-if TYPE_CHECKING:
-    from tests.ops_stack import ALERTMANAGER_BINARIES, PROMETHEUS_BINARIES, HangTarget, OpsStack, find_binary
-    from tests.test_server_support import body, make_batch, scenario_dumps, snapshots
-else:
-    from ops_stack import ALERTMANAGER_BINARIES, PROMETHEUS_BINARIES, HangTarget, OpsStack, find_binary
-    from test_server_support import body, make_batch, scenario_dumps, snapshots
+from tests.support.markers import needs_ops_binaries
+from tests.support.ops_stack import (
+    HangTarget,
+    OpsStack,
+)
+from tests.support.paging_stack import ServerProcess
+from tests.support.server_batches import scenario_snapshots
 
 RULES = Path(__file__).resolve().parents[1] / "dashboards" / "alerts" / "flightdeck.rules.yml"
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(
-        find_binary(PROMETHEUS_BINARIES) is None or find_binary(ALERTMANAGER_BINARIES) is None,
-        reason="needs `prometheus` and `prometheus-alertmanager` (Debian packages of the same names)",
-    ),
+    needs_ops_binaries,
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @pytest.fixture
 def server_target(tmp_path: Path) -> Iterator[HangTarget]:
     """A real server process on 127.0.0.1 with a collector token; triggering ingests the hung job."""
-    port = _free_port()
-    env = {
-        **os.environ,
-        "FLIGHTDECK_DATA_DIR": str(tmp_path / "data"),
-        "FLIGHTDECK_PORT": str(port),
-        "FLIGHTDECK_STALL_AFTER_S": "5",
-    }
-    (tmp_path / "data").mkdir()
-    cmd = [sys.executable, "-m", "flightdeck"]
-    token = subprocess.run(
-        [*cmd, "token", "create", "alert-test", "--any-host"],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    ).stdout.strip()
-    proc = subprocess.Popen([*cmd, "server"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{base}/healthz", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError("flightdeck server did not come up") from None
-                time.sleep(0.2)
-
-        def ingest_hung_job() -> None:
-            # Without the final snapshots: a job hung now (an ended one pages nobody).
-            dumps = [d for ds in scenario_dumps("skip").values() for d in ds if d.kind != "final"]
-            snaps = snapshots(dumps, job="j")
-            data, headers = body(make_batch(snaps))
-            req = urllib.request.Request(
-                f"{base}/api/v1/ingest",
-                data=data,
-                headers={**headers, "Authorization": f"Bearer {token}"},
-                method="POST",
-            )
-            with urllib.request.urlopen(req, timeout=30) as r:
-                assert r.status == 200
-
-        yield HangTarget(address=f"127.0.0.1:{port}", metrics_path="/metrics", trigger_hang=ingest_hung_job)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    with ServerProcess(tmp_path / "data", env={"FLIGHTDECK_STALL_AFTER_S": "5"}) as server:
+        server.start()
+        # Without the final snapshots: a job hung now (an ended one pages nobody).
+        yield HangTarget(
+            address=server.address,
+            metrics_path="/metrics",
+            trigger_hang=lambda: server.post(scenario_snapshots("skip", "j", live=True)),
+        )
 
 
 @pytest.mark.timeout(240)

@@ -6,18 +6,14 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 import yaml
 
 from flightdeck.dashboards.alert_links import RULE_FILES, render, write
 from flightdeck.dashboards.defaults import DEFAULT_FLIGHTDECK_URL, DEFAULT_RUNBOOK_URL
-
-if TYPE_CHECKING:
-    from tests.metrics_doc import documented_series, metric_names
-else:
-    from metrics_doc import documented_series, metric_names
+from tests.support.metrics_doc import documented_series, metric_names
 
 REPO = Path(__file__).resolve().parents[1]
 ALERTS = REPO / "dashboards" / "alerts"
@@ -89,11 +85,13 @@ def _run(command: list[str], cwd: Path) -> None:
     assert result.returncode == 0, f"{' '.join(command)}:\n{result.stdout}\n{result.stderr}"
 
 
+@pytest.mark.slow
 def test_promtool_check_rules() -> None:
     """`promtool check rules` accepts the rule file."""
     _run([_promtool(), "check", "rules", str(RULES)], cwd=ALERTS)
 
 
+@pytest.mark.slow
 def test_promtool_unit_tests() -> None:
     """`promtool test rules` passes (firing and not-firing cases for every rule)."""
     _run([_promtool(), "test", "rules", RULE_TESTS.name], cwd=ALERTS)
@@ -244,6 +242,7 @@ def test_every_link_is_absolute_and_the_runbook_anchor_exists() -> None:
         assert runbook.fragment in anchors, f"{name}: no #{runbook.fragment} in docs/runbook.md"
 
 
+@pytest.mark.slow
 def test_links_come_from_one_pair_of_base_urls(tmp_path: Path) -> None:
     """The shipped files are the rendering of the defaults; rendered with a site's bases, every
     link starts with them, no default remains, and the promtool tests still pass."""
@@ -293,6 +292,7 @@ def _amtool() -> str:
 AM_CONFIG = REPO / "dashboards" / "alertmanager" / "alertmanager.yml"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("labels", "receiver"),
     [
@@ -319,6 +319,7 @@ def test_alertmanager_routes(labels: list[str], receiver: str) -> None:
     assert result.stdout.split() == [receiver]
 
 
+@pytest.mark.slow
 def test_alertmanager_config_and_root_receiver() -> None:
     """amtool accepts the config; the root route's receiver is not the pager; the critical route
     groups one training job's alerts into one notification and the lost rank inhibits its hang."""

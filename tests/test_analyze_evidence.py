@@ -238,6 +238,7 @@ def _synth_job(out: Path, ranks: int, entries: int, culprit: int) -> list[Path]:
     return files
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("skew", ["most_15s_older", "over_a_minute"])
 def test_a_hang_on_many_ranks_names_its_one_culprit_whatever_the_file_times(
     skew: str, tmp_path: Path

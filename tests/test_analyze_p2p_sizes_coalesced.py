@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from flightdeck.cli import main
-from tests.conftest import FakeClock
+from tests.support.clock import FakeClock
 
 DATA = Path(__file__).parent / "data" / "fr"
 JOBS = [
@@ -128,13 +128,14 @@ def test_layout_groups_are_non_contiguous() -> None:
     assert sorted(root["waiting_ranks"]) == [11, 13, 15]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name", ["p2p_skip_send", "a2a_short_send", "tp_pp_dp_pp_skip_send", "coalesced_healthy"]
 )
 def test_live_server_reaches_the_same_verdict(name: str, database_url: str, clock: FakeClock) -> None:
     """The server folds the same snapshots (as a collector ships them) into its live summaries."""
-    from tests.test_server_api import make_server
-    from tests.test_server_support import scenario_dumps, snapshots
+    from tests.support.server_app import make_server
+    from tests.support.server_batches import scenario_dumps, snapshots
 
     dumps = sorted(
         (d for ds in scenario_dumps(name).values() for d in ds), key=lambda d: d.snapshot_time_ns or 0

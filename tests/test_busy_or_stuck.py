@@ -28,13 +28,14 @@ from typing import Any
 import pytest
 
 from flightdeck.launch.demo.ranks import free_port
-from tests.test_e2e import get, job_report, wait_until
+from tests.support.api_client import get, job_report
+from tests.support.cli import FLIGHTDECK, clean_env, collector_env, create_token
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 torch = pytest.importorskip("torch", reason="these tests run a real gloo job")
 
-FLIGHTDECK = [sys.executable, "-m", "flightdeck"]
-JOB_SCRIPT = Path(__file__).parent / "progress_job.py"
+JOB_SCRIPT = Path(__file__).parent / "support" / "progress_job.py"
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -95,7 +96,7 @@ def control_plane(tmp_path: Path, **server_settings: str) -> Iterator[Stack]:
     """`flightdeck server` (shipped defaults, plus `server_settings`) and `flightdeck collector`."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLIGHTDECK_")}
+    env = clean_env()
     with receiver() as (hooks, url):
         server_env = {
             **env,
@@ -105,26 +106,11 @@ def control_plane(tmp_path: Path, **server_settings: str) -> Iterator[Stack]:
             **{f"FLIGHTDECK_{k.upper()}": v for k, v in server_settings.items()},
         }
         (tmp_path / "data").mkdir()
-        token = subprocess.run(
-            [*FLIGHTDECK, "token", "create", "busy", "--any-host"],
-            env=server_env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=True,
-        ).stdout.strip()
+        token = create_token(server_env, "busy")
         (tmp_path / "token").write_text(token)
         spool = tmp_path / "spool"
         spool.mkdir()
-        collector_env = {
-            **env,
-            "FLIGHTDECK_SERVER_URL": base,
-            "FLIGHTDECK_TOKEN_FILE": str(tmp_path / "token"),
-            "FLIGHTDECK_SPOOL_DIRS": json.dumps([str(spool)]),
-            "FLIGHTDECK_TORCH_DUMP_PREFIXES": "[]",
-            "FLIGHTDECK_STATE_DIR": str(tmp_path / "state"),
-            "FLIGHTDECK_METRICS_LISTEN": "",
-        }
+        collector_vars = collector_env(env, base, tmp_path, spool)
         procs: list[subprocess.Popen[bytes]] = []
         logs = [open(tmp_path / f"{n}.log", "wb") for n in ("server", "collector")]  # noqa: SIM115
         try:
@@ -136,7 +122,7 @@ def control_plane(tmp_path: Path, **server_settings: str) -> Iterator[Stack]:
             wait_until(lambda: get(f"{base}/healthz")[0] == 200, 60, "the server")
             procs.append(
                 subprocess.Popen(
-                    [*FLIGHTDECK, "collector"], env=collector_env, stdout=logs[1], stderr=subprocess.STDOUT
+                    [*FLIGHTDECK, "collector"], env=collector_vars, stdout=logs[1], stderr=subprocess.STDOUT
                 )
             )
             yield Stack(base, token, spool, hooks)
@@ -173,7 +159,7 @@ class Job:
 
 @contextlib.contextmanager
 def torchrun(stack: Stack, tmp_path: Path, job: str, *args: str) -> Iterator[Job]:
-    """`torchrun --nproc-per-node 3 -m flightdeck.agent tests/progress_job.py ARGS` with the agent's
+    """`torchrun --nproc-per-node 3 -m flightdeck.agent tests/support/progress_job.py ARGS` with the agent's
     default settings, spooling where the collector watches."""
     env = {
         k: v

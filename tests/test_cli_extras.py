@@ -6,6 +6,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 #: Runs the CLI in a fresh interpreter in which the Grafana SDK cannot be imported, as on a host
 #: installed without the `dashboards` extra.
 _WITHOUT_SDK = textwrap.dedent(
@@ -32,12 +34,14 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_dashboards_help_needs_no_grafana_sdk() -> None:
     done = _cli("dashboards", "--help")
     assert done.returncode == 0, done.stderr
     assert "--flightdeck-url" in done.stdout
 
 
+@pytest.mark.slow
 def test_dashboards_build_without_the_sdk_names_the_extra(tmp_path: object) -> None:
     done = _cli("dashboards", "build", "--out", str(tmp_path))
     assert done.returncode == 2

@@ -11,54 +11,19 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 
-if TYPE_CHECKING:
-    from tests.test_collector_daemon import stand_ins
-    from tests.test_collector_fixtures import REPO, thread_guard
-    from tests.test_collector_recorder import Recorder, wait_for
-    from tests.test_collector_server import Server
-else:
-    from test_collector_daemon import stand_ins
-    from test_collector_fixtures import REPO, thread_guard
-    from test_collector_recorder import Recorder, wait_for
-    from test_collector_server import Server
+from tests.support.collector_fixtures import REPO, thread_guard
+from tests.support.collector_harness import stand_ins
+from tests.support.collector_recorder import Recorder, wait_for
+from tests.support.collector_stack import Server, write_config
 
 
 @pytest.fixture(autouse=True)
 def _no_leaked_threads() -> Iterator[None]:
     yield from thread_guard()
-
-
-def write_config(tmp_path: Path, url: str, **extra: Any) -> Path:
-    values: dict[str, Any] = {
-        "server_url": url,
-        "token": "tok",
-        "spool_dirs": [str(tmp_path / "spool")],
-        "torch_dump_prefixes": [],
-        "state_dir": str(tmp_path / "state"),
-        "metrics_listen": "",
-        "host": "node-k",
-        "push_interval_s": 0.1,
-        "rescan_interval_s": 1.0,
-        "retry_backoff_s": 0.05,
-        "retry_backoff_max_s": 0.2,
-        "shutdown_grace_s": 3.0,
-    }
-    values.update(extra)
-    lines = []
-    for k, v in values.items():
-        if isinstance(v, str):
-            lines.append(f'{k} = "{v}"')
-        elif isinstance(v, list):
-            lines.append(f"{k} = [{', '.join(repr(x).replace(chr(39), chr(34)) for x in v)}]")
-        else:
-            lines.append(f"{k} = {v}")
-    cfg = tmp_path / "collector.toml"
-    cfg.write_text("\n".join(lines) + "\n")
-    return cfg
 
 
 def clean_env() -> dict[str, str]:
@@ -82,6 +47,7 @@ def collector(cfg: Path, *args: str, log: Path | None = None) -> subprocess.Pope
             out.close()  # type: ignore[union-attr]
 
 
+@pytest.mark.slow
 def test_check_prints_what_it_watches_and_exits_0(tmp_path: Path) -> None:
     (tmp_path / "spool").mkdir()
     cfg = write_config(tmp_path, "http://127.0.0.1:1", nixl_multiproc_dir=str(tmp_path / "mp"))
@@ -107,6 +73,7 @@ def test_check_prints_what_it_watches_and_exits_0(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("extra", "message"),
     [({"server_url": "nope"}, "http:// or https://"), ({"bogus_key": 1}, "bogus_key")],
@@ -125,6 +92,7 @@ def test_check_refuses_bad_config_with_exit_2(tmp_path: Path, extra: dict[str, A
     assert message in r.stderr
 
 
+@pytest.mark.slow
 def test_sigkill_mid_push_then_restart_delivers_every_entry_exactly_once(tmp_path: Path) -> None:
     with Recorder() as rec:
         in_flight = threading.Event()
@@ -185,6 +153,7 @@ def test_sigkill_mid_push_then_restart_delivers_every_entry_exactly_once(tmp_pat
         assert all(r[0] == "healthy_4" for r in rows)
 
 
+@pytest.mark.slow
 def test_once_ships_everything_and_exits_0(tmp_path: Path) -> None:
     with Recorder() as rec:
         cfg = write_config(tmp_path, rec.url)
@@ -203,6 +172,7 @@ def test_once_ships_everything_and_exits_0(tmp_path: Path) -> None:
         assert len(rec.entry_rows()) == sum(len(a.entries) for a in agents.values())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("token", ["wrong", "revoked"])
 def test_once_with_a_rejected_token_exits_4_with_the_reason(tmp_path: Path, token: str) -> None:
     """A real server refuses the token (unknown, or revoked): `--once` stops at the first 401

@@ -10,24 +10,18 @@ import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 import pytest
-from prometheus_client import CollectorRegistry
 
-from flightdeck.collector.daemon import GROUPS_RESEND_S, Collector
+from flightdeck.collector.daemon import GROUPS_RESEND_S
 from flightdeck.collector.frdump import load_raw, read_dump_file
 from flightdeck.collector.nixl_ring import OwnerFinder
 from flightdeck.collector.queue import NewBatch
-from flightdeck.collector.settings import CollectorSettings
-
-if TYPE_CHECKING:
-    from tests.test_collector_fixtures import FR_DATA, NIXL_DATA, AgentStandIn, spool_scenario, thread_guard
-    from tests.test_collector_recorder import Recorder, wait_for
-else:
-    from test_collector_fixtures import FR_DATA, NIXL_DATA, AgentStandIn, spool_scenario, thread_guard
-    from test_collector_recorder import Recorder, wait_for
+from tests.support.collector_fixtures import FR_DATA, NIXL_DATA, spool_scenario, thread_guard
+from tests.support.collector_harness import Harness, settings_for, stand_ins
+from tests.support.collector_recorder import Recorder, wait_for
 
 
 @pytest.fixture(autouse=True)
@@ -36,67 +30,10 @@ def _no_leaked_threads() -> Iterator[None]:
 
 
 @pytest.fixture
-def recorder() -> Iterator[Recorder]:
-    with Recorder() as rec:
-        yield rec
-
-
-def settings_for(tmp_path: Path, url: str, **overrides: Any) -> CollectorSettings:
-    """Settings with every path in tmp_path and short intervals."""
-    values: dict[str, Any] = {
-        "server_url": url,
-        "token": "s3cret",
-        "spool_dirs": [tmp_path / "spool"],
-        "torch_dump_prefixes": [str(tmp_path / "torch" / "comm_lib_trace_rank_")],
-        "state_dir": tmp_path / "state",
-        "metrics_listen": "",
-        "host": "node-a",
-        "push_interval_s": 0.05,
-        "rescan_interval_s": 0.001,  # flush() in tests: every call rescans (no watcher running)
-        "push_deadline_s": 5.0,
-        "retry_backoff_s": 0.05,
-        "retry_backoff_max_s": 0.2,
-    }
-    values.update(overrides)
-    return CollectorSettings(**values)
-
-
-class Harness:
-    """A Collector with its own httpx client and registry; `close` releases everything."""
-
-    def __init__(self, settings: CollectorSettings, **kwargs: Any) -> None:
-        self.client = httpx.Client()
-        self.registry = CollectorRegistry()
-        self.collector = Collector(settings, client=self.client, registry=self.registry, **kwargs)
-
-    def flush_and_push(self) -> None:
-        self.collector.flush()
-        assert self.collector.pusher.drain(timeout_s=10)
-
-    def metric(self, name: str, **labels: str) -> float:
-        return self.registry.get_sample_value(name, labels) or 0.0
-
-    def close(self) -> None:
-        self.collector.close(drain_s=0)
-        self.client.close()
-
-
-@pytest.fixture
 def harness(tmp_path: Path, recorder: Recorder) -> Iterator[Harness]:
     h = Harness(settings_for(tmp_path, recorder.url))
     yield h
     h.close()
-
-
-def stand_ins(spool: Path, scenario: str) -> dict[int, AgentStandIn]:
-    """One agent stand-in per rank of a committed scenario, writing into `<spool>/<scenario>/0/`."""
-    dest = spool / scenario / "0"
-    dest.mkdir(parents=True, exist_ok=True)
-    return {
-        int(p.name.split(".")[0].removeprefix("rank_")): AgentStandIn(p, dest / p.name)
-        for p in sorted((FR_DATA / scenario).glob("rank_*.pkl"))
-        if p.name.count(".") == 1
-    }
 
 
 # --- shipping and deltas ----------------------------------------------------------------------
@@ -376,6 +313,7 @@ def test_nixl_ring_and_store_samples_are_shipped(tmp_path: Path, recorder: Recor
 # watchdog 7.1 warns (RuntimeWarning, in its inotify thread) when a directory created just after a
 # recursive watch started is added twice; harmless, but `filterwarnings = error` would turn it into an
 # exception that kills watchdog's shared inotify thread for the rest of the session.
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:Callback with id:RuntimeWarning")
 @pytest.mark.parametrize("polling", [False, True])
 def test_running_daemon_ships_files_as_the_agent_writes_them(
@@ -423,6 +361,7 @@ def test_running_daemon_ships_files_as_the_agent_writes_them(
         harness.close()
 
 
+@pytest.mark.slow
 def test_server_down_for_a_while_then_everything_arrives(tmp_path: Path, recorder: Recorder) -> None:
     recorder.stop()
     harness = Harness(settings_for(tmp_path, recorder.url))

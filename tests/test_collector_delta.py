@@ -6,7 +6,6 @@ import dataclasses
 import pickle
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 
@@ -15,11 +14,7 @@ from flightdeck.collector.frdump import load_raw, merge, read_dump_file
 from flightdeck.collector.incremental import IncrementalReader, read_changed
 from flightdeck.records import RankDump
 from flightdeck.spool import RingSplitter
-
-if TYPE_CHECKING:
-    from tests.test_collector_fixtures import FR_DATA, AgentStandIn
-else:
-    from test_collector_fixtures import FR_DATA, AgentStandIn
+from tests.support.collector_fixtures import FR_DATA, AgentStandIn
 
 
 def real(name: str, scenario: str = "healthy_2") -> RankDump:

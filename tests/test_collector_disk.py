@@ -11,21 +11,17 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 
-if TYPE_CHECKING:
-    from tests.test_collector_server import (
-        Collector,
-        Server,
-        _feeders,
-        expected_entries,
-        stored,
-        wait_until,
-    )
-else:
-    from test_collector_server import Collector, Server, _feeders, expected_entries, stored, wait_until
+from tests.support.collector_stack import (
+    Collector,
+    Server,
+    expected_entries,
+    rank_feeders,
+    stored,
+)
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -52,11 +48,8 @@ def small_fs(tmp_path: Path) -> Iterator[Path]:
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[Server]:
-    s = Server(tmp_path / "server-data", tmp_path / "server.log")
-    try:
+    with Server(tmp_path / "server-data", tmp_path / "server.log") as s:
         yield s
-    finally:
-        s.stop()
 
 
 def fill(directory: Path) -> Path:
@@ -85,7 +78,7 @@ def test_full_disk_under_the_queue_loses_nothing_and_sends_nothing_twice(
     token_file.write_text(server.token("create", "node-a") + "\n")
     server.start()
     spool = tmp_path / "spool"
-    feeders = _feeders(spool)
+    feeders = rank_feeders(spool)
     collector = Collector(tmp_path, server.url, token_file, spool, None)
     config = collector.config.read_text().replace(
         f'state_dir = "{tmp_path / "collector-state"}"', f'state_dir = "{small_fs / "state"}"'

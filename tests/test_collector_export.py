@@ -6,19 +6,15 @@ without a restart, while the other collectors stay.
 
 from __future__ import annotations
 
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-if TYPE_CHECKING:
-    from tests.paging_stack import ServerProcess
-else:
-    from paging_stack import ServerProcess
+from tests.support.cli import flightdeck
+from tests.support.paging_stack import ServerProcess
 
 AGE = "flightdeck_collector_last_push_age_seconds"
 
@@ -35,26 +31,16 @@ def _ages(server: ServerProcess) -> dict[str, float]:
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[ServerProcess]:
-    srv = ServerProcess(tmp_path / "data")
-    srv.start()
-    try:
+    with ServerProcess(tmp_path / "data") as srv:
+        srv.start()
         yield srv
-    finally:
-        srv.close()
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_heartbeat_exports_and_revocation_removes_the_collector(server: ServerProcess) -> None:
     def cli(*args: str) -> str:
-        return subprocess.run(
-            [*server.cmd, "token", *args],
-            env=server.env,
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=60,
-        ).stdout.strip()
+        return flightdeck(server.env, "token", *args)
 
     other = cli("create", "rack-2", "--any-host")
     assert _ages(server) == {}  # no collector has pushed yet

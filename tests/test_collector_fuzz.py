@@ -13,9 +13,10 @@ import json
 import pickle
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -23,11 +24,7 @@ from flightdeck.collector.frdump import DumpError, load_raw
 from flightdeck.collector.incremental import IncrementalReader
 from flightdeck.snapshot_check import SnapshotError, check_snapshot
 from flightdeck.wire import Batch, decode_batch, encode_batch, snapshot_from_dump
-
-if TYPE_CHECKING:
-    from tests.test_collector_fixtures import FR_DATA
-else:
-    from test_collector_fixtures import FR_DATA
+from tests.support.collector_fixtures import FR_DATA
 
 SRC = FR_DATA / "healthy_2" / "rank_0.final.pkl"
 RAW = load_raw(SRC.read_bytes())
@@ -51,6 +48,7 @@ META_FIELDS = ["job", "attempt", "rank", "world_size", "local_rank", "host", "pi
                "snapshot_time_ns", "kind", "interval_s", "exception", "groups", "thread_stacks"]  # fmt: skip
 
 
+@pytest.mark.slow
 @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     entry_changes=st.lists(

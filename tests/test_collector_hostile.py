@@ -10,53 +10,31 @@ import json
 import os
 import pickle
 import time
-import urllib.error
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 
-from flightdeck.collector.frdump import load_raw, merge, read_dump_file
+from flightdeck.collector.frdump import load_raw, read_dump_file
 from flightdeck.wire import decode_batch
-
-if TYPE_CHECKING:
-    from tests.test_collector_fixtures import FR_DATA, spool_scenario, write_atomic
-    from tests.test_collector_server import Collector, Server, get_json, wait_until
-else:
-    from test_collector_fixtures import FR_DATA, spool_scenario, write_atomic
-    from test_collector_server import Collector, Server, get_json, wait_until
+from tests.support.collector_fixtures import FR_DATA, spool_scenario, write_atomic
+from tests.support.collector_stack import (
+    Collector,
+    Server,
+    expected,
+    stop_promptly,
+    timeline,
+)
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[Server]:
-    s = Server(tmp_path / "server-data", tmp_path / "server.log")
-    try:
+    with Server(tmp_path / "server-data", tmp_path / "server.log") as s:
         yield s
-    finally:
-        s.stop()
-
-
-def timeline(server: Server, job: str) -> dict[tuple[int, int], tuple[str, bool]]:
-    """(rank, record_id) -> (state, retired) of the job's stored entries ({} before the job exists)."""
-    try:
-        doc = get_json(f"{server.url}/api/v1/jobs/{job}/timeline?limit=10000")
-    except urllib.error.HTTPError as exc:
-        if exc.code == 404:
-            return {}
-        raise
-    return {(r["rank"], r["record_id"]): (r["state"], r["retired"]) for r in doc["entries"]}
-
-
-def expected(directory: Path) -> dict[tuple[int, int], tuple[str, bool]]:
-    """What the server should hold of the dumps in `directory`, every snapshot of a rank merged."""
-    by_rank: dict[int, list[Any]] = {}
-    for p in sorted(directory.glob("rank_*.pkl")):
-        d = read_dump_file(p)
-        by_rank.setdefault(d.rank, []).append(d)
-    return {(r, e.record_id): (e.state, e.retired) for r, ds in by_rank.items() for e in merge(ds).entries}
 
 
 def start(tmp_path: Path, server: Server, spool: Path) -> Collector:
@@ -66,15 +44,6 @@ def start(tmp_path: Path, server: Server, spool: Path) -> Collector:
     collector = Collector(tmp_path, server.url, token_file, spool, None)
     collector.start()
     return collector
-
-
-def stop_promptly(collector: Collector) -> None:
-    """SIGTERM: the collector exits by itself with 0 (Collector.stop SIGKILLs after 30 s)."""
-    assert collector.proc is not None
-    proc = collector.proc
-    code = collector.stop()
-    assert code == 0, f"exit {code} (-9: SIGTERM was not honoured): {collector.log.read_text()[-2000:]}"
-    assert proc.returncode == 0
 
 
 def test_fifo_in_the_spool_never_blocks_the_collector(tmp_path: Path, server: Server) -> None:
@@ -229,11 +198,7 @@ def test_crafted_pickle_is_quarantined_and_other_jobs_keep_flowing(tmp_path: Pat
 
     from flightdeck.collector.daemon import Collector as Daemon
     from flightdeck.collector.settings import CollectorSettings
-
-    if TYPE_CHECKING:
-        from tests.test_collector_recorder import Recorder
-    else:
-        from test_collector_recorder import Recorder
+    from tests.support.collector_recorder import Recorder
 
     spool = tmp_path / "spool"
     healthy = spool_scenario(spool, "healthy_4", periodic_only=True)
@@ -282,11 +247,7 @@ def test_nixl_ring_losses_are_exported_and_a_bad_header_is_never_written_back(tm
 
     from flightdeck.collector.daemon import Collector as Daemon
     from flightdeck.collector.settings import CollectorSettings
-
-    if TYPE_CHECKING:
-        from tests.test_collector_recorder import Recorder
-    else:
-        from test_collector_recorder import Recorder
+    from tests.support.collector_recorder import Recorder
 
     def ring(capacity: int, events: list[tuple[int, int]], *, write_pos: int, read_pos: int = 0) -> bytes:
         slots = [struct.pack("<I4xQ", t, v) for t, v in events]

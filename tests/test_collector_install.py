@@ -111,6 +111,7 @@ def installed(world_readable_tmp: Path) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_install_creates_user_token_settings_and_unit(installed: Path) -> None:
     root = installed
     uid = _id(root / "etc" / "passwd", "flightdeck")
@@ -135,6 +136,7 @@ def test_install_creates_user_token_settings_and_unit(installed: Path) -> None:
     assert sum(1 for ln in unit if ln.startswith("MemoryMax=")) == 1  # the template's is replaced
 
 
+@pytest.mark.slow
 def test_installed_unit_verifies_and_is_hardened(installed: Path) -> None:
     unit = installed / "etc" / "systemd" / "system" / UNIT_NAME
     verify = subprocess.run(
@@ -155,6 +157,7 @@ def test_installed_unit_verifies_and_is_hardened(installed: Path) -> None:
     assert float(match.group(1)) <= MAX_EXPOSURE
 
 
+@pytest.mark.slow
 def test_spool_is_shared_with_the_jobs_group_and_closed_to_others(installed: Path) -> None:
     spool = installed / "var" / "spool" / "flightdeck"
     collector_uid = _id(installed / "etc" / "passwd", "flightdeck")
@@ -181,6 +184,7 @@ def test_spool_is_shared_with_the_jobs_group_and_closed_to_others(installed: Pat
     assert other.returncode != 0 and "PermissionError" in other.stderr
 
 
+@pytest.mark.slow
 def test_default_executable_is_the_one_running_the_command(tmp_path: Path) -> None:
     root = _root(tmp_path)
     token = tmp_path / "token"
@@ -193,6 +197,7 @@ def test_default_executable_is_the_one_running_the_command(tmp_path: Path) -> No
     assert not (root / "etc" / "flightdeck").exists()  # a dry run changes nothing
 
 
+@pytest.mark.slow
 def test_bad_arguments_are_refused_with_a_reason(tmp_path: Path) -> None:
     root = _root(tmp_path)
     empty = tmp_path / "empty"

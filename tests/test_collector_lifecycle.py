@@ -22,7 +22,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -30,17 +30,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from flightdeck.collector.processes import ProcTable
 from flightdeck.launch.demo.ranks import free_port
 from flightdeck.wire import decode_batch
-
-if TYPE_CHECKING:
-    from tests.test_collector_daemon import Harness, settings_for
-    from tests.test_collector_fixtures import FR_DATA, spool_scenario, thread_guard
-    from tests.test_collector_recorder import Recorder
-    from tests.test_collector_server import FLIGHTDECK, Server, get_json, wait_until
-else:
-    from test_collector_daemon import Harness, settings_for
-    from test_collector_fixtures import FR_DATA, spool_scenario, thread_guard
-    from test_collector_recorder import Recorder
-    from test_collector_server import FLIGHTDECK, Server, get_json, wait_until
+from tests.support.cli import FLIGHTDECK
+from tests.support.collector_fixtures import FR_DATA, spool_scenario, thread_guard
+from tests.support.collector_harness import Harness, settings_for
+from tests.support.collector_recorder import Recorder
+from tests.support.collector_stack import Server, get_json
+from tests.support.waiting import wait_until
 
 HOST = "node-a"  # settings_for's collector host name
 
@@ -48,12 +43,6 @@ HOST = "node-a"  # settings_for's collector host name
 @pytest.fixture(autouse=True)
 def _no_leaked_threads() -> Iterator[None]:
     yield from thread_guard()
-
-
-@pytest.fixture
-def recorder() -> Iterator[Recorder]:
-    with Recorder() as rec:
-        yield rec
 
 
 @pytest.fixture
@@ -97,6 +86,7 @@ def snapshots_of(recorder: Recorder) -> list[tuple[str, int, str]]:
 # --- the process table ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_proc_table_tells_running_from_zombie_gone_and_reused(sleeper: subprocess.Popen[bytes]) -> None:
     table = ProcTable()
     now = time.time_ns()
@@ -116,6 +106,7 @@ def test_proc_table_tells_running_from_zombie_gone_and_reused(sleeper: subproces
 # --- gone ranks -----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_rank_whose_process_is_gone_is_reported_once_after_its_snapshots(
     tmp_path: Path, recorder: Recorder, sleeper: subprocess.Popen[bytes]
 ) -> None:
@@ -195,6 +186,7 @@ def test_a_rank_whose_process_is_gone_is_reported_once_after_its_snapshots(
             ended.wait()
 
 
+@pytest.mark.slow
 def test_a_gone_rank_waits_for_its_files_on_disk(
     tmp_path: Path, recorder: Recorder, sleeper: subprocess.Popen[bytes]
 ) -> None:
@@ -430,7 +422,7 @@ def test_flightdeck_up_restarted_on_the_same_folders_ships_nothing_again(tmp_pat
             seen.append(_metric_sum(base, "flightdeck_ingest_entries_total"))
             return len(seen) >= 3 and seen[-1] == seen[-3] > 0
 
-        wait_until(settled, 60, "every spooled entry at the server", interval_s=1.0)
+        wait_until(settled, 60, "every spooled entry at the server", poll_s=1.0)
         before = _report(base, "up-replay")
         assert before is not None
     with _flightdeck_up(tmp_path) as base:

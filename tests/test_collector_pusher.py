@@ -8,7 +8,6 @@ import random
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import httpx
 import pytest
@@ -19,13 +18,8 @@ from flightdeck.collector.metrics import CollectorMetrics
 from flightdeck.collector.pusher import Outcome, Pusher
 from flightdeck.collector.queue import DurableQueue, NewBatch
 from flightdeck.wire import Batch, decode_batch, encode_batch, snapshot_from_dump
-
-if TYPE_CHECKING:
-    from tests.test_collector_fixtures import FR_DATA, thread_guard
-    from tests.test_collector_recorder import Recorder, Scripted
-else:
-    from test_collector_fixtures import FR_DATA, thread_guard
-    from test_collector_recorder import Recorder, Scripted
+from tests.support.collector_fixtures import FR_DATA, thread_guard
+from tests.support.collector_recorder import Recorder, Scripted
 
 
 @pytest.fixture(autouse=True)
@@ -69,12 +63,6 @@ class Rig:
 
 
 @pytest.fixture
-def recorder() -> Iterator[Recorder]:
-    with Recorder() as rec:
-        yield rec
-
-
-@pytest.fixture
 def rig(tmp_path: Path, recorder: Recorder) -> Iterator[Rig]:
     r = Rig(tmp_path, recorder)
     yield r
@@ -114,6 +102,7 @@ def test_full_queue_refuses_batches_and_their_shipped_state_together(tmp_path: P
 # --- pusher -----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_503_and_429_are_retried_honouring_retry_after(rig: Rig, recorder: Recorder) -> None:
     recorder.script = [Scripted(503, {"Retry-After": "1"}), Scripted(429, {"Retry-After": "0"})]
     rig.queue.enqueue([batch("b1")])

@@ -7,7 +7,6 @@ import re
 import time
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -16,11 +15,7 @@ from flightdeck.collector.metrics import CollectorMetrics
 from flightdeck.collector.queue import QueueStats
 from flightdeck.collector.settings import CollectorSettings, SettingsError, default_torch_prefixes
 from flightdeck.env_names import LegacyEnvWarning
-
-if TYPE_CHECKING:
-    from tests.metrics_doc import METRICS_DOC
-else:
-    from metrics_doc import METRICS_DOC
+from tests.support.metrics_doc import METRICS_DOC
 
 
 def test_every_setting_is_documented() -> None:

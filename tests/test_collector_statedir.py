@@ -8,14 +8,10 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 
-if TYPE_CHECKING:
-    from tests.test_collector_cmd import write_config
-else:
-    from test_collector_cmd import write_config
+from tests.support.collector_stack import write_config
 
 EXIT_STATE = 3
 
@@ -76,6 +72,7 @@ CASES: dict[str, tuple[Callable[[Path, Path], Path], str]] = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize(
     "mode", [(), ("--once",), ("--requeue-dead-letters",)], ids=["run", "once", "requeue"]

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 import yaml
@@ -66,12 +66,14 @@ def _config(compose: Path) -> dict[str, Any]:
     return model
 
 
+@pytest.mark.slow
 def test_compose_config_is_valid(compose: Path) -> None:
     """`docker compose config --quiet` accepts the file with the variables of .env.example."""
     result = _compose(compose, "config", "--quiet")
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.slow
 def test_compose_refuses_missing_secrets(compose: Path, tmp_path: Path) -> None:
     """Without the secrets, compose stops with the `${VAR:?}` message instead of using empty ones."""
     empty = tmp_path / "empty.env"
@@ -92,6 +94,7 @@ def test_env_example_covers_every_variable() -> None:
     assert required == example
 
 
+@pytest.mark.slow
 def test_services_and_health_ordering(compose: Path) -> None:
     """All six services exist; the server waits for a healthy PostgreSQL 16; two server replicas in
     cluster mode sit behind one published address."""
@@ -115,6 +118,7 @@ def test_services_and_health_ordering(compose: Path) -> None:
     assert url.startswith("postgresql+psycopg://flightdeck:") and url.endswith("@postgres:5432/flightdeck")
 
 
+@pytest.mark.slow
 def test_published_ports_bind_localhost(compose: Path) -> None:
     """Every published port is bound to 127.0.0.1."""
     published = [
@@ -127,6 +131,7 @@ def test_published_ports_bind_localhost(compose: Path) -> None:
         assert port.get("host_ip") == "127.0.0.1", f"{name} publishes {port} beyond localhost"
 
 
+@pytest.mark.slow
 def test_mounted_host_paths_exist(compose: Path) -> None:
     """Every bind-mounted host path of every service exists in the repository."""
     binds = [
@@ -170,6 +175,7 @@ def test_dockerfile() -> None:
     assert ".env" in ignored and "docker" not in ignored
 
 
+@pytest.mark.slow
 def test_images_are_pinned_to_releases(compose: Path) -> None:
     """No floating tag: every image names a patch release (digests: see docker-compose.yml)."""
     images = {name: s["image"] for name, s in _config(compose)["services"].items() if name != "flightdeck"}
@@ -199,6 +205,7 @@ def test_nginx_re_resolves_and_retries_only_idempotent_requests() -> None:
     assert INGEST_PATH == "/api/v1/ingest"
 
 
+@pytest.mark.slow
 def test_promtool_check_config(tmp_path: Path) -> None:
     """`promtool check config` accepts the Prometheus config (and the rule file it loads).
 
@@ -231,6 +238,7 @@ def test_prometheus_honors_the_job_label() -> None:
     assert flightdeck["honor_labels"] is True
 
 
+@pytest.mark.slow
 def test_amtool_check_config() -> None:
     """`amtool check-config` accepts the Alertmanager config (amtool ships in prometheus-alertmanager)."""
     amtool = shutil.which("amtool")
@@ -242,14 +250,12 @@ def test_amtool_check_config() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.slow
 def test_compose_resolves_the_guards_as_the_secure_defaults_test_does(compose: Path, tmp_path: Path) -> None:
     """The real compose binary resolves the server's environment exactly as
     tests/test_secure_defaults.py's own interpolation does (which the running-server check uses),
     and hands Prometheus the read token as a secret."""
-    if TYPE_CHECKING:
-        from tests.test_secure_defaults import real_secrets, resolved_compose
-    else:
-        from test_secure_defaults import real_secrets, resolved_compose
+    from tests.support.compose import real_secrets, resolved_compose
 
     secrets = real_secrets()
     env_file = tmp_path / "test.env"

@@ -23,9 +23,9 @@ from flightdeck.analysis.findings import CONFIG_KINDS
 from flightdeck.collector.frdump import discover, merge, read_dump_file
 from flightdeck.records import RankDump
 from flightdeck.wire import snapshot_from_dump
-from tests.conftest import FakeClock
 from tests.fr_jobs.config_worker import run_config_job
-from tests.test_server_api import Server, make_server
+from tests.support.clock import FakeClock
+from tests.support.server_app import Server, make_server
 
 NS = 1_000_000_000
 SECRET = "hf_Zx8Qm2Lr7Tb4Wn9Kc3Vy6Pd1Gs5Jh0Af"  # looks like an access token (not a real one)
@@ -96,6 +96,7 @@ def _config(report: dict[str, Any] | Report) -> dict[str, dict[str, Any]]:
     return out
 
 
+@pytest.mark.slow
 def test_agent_reports_what_each_rank_runs_with(skewed: dict[int, RankDump]) -> None:
     cfg = {r: d.config for r, d in skewed.items()}
     assert all(c is not None for c in cfg.values())
@@ -123,6 +124,7 @@ def test_agent_reports_what_each_rank_runs_with(skewed: dict[int, RankDump]) -> 
     assert SECRET not in raw and "FDTEST_" not in raw  # never a secret, never an unrelated variable
 
 
+@pytest.mark.slow
 def test_skewed_job_gives_every_expected_finding(skewed: dict[int, RankDump]) -> None:
     report = _report(skewed)
     found = _config(report)
@@ -160,6 +162,7 @@ def test_skewed_job_gives_every_expected_finding(skewed: dict[int, RankDump]) ->
         assert all(c["host"] == skewed[c["rank"]].host for c in f["culprits"])
 
 
+@pytest.mark.slow
 def test_uniform_job_gives_none(uniform: dict[int, RankDump]) -> None:
     assert all(d.config is not None for d in uniform.values())
     report = _report(uniform)
@@ -167,6 +170,7 @@ def test_uniform_job_gives_none(uniform: dict[int, RankDump]) -> None:
     assert not [f for f in report.findings if f.kind not in ("straggler",)], report.to_json()
 
 
+@pytest.mark.slow
 def test_flightdeck_analyze_reports_the_skew_offline(skewed: dict[int, RankDump]) -> None:
     """`flightdeck analyze` on the spool: the same findings, in the JSON and in the text verdict."""
     import subprocess
@@ -185,11 +189,11 @@ def test_flightdeck_analyze_reports_the_skew_offline(skewed: dict[int, RankDump]
 @pytest.fixture
 def server(database_url: str, clock: FakeClock) -> Iterator[Server]:
     """A server on a fresh database (SQLite file or PostgreSQL schema)."""
-    srv = make_server(database_url, clock)
-    yield srv
-    srv.svc.close()
+    with make_server(database_url, clock) as srv:
+        yield srv
 
 
+@pytest.mark.slow
 def test_server_stores_configs_and_opens_resolves_findings(
     server: Server, skewed: dict[int, RankDump], uniform: dict[int, RankDump]
 ) -> None:
@@ -235,6 +239,7 @@ def test_server_stores_configs_and_opens_resolves_findings(
     assert get("flightdeck_job_config_skew_active", {"job": "cfgskew", "kind": "version_skew"}) == 0
 
 
+@pytest.mark.slow
 def test_server_flags_jobs_sharing_checkpoints_across_214_and_215(
     server: Server, uniform: dict[int, RankDump]
 ) -> None:

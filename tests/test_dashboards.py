@@ -7,7 +7,7 @@ import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 from jsonschema import Draft7Validator
@@ -19,11 +19,7 @@ from flightdeck.dashboards import build
 from flightdeck.dashboards.cmd import main as dashboards_main
 from flightdeck.dashboards.common import DATASOURCE_UID, DATASOURCE_VARIABLE, URL_VARIABLE
 from flightdeck.dashboards.defaults import BUILD_DIR
-
-if TYPE_CHECKING:
-    from tests.metrics_doc import documented_series, metric_names
-else:
-    from metrics_doc import documented_series, metric_names
+from tests.support.metrics_doc import documented_series, metric_names
 
 REPO = Path(__file__).resolve().parents[1]
 #: Grafana's schemas, vendored into the repository (tests/data/grafana/README.md).
@@ -109,6 +105,7 @@ def test_check_flag_reports_drift(tmp_path: Path) -> None:
     assert build.drift(tmp_path) == ["flightdeck-overview.json", "stale.json"]
 
 
+@pytest.mark.slow
 def test_flightdeck_cli_builds(tmp_path: Path) -> None:
     """`flightdeck dashboards build` writes one file per dashboard."""
     exe = shutil.which("flightdeck")
@@ -222,6 +219,7 @@ def test_panels_use_the_provisioned_datasource(name: str) -> None:
     assert f"uid: {DATASOURCE_UID}" in provisioning
 
 
+@pytest.mark.slow
 def test_exprs_parse_with_promtool(tmp_path: Path) -> None:
     """Every dashboard expression is valid PromQL (checked as recording rules by promtool)."""
     promtool = shutil.which("promtool")

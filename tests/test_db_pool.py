@@ -23,6 +23,7 @@ def _terminate(url: str, pid: int) -> None:
     time.sleep(0.2)  # the backend is gone once the signal is handled
 
 
+@pytest.mark.slow
 def test_a_connection_that_sat_idle_is_checked_and_replaced(pg_database: str) -> None:
     db = connect(pg_database, pool_size=1, ping_idle_s=0.0)  # every checkout counts as idle
     try:
@@ -34,6 +35,7 @@ def test_a_connection_that_sat_idle_is_checked_and_replaced(pg_database: str) ->
         db.dispose()
 
 
+@pytest.mark.slow
 def test_a_connection_used_a_moment_ago_is_not_pinged(pg_database: str) -> None:
     db = connect(pg_database, pool_size=1, ping_idle_s=3600.0)
     try:

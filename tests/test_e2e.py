@@ -30,12 +30,14 @@ from typing import Any
 import pytest
 
 from flightdeck.launch.demo.ranks import JobSpec, free_port, start_ranks, stop_all
+from tests.support.api_client import get, job_report
+from tests.support.cli import FLIGHTDECK, clean_env, collector_env, create_token
+from tests.support.waiting import wait_until
 
 #: Each test is bounded (its waits are bounded too; this is the backstop against a hung process).
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 torch = pytest.importorskip("torch", reason="the end-to-end tests run a real gloo job")
 
-FLIGHTDECK = [sys.executable, "-m", "flightdeck"]
 DATA = Path(__file__).parent / "data" / "fr"
 STALL_AFTER_S = 3.0
 #: The demo's options that keep these tests short: small threshold, early fault, quick snapshots.
@@ -51,36 +53,6 @@ FAST = [
     "--settle",
     "2",
 ]
-
-
-def get(url: str, token: str | None = None) -> tuple[int, str]:
-    """GET `url`: (status, body); status 0 when nothing answers."""
-    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
-    try:
-        with urllib.request.urlopen(req, timeout=10) as r:
-            return int(r.status), r.read().decode()
-    except urllib.error.HTTPError as exc:
-        return int(exc.code), exc.read().decode(errors="replace")
-    except OSError:
-        return 0, ""
-
-
-def wait_until(cond: Any, timeout_s: float, what: str, poll_s: float = 0.2) -> Any:
-    """Poll `cond()` until it returns something truthy (returned) or fail after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(poll_s)
-
-
-def job_report(base: str, job: str, token: str | None = None) -> dict[str, Any] | None:
-    """The server's report of `job`, None while it does not know the job."""
-    status, body = get(f"{base}/api/v1/jobs/{urllib.parse.quote(job)}", token)
-    return json.loads(body) if status == 200 else None
 
 
 def children_of(pid: int) -> list[int]:
@@ -379,31 +351,15 @@ def test_gloo_job_to_collector_to_server(tmp_path: Path) -> None:
     the sequence id and the op of the blocked all-reduce."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLIGHTDECK_")}
+    env = clean_env()
     server_env = {**env, "FLIGHTDECK_DATA_DIR": str(tmp_path / "data"), "FLIGHTDECK_PORT": str(port)}
     server_env["FLIGHTDECK_STALL_AFTER_S"] = str(STALL_AFTER_S)
     (tmp_path / "data").mkdir()
-    token = subprocess.run(
-        [*FLIGHTDECK, "token", "create", "e2e", "--host", socket.gethostname()],
-        env=server_env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout.strip()
+    token = create_token(server_env, "e2e", "--host", socket.gethostname())
     (tmp_path / "token").write_text(token)
     spool = tmp_path / "spool"
     spool.mkdir()
-    collector_env = {
-        **env,
-        "FLIGHTDECK_SERVER_URL": base,
-        "FLIGHTDECK_TOKEN_FILE": str(tmp_path / "token"),
-        "FLIGHTDECK_SPOOL_DIRS": json.dumps([str(spool)]),
-        "FLIGHTDECK_TORCH_DUMP_PREFIXES": "[]",
-        "FLIGHTDECK_STATE_DIR": str(tmp_path / "state"),
-        "FLIGHTDECK_METRICS_LISTEN": "",
-        "FLIGHTDECK_PUSH_INTERVAL_S": "0.5",
-    }
+    collector_vars = {**collector_env(env, base, tmp_path, spool), "FLIGHTDECK_PUSH_INTERVAL_S": "0.5"}
     logs = {name: open(tmp_path / f"{name}.log", "wb") for name in ("server", "collector", 0, 1, 2, 3)}  # noqa: SIM115
     procs: list[subprocess.Popen[bytes]] = []
     try:
@@ -416,7 +372,7 @@ def test_gloo_job_to_collector_to_server(tmp_path: Path) -> None:
         procs.append(
             subprocess.Popen(
                 [*FLIGHTDECK, "collector"],
-                env=collector_env,
+                env=collector_vars,
                 stdout=logs["collector"],
                 stderr=subprocess.STDOUT,
             )

@@ -24,36 +24,26 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 
-if TYPE_CHECKING:
-    from tests.netns_cluster import (
-        EXPECTED,
-        FAULT_RANK,
-        FaultRun,
-        NetnsCluster,
-        await_alert,
-        await_finding,
-        inject_fault,
-        netns_unavailable,
-        wait_for,
-    )
-    from tests.ops_stack import ALERTMANAGER_BINARIES, PROMETHEUS_BINARIES, HangTarget, OpsStack, find_binary
-else:
-    from netns_cluster import (
-        EXPECTED,
-        FAULT_RANK,
-        FaultRun,
-        NetnsCluster,
-        await_alert,
-        await_finding,
-        inject_fault,
-        netns_unavailable,
-        wait_for,
-    )
-    from ops_stack import ALERTMANAGER_BINARIES, PROMETHEUS_BINARIES, HangTarget, OpsStack, find_binary
+from tests.support.markers import needs_ops_binaries
+from tests.support.netns_cluster import (
+    EXPECTED,
+    FAULT_RANK,
+    FaultRun,
+    NetnsCluster,
+    await_alert,
+    await_finding,
+    inject_fault,
+    netns_unavailable,
+    wait_for,
+)
+from tests.support.ops_stack import (
+    HangTarget,
+    OpsStack,
+)
 
 RULES = Path(__file__).resolve().parents[1] / "dashboards" / "alerts" / "flightdeck.rules.yml"
 _NETNS = netns_unavailable()
@@ -61,10 +51,7 @@ _NETNS = netns_unavailable()
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(_NETNS is not None, reason=f"namespace cluster: {_NETNS}"),
-    pytest.mark.skipif(
-        find_binary(PROMETHEUS_BINARIES) is None or find_binary(ALERTMANAGER_BINARIES) is None,
-        reason="needs `prometheus` and `prometheus-alertmanager` (Debian packages of the same names)",
-    ),
+    needs_ops_binaries,
 ]
 
 

@@ -3,7 +3,7 @@ and edge-case ingest batches (the wire format, field by field) and reads (every 
 OpenAPI schema, and the dashboard pages) over one keep-alive HTTP connection.
 
 No answer >= 500, no dropped connection, and every healthy snapshot sent beside the hostile ones
-stored (tests/hostile_corpus.py builds the requests; bench/hostile_input.py runs a bigger corpus).
+stored (tests/support/hostile_corpus.py builds the requests; bench/hostile_input.py runs a bigger corpus).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from flightdeck.launch.demo.ranks import free_port
 from flightdeck.server import store
 from flightdeck.server.db import connect
-from tests.hostile_corpus import Choice, Corpus, Tally, entries_lost, send
+from tests.support.hostile_corpus import Choice, Corpus, Tally, entries_lost, send
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

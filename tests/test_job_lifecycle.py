@@ -29,9 +29,9 @@ from flightdeck.server.ingest import hash_token
 from flightdeck.server.live import end_state, job_end, job_status
 from flightdeck.server.models import Job
 from flightdeck.wire import Batch, GoneRank, Snapshot
-from tests.conftest import FakeClock
-from tests.test_server_api import AUTH, STALL_S, Server, healthy_prefix, make_server, start_server_process
-from tests.test_server_support import body, make_batch, scenario_dumps, snapshots
+from tests.support.clock import FakeClock
+from tests.support.server_app import AUTH, STALL_S, Server, healthy_prefix, make_server, start_server_process
+from tests.support.server_batches import body, make_batch, scenario_dumps, snapshots
 
 NS = 1_000_000_000
 JOB = "healthy_4"
@@ -40,9 +40,8 @@ JOB = "healthy_4"
 @pytest.fixture
 def server(database_url: str, clock: FakeClock) -> Iterator[Server]:
     """A server with short retention of ended jobs' series (60 s)."""
-    srv = make_server(database_url, clock, ended_series_s=60.0)
-    yield srv
-    srv.svc.close()
+    with make_server(database_url, clock, ended_series_s=60.0) as srv:
+        yield srv
 
 
 def push_batch(srv: Server, batch: Batch, auth: dict[str, str] | None = None) -> httpx.Response:
@@ -287,6 +286,7 @@ def test_no_data_while_the_collector_heartbeats(server: Server) -> None:
 # --- replays ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_replayed_batches_move_nothing_on_a_real_server(tmp_path: Any) -> None:
     """A restarted collector re-sends every batch (new batch ids): the job's first and last seen,
     status, findings (their elapsed times too) stay as they were."""
@@ -393,6 +393,7 @@ def _fresh(job: str, t: int, world: int, stuck_rank: int | None) -> list[Snapsho
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_a_large_job_backfilling_opens_nothing_until_its_ranks_are_in(
     database_url: str, clock: FakeClock
@@ -438,6 +439,7 @@ def test_a_large_job_backfilling_opens_nothing_until_its_ranks_are_in(
 # --- the job list --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_job_list_filters_searches_and_pages_with_thousands_of_jobs(server: Server) -> None:
     n = 5000
     t0 = server.clock()
@@ -533,6 +535,7 @@ def test_migration_0009_upgrades_and_downgrades(database_url: str) -> None:
         db.dispose()
 
 
+@pytest.mark.slow
 def test_in_a_cluster_the_owner_ends_a_job_whose_gone_reports_another_replica_took(
     pg_database: str, clock: FakeClock
 ) -> None:

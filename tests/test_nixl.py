@@ -610,6 +610,7 @@ def reached(rep: dict[str, Any]) -> Callable[[NixlSample], bool]:
     return done
 
 
+@pytest.mark.slow
 @needs_nixl
 def test_live_ring_two_reads_see_exactly_the_new_events(tmp_path: Path, pair_jobs: list[PairJob]) -> None:
     ring = tmp_path / "ring"
@@ -667,6 +668,7 @@ def test_live_ring_two_reads_see_exactly_the_new_events(tmp_path: Path, pair_job
     assert sorted(p.name for p in ring.iterdir()) == ["initiator", "target"]  # nothing deleted
 
 
+@pytest.mark.slow
 @needs_nixl
 def test_live_ring_survives_agent_restart(tmp_path: Path, pair_jobs: list[PairJob]) -> None:
     ring = tmp_path / "ring"
@@ -692,6 +694,7 @@ def test_live_ring_survives_agent_restart(tmp_path: Path, pair_jobs: list[PairJo
     assert (ring / "initiator").exists()
 
 
+@pytest.mark.slow
 @needs_nixl
 def test_live_mp_store_and_writer_liveness(tmp_path: Path, pair_jobs: list[PairJob]) -> None:
     mp = tmp_path / "mp"

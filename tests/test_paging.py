@@ -14,70 +14,29 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 import pytest
 
-if TYPE_CHECKING:
-    from tests.ops_stack import (
-        ALERTMANAGER_BINARIES,
-        PROMETHEUS_BINARIES,
-        Delivery,
-        HangTarget,
-        OpsStack,
-        find_binary,
-    )
-    from tests.paging_stack import ServerProcess, incident, notifications
-else:
-    from ops_stack import (
-        ALERTMANAGER_BINARIES,
-        PROMETHEUS_BINARIES,
-        Delivery,
-        HangTarget,
-        OpsStack,
-        find_binary,
-    )
-    from paging_stack import ServerProcess, incident, notifications
+from tests.support.markers import needs_ops_binaries
+from tests.support.ops_stack import (
+    Delivery,
+    HangTarget,
+    OpsStack,
+)
+from tests.support.paging_stack import ServerProcess, incident, more_evaluations, notifications
+from tests.support.waiting import wait_until
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(
-        find_binary(PROMETHEUS_BINARIES) is None or find_binary(ALERTMANAGER_BINARIES) is None,
-        reason="needs `prometheus` and `prometheus-alertmanager` (Debian packages of the same names)",
-    ),
+    needs_ops_binaries,
 ]
 
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[ServerProcess]:
-    srv = ServerProcess(tmp_path / "data")
-    srv.start()
-    try:
+    with ServerProcess(tmp_path / "data") as srv:
+        srv.start()
         yield srv
-    finally:
-        srv.close()
-
-
-def _wait(predicate: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.2)
-
-
-def _evaluations(stack: OpsStack) -> float:
-    """How many times the paging rule group has been evaluated."""
-    rows = stack.query('prometheus_rule_group_iterations_total{rule_group=~".*;flightdeck-page"}')
-    return float(rows[0]["value"][1]) if rows else 0.0
-
-
-def _more_evaluations(stack: OpsStack, n: int) -> None:
-    start = _evaluations(stack)
-    _wait(lambda: _evaluations(stack) >= start + n, 120, f"{n} more evaluations of the paging rules")
 
 
 def _stack(server: ServerProcess, tmp_path: Path) -> OpsStack:
@@ -101,12 +60,12 @@ def test_a_60_s_stall_of_the_server_neither_resolves_nor_refires_the_page(
         server.pause()
         stalled = time.monotonic()
         # Prometheus sees the target down: its series go stale at the first failed scrape.
-        _wait(lambda: stack.query('up{job="flightdeck"} == 0'), 30, "the failed scrape")
+        wait_until(lambda: stack.query('up{job="flightdeck"} == 0'), 30, "the failed scrape")
         while time.monotonic() - stalled < 60:
             time.sleep(1)
         server.resume()
-        _wait(lambda: stack.query('up{job="flightdeck"} == 1'), 60, "a successful scrape again")
-        _more_evaluations(stack, 5)
+        wait_until(lambda: stack.query('up{job="flightdeck"} == 1'), 60, "a successful scrape again")
+        more_evaluations(stack, 5, 120)
         deliveries = list(stack.webhook.deliveries)
         assert len(notifications(deliveries, "j", "firing")) == 1, deliveries
         assert notifications(deliveries, "j", "resolved") == [], deliveries
@@ -126,8 +85,8 @@ def test_a_restart_of_the_server_neither_resolves_nor_refires_the_page(
         # Its first answered scrape already exports the open hang (loaded from the store).
         first = server.metrics()
         assert 'flightdeck_job_hang_active{group="0",job="j"} 1.0' in first
-        _wait(lambda: stack.query('up{job="flightdeck"} == 1'), 60, "a successful scrape again")
-        _more_evaluations(stack, 5)
+        wait_until(lambda: stack.query('up{job="flightdeck"} == 1'), 60, "a successful scrape again")
+        more_evaluations(stack, 5, 120)
         deliveries = list(stack.webhook.deliveries)
         assert len(notifications(deliveries, "j", "firing")) == 1, deliveries
         assert notifications(deliveries, "j", "resolved") == [], deliveries
@@ -139,13 +98,13 @@ def test_a_lost_rank_and_the_hang_it_causes_page_once(server: ServerProcess, tmp
         page = _paged(stack, server, "lost_rank", "k")
         kinds = {f["kind"] for f in server.open_findings("k")}
         assert {"rank_lost", "hang"} <= kinds, kinds
-        _wait(
+        wait_until(
             lambda: stack.query('ALERTS{job="k",alertstate="firing",alertname="FlightdeckCollectiveHang"}'),
             60,
             "the hang alert firing in Prometheus",
         )
         # Past the critical route's group_interval (1 m): an update of the group would be out by now.
-        _wait(lambda: time.monotonic() - page.received_at > 70, 90, "a group_interval")
+        wait_until(lambda: time.monotonic() - page.received_at > 70, 90, "a group_interval")
         deliveries = list(stack.webhook.deliveries)
         pages = notifications(deliveries, "k", "firing")
         assert len(pages) == 1, deliveries

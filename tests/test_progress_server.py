@@ -13,8 +13,9 @@ from dataclasses import replace
 
 from flightdeck.records import Frame, Progress
 from flightdeck.wire import Snapshot
-from tests.conftest import FakeClock
-from tests.test_server_api import NS, STALL_S, make_server, skip_stuck_view
+from tests.support.clock import FakeClock
+from tests.support.server_app import NS, STALL_S, make_server
+from tests.support.server_batches import skip_stuck_view
 
 SAVE = (
     Frame("_write", "/venv/lib/python3.11/site-packages/torch/serialization.py", 650),

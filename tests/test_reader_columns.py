@@ -70,6 +70,7 @@ def _takes_signatures(loaded: LoadedDump) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_every_fixture_reads_the_same_by_columns(monkeypatch: pytest.MonkeyPatch) -> None:
     compared = columns = lean = 0
     for path in _dumps():

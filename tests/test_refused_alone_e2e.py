@@ -15,23 +15,16 @@ import pickle
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import httpx
 import pytest
 
 from flightdeck.collector.frdump import load_raw
 from flightdeck.wire import encode_batch
-from tests.test_server_support import make_batch, scenario_dumps, snapshots
-
-if TYPE_CHECKING:
-    from tests.test_collector_fixtures import FR_DATA
-    from tests.test_collector_hostile import expected, stop_promptly, timeline
-    from tests.test_collector_server import Collector, Server, wait_until
-else:
-    from test_collector_fixtures import FR_DATA
-    from test_collector_hostile import expected, stop_promptly, timeline
-    from test_collector_server import Collector, Server, wait_until
+from tests.support.collector_fixtures import FR_DATA
+from tests.support.collector_stack import Collector, Server, expected, stop_promptly, timeline
+from tests.support.server_batches import make_batch, scenario_dumps, snapshots
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -16,102 +16,30 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-if TYPE_CHECKING:
-    from tests.ops_stack import ALERTMANAGER_BINARIES, PROMETHEUS_BINARIES, HangTarget, OpsStack, find_binary
-    from tests.paging_stack import ServerProcess, healthy_job, incident, nixl_sample, notifications
-else:
-    from ops_stack import ALERTMANAGER_BINARIES, PROMETHEUS_BINARIES, HangTarget, OpsStack, find_binary
-    from paging_stack import ServerProcess, healthy_job, incident, nixl_sample, notifications
+from tests.support.markers import needs_ops_binaries
+from tests.support.ops_stack import (
+    HangTarget,
+    OpsStack,
+)
+from tests.support.paging_stack import (
+    ServerProcess,
+    exports_hang,
+    feed,
+    figures_from_prometheus,
+    figures_of,
+    incident,
+    more_evaluations,
+    notifications,
+)
+from tests.support.waiting import wait_until
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(
-        find_binary(PROMETHEUS_BINARIES) is None or find_binary(ALERTMANAGER_BINARIES) is None,
-        reason="needs `prometheus` and `prometheus-alertmanager` (Debian packages of the same names)",
-    ),
+    needs_ops_binaries,
 ]
-
-#: The summed figures compared: PromQL over both replicas, and the same over one server's exposition.
-SUMS = {
-    "jobs": "sum(flightdeck_jobs)",
-    "jobs hung": 'sum(flightdeck_jobs{status="hung"})',
-    "hang active": "sum(flightdeck_job_hang_active)",
-    "culprit ranks": "sum(flightdeck_job_culprit_ranks)",
-    "NIXL bytes written": "sum(flightdeck_nixl_tx_bytes_total)",
-    "NIXL registered memory": "sum(flightdeck_nixl_memory_registered_bytes)",
-    "collectors": "count(flightdeck_collector_last_push_age_seconds)",
-}
-#: metric (sample name) and label filter of each figure, for one server's exposition.
-_SAMPLES: dict[str, tuple[str, dict[str, str], str]] = {
-    "jobs": ("flightdeck_jobs", {}, "sum"),
-    "jobs hung": ("flightdeck_jobs", {"status": "hung"}, "sum"),
-    "hang active": ("flightdeck_job_hang_active", {}, "sum"),
-    "culprit ranks": ("flightdeck_job_culprit_ranks", {}, "sum"),
-    "NIXL bytes written": ("flightdeck_nixl_tx_bytes_total", {}, "sum"),
-    "NIXL registered memory": ("flightdeck_nixl_memory_registered_bytes", {}, "sum"),
-    "collectors": ("flightdeck_collector_last_push_age_seconds", {}, "count"),
-}
-
-
-def figures_of(exposition: str) -> dict[str, float]:
-    """The `SUMS` figures computed from one server's /metrics text."""
-    samples = [s for fam in text_string_to_metric_families(exposition) for s in fam.samples]
-    out = {}
-    for key, (name, labels, how) in _SAMPLES.items():
-        values = [
-            s.value
-            for s in samples
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
-        ]
-        out[key] = float(len(values)) if how == "count" else float(sum(values))
-    return out
-
-
-def figures_from_prometheus(stack: OpsStack) -> dict[str, float]:
-    """The `SUMS` figures as Prometheus computes them over every scraped replica."""
-    out = {}
-    for key, expr in SUMS.items():
-        rows = stack.query(expr)
-        out[key] = float(rows[0]["value"][1]) if rows else 0.0
-    return out
-
-
-def feed(servers: list[ServerProcess], *, now_ns: int) -> None:
-    """The same batches, spread over `servers` (one server gets them all)."""
-    a, b = servers[0], servers[-1]
-    a.post(incident("hang", "hung-job"))
-    finals = healthy_job("healthy-job")
-    a.post(finals[:2])
-    b.post(finals[2:])
-    a.post(
-        [], nixl=[nixl_sample("node-1", "agent-a", tx_bytes=1_000_000, read_time_ns=now_ns, registered=4096)]
-    )
-    b.post(
-        [], nixl=[nixl_sample("node-2", "agent-b", tx_bytes=500_000, read_time_ns=now_ns, registered=2048)]
-    )
-    # a later sample of agent-a through the other replica (the balancer moved its collector)
-    b.post(
-        [],
-        nixl=[
-            nixl_sample("node-1", "agent-a", tx_bytes=3_000_000, read_time_ns=now_ns + 10**9, registered=8192)
-        ],
-    )
-
-
-def _wait(predicate: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.5)
 
 
 @pytest.fixture
@@ -148,7 +76,12 @@ def test_two_replicas_sum_to_one_servers_figures(replicas: list[ServerProcess], 
         now_ns = time.time_ns()
         feed([single], now_ns=now_ns)
         feed(replicas, now_ns=now_ns)
-        _wait(lambda: figures_of(single.metrics())["hang active"] == 1, 60, "the single server's hang")
+        wait_until(
+            lambda: figures_of(single.metrics())["hang active"] == 1,
+            60,
+            "the single server's hang",
+            poll_s=0.5,
+        )
         expected = figures_of(single.metrics())
         assert expected["jobs"] == 2 and expected["collectors"] == 1, expected
         assert (
@@ -168,7 +101,7 @@ def test_two_replicas_sum_to_one_servers_figures(replicas: list[ServerProcess], 
                 return got == expected
 
             try:
-                _wait(settled, 90, "the replicas' sums to equal one server's")
+                wait_until(settled, 90, "the replicas' sums to equal one server's", poll_s=0.5)
             except AssertionError:
                 raise AssertionError(f"two replicas {got} != one server {expected}") from None
             print(f"\nsummed over two replicas: {got}\none server: {expected}")
@@ -178,13 +111,6 @@ def test_two_replicas_sum_to_one_servers_figures(replicas: list[ServerProcess], 
             assert sorted(s["jobs"] for s in shares) == [0, 2], shares
     finally:
         single.close()
-
-
-def _exports_hang(server: ServerProcess, job: str) -> bool:
-    try:
-        return f'flightdeck_job_hang_active{{group="0",job="{job}"}} 1.0' in server.metrics()
-    except OSError:
-        return False
 
 
 @pytest.mark.timeout(300)
@@ -201,22 +127,13 @@ def test_failover_to_the_other_replica_neither_resolves_nor_refires_the_page(
         stack.wait_for_alertmanager_discovered(timeout=90)
         replicas[0].post(incident("hang", "j"))
         stack.webhook.wait_for(lambda d: bool(notifications([d], "j", "firing")), timeout=120)
-        owner = _wait(lambda: next((s for s in replicas if _exports_hang(s, "j")), None), 60, "the owner")
+        owner = wait_until(
+            lambda: next((s for s in replicas if exports_hang(s, "j")), None), 60, "the owner", poll_s=0.5
+        )
         other = next(s for s in replicas if s is not owner)
         owner.kill()
-        _wait(lambda: _exports_hang(other, "j"), 120, "the other replica to export the hang")
-        rows = stack.query('prometheus_rule_group_iterations_total{rule_group=~".*;flightdeck-page"}')
-        start = float(rows[0]["value"][1]) if rows else 0.0
-        _wait(
-            lambda: any(
-                float(r["value"][1]) >= start + 5
-                for r in stack.query(
-                    'prometheus_rule_group_iterations_total{rule_group=~".*;flightdeck-page"}'
-                )
-            ),
-            120,
-            "five more evaluations",
-        )
+        wait_until(lambda: exports_hang(other, "j"), 120, "the other replica to export the hang", poll_s=0.5)
+        more_evaluations(stack, 5, 120)
         deliveries = list(stack.webhook.deliveries)
         assert len(notifications(deliveries, "j", "firing")) == 1, deliveries
         assert notifications(deliveries, "j", "resolved") == [], deliveries

@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import pickle
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from flightdeck.collector.frdump import load_raw
 from flightdeck.spool import MIN_RECENT_ENTRIES, RingSplitter
-
-if TYPE_CHECKING:
-    from tests.test_collector_fixtures import FR_DATA
-else:
-    from test_collector_fixtures import FR_DATA
+from tests.support.collector_fixtures import FR_DATA
 
 S = 1_000_000_000
 

@@ -15,6 +15,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
 import yaml
 
 from flightdeck.dashboards.defaults import DEFAULT_RUNBOOK_URL
@@ -30,6 +31,7 @@ def _runbook_urls() -> list[str]:
     return [r["annotations"]["runbook_url"] for g in doc["groups"] for r in g["rules"] if "alert" in r]
 
 
+@pytest.mark.slow
 def test_every_runbook_url_opens_a_section_of_the_served_page(tmp_path: Path) -> None:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLIGHTDECK_")}

@@ -31,59 +31,13 @@ from starlette.routing import Route
 from flightdeck.launch.demo.ranks import free_port
 from flightdeck.server.app import create_app
 from flightdeck.server.settings import ServerSettings
+from tests.support.compose import ENV_EXAMPLE, REPO, read_env_file, real_secrets, resolved_compose
 
-REPO = Path(__file__).resolve().parents[1]
-COMPOSE_FILE = REPO / "docker-compose.yml"
-ENV_EXAMPLE = REPO / ".env.example"
 PROMETHEUS_CONFIG = REPO / "dashboards" / "prometheus" / "prometheus.yml"
 
 #: The one route that answers without a token: the liveness probe (Docker's HEALTHCHECK, the load
 #: balancer); it says only whether the database answers and its schema is this version's.
 OPEN_ROUTES = {("GET", "/healthz")}
-
-_VAR = re.compile(r"\$\{(\w+)(?:(:?[?-])([^}]*))?\}")
-
-
-def interpolate(value: Any, env: Mapping[str, str]) -> Any:
-    """Compose's variable interpolation over a parsed YAML document (the forms the file uses)."""
-    if isinstance(value, dict):
-        return {k: interpolate(v, env) for k, v in value.items()}
-    if isinstance(value, list):
-        return [interpolate(v, env) for v in value]
-    if not isinstance(value, str):
-        return value
-
-    def one(m: re.Match[str]) -> str:
-        name, op, arg = m.group(1), m.group(2), m.group(3)
-        have = env.get(name)
-        if op in (":?", "?") and (have is None or (op == ":?" and have == "")):
-            raise ValueError(f"required variable {name} is missing a value: {arg}")
-        if op in (":-", "-") and (have is None or (op == ":-" and have == "")):
-            return arg
-        return have or ""
-
-    return _VAR.sub(one, value)
-
-
-def read_env_file(path: Path) -> dict[str, str]:
-    """KEY=VALUE lines of an env file (comments and blank lines skipped)."""
-    out = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if line.strip() and not line.lstrip().startswith("#"):
-            key, _, value = line.partition("=")
-            out[key.strip()] = value.strip()
-    return out
-
-
-def resolved_compose(env: Mapping[str, str]) -> dict[str, Any]:
-    """docker-compose.yml with `env`'s variables."""
-    doc: dict[str, Any] = interpolate(yaml.safe_load(COMPOSE_FILE.read_text(encoding="utf-8")), env)
-    return doc
-
-
-def real_secrets() -> dict[str, str]:
-    """A test .env: .env.example's variables, each with a fresh random value."""
-    return {k: f"test-{k.lower()}-{uuid.uuid4().hex}" for k in read_env_file(ENV_EXAMPLE)}
 
 
 def base_env() -> dict[str, str]:
@@ -204,6 +158,7 @@ def test_compose_turns_every_guard_on() -> None:
     }
 
 
+@pytest.mark.slow
 def test_no_unauthenticated_read_in_the_shipped_compose_config(
     compose_server: tuple[ServerProcess, dict[str, str]], tmp_path: Path
 ) -> None:
@@ -236,6 +191,7 @@ def test_no_unauthenticated_read_in_the_shipped_compose_config(
         assert client.get("/api/v1/admin/tokens", headers=read).status_code == 403
 
 
+@pytest.mark.slow
 def test_admin_token_manages_collector_tokens_over_http(tmp_path: Path) -> None:
     """Create, use, list and revoke a collector token through the admin API of a real server."""
     admin_token = "admin-" + uuid.uuid4().hex
@@ -282,6 +238,7 @@ def test_admin_token_manages_collector_tokens_over_http(tmp_path: Path) -> None:
         server.stop()
 
 
+@pytest.mark.slow
 def test_admin_api_is_off_without_an_admin_token(tmp_path: Path) -> None:
     """No admin token configured: the admin API refuses everyone (403), with the reason."""
     server = ServerProcess({"FLIGHTDECK_SERVER_DATA_DIR": str(tmp_path / "data")}, tmp_path / "server.log")
@@ -297,6 +254,7 @@ def _start_and_fail(env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(command, env={**base_env(), **env}, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_placeholder_secrets_of_env_example_are_refused_at_start(tmp_path: Path) -> None:
     """The server started with .env.example as it ships refuses to start: exit code 2 and one
     line per placeholder, naming the variable and never printing the value."""
@@ -310,6 +268,7 @@ def test_placeholder_secrets_of_env_example_are_refused_at_start(tmp_path: Path)
     assert "change-me" not in result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "value,reason",
     [

@@ -17,9 +17,9 @@ import pytest
 
 from flightdeck.collector.frdump import read_dump_file
 from flightdeck.wire import Snapshot, snapshot_from_dump
-from tests.conftest import FakeClock
-from tests.test_server_api import NS, STALL_S, Server, make_server
-from tests.test_server_support import FR_DATA
+from tests.support.clock import FakeClock
+from tests.support.server_app import NS, STALL_S, Server, make_server
+from tests.support.server_batches import FR_DATA
 
 FAULT_KINDS = {"hang", "state_mismatch", "rank_lost", "size_mismatch", "collective_type_mismatch"}
 

@@ -26,9 +26,9 @@ from flightdeck.server.db import connect, migrate
 from flightdeck.server.ingest import hash_token
 from flightdeck.server.models import Base
 from flightdeck.server.schema import current_revision, head_revisions
-from tests.conftest import FakeClock
-from tests.test_server_api import TOKEN, Server, make_server
-from tests.test_server_support import scenario_dumps, snapshots
+from tests.support.clock import FakeClock
+from tests.support.server_app import TOKEN, Server, make_server
+from tests.support.server_batches import scenario_dumps, snapshots
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -115,6 +115,7 @@ def test_told_to_migrate_a_running_server_restores_a_vanished_schema(
         srv.svc.close()
 
 
+@pytest.mark.slow
 def test_a_server_process_on_a_dropped_and_recreated_database_answers_503_without_tracebacks(
     pg_url: str, tmp_path: Path
 ) -> None:
@@ -123,8 +124,8 @@ def test_a_server_process_on_a_dropped_and_recreated_database_answers_503_withou
     per request or per worker step), and after `flightdeck migrate` it serves again."""
     import psycopg
 
-    from tests.test_server_api import start_server_process
-    from tests.test_server_support import body, make_batch
+    from tests.support.server_app import start_server_process
+    from tests.support.server_batches import body, make_batch
 
     assert main(["migrate", "--database-url", pg_url]) == 0
     token = "fdk_process-test-token"
@@ -234,6 +235,7 @@ def pg_url(database_url: str) -> str:
     return database_url
 
 
+@pytest.mark.slow
 def test_postgresql_missing_or_older_schema_refused_until_migrated(pg_url: str) -> None:
     env = {"FLIGHTDECK_SERVER_DATABASE_URL": pg_url}
     done = _server(env)
@@ -267,12 +269,14 @@ def test_token_command_follows_the_same_rule(pg_url: str, capsys: pytest.Capture
     assert "flightdeck token: giving up: database" in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_postgresql_migrated_at_start_when_told(pg_url: str) -> None:
     _serves({"FLIGHTDECK_SERVER_DATABASE_URL": pg_url}, "--migrate")
     _wipe(pg_url)
     _serves({"FLIGHTDECK_SERVER_DATABASE_URL": pg_url, "FLIGHTDECK_SERVER_MIGRATE": "true"})
 
 
+@pytest.mark.slow
 def test_sqlite_is_migrated_by_default_unless_told_not_to(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/fd.db"
     done = _server({"FLIGHTDECK_SERVER_DATABASE_URL": url, "FLIGHTDECK_SERVER_MIGRATE": "false"})
@@ -280,6 +284,7 @@ def test_sqlite_is_migrated_by_default_unless_told_not_to(tmp_path: Path) -> Non
     _serves({"FLIGHTDECK_SERVER_DATABASE_URL": url})
 
 
+@pytest.mark.slow
 def test_a_newer_schema_is_refused_even_when_told_to_migrate(database_url: str) -> None:
     _migrated(database_url)
     db = connect(database_url)
@@ -300,6 +305,7 @@ def _closed_port() -> int:
         return int(s.getsockname()[1])  # closed again on return: nothing listens there
 
 
+@pytest.mark.slow
 def test_unreachable_postgresql_is_retried_then_given_up_with_exit_code_3() -> None:
     url = f"postgresql+psycopg://postgres:secret-pw@127.0.0.1:{_closed_port()}/flightdeck"
     started = time.monotonic()
@@ -317,6 +323,7 @@ def test_unreachable_postgresql_is_retried_then_given_up_with_exit_code_3() -> N
     assert took >= 3  # it waited out its deadline
 
 
+@pytest.mark.slow
 def test_a_database_that_comes_up_during_the_retries_is_served(pg_url: str) -> None:
     """PostgreSQL reachable only after a few seconds (a forwarder to it starts late): the server
     retries, then starts and serves."""

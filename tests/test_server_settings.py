@@ -97,6 +97,7 @@ def test_other_processes_names_are_not_server_settings(monkeypatch: pytest.Monke
     assert "url" not in ServerSettings.model_fields
 
 
+@pytest.mark.slow
 def test_a_server_started_with_an_old_name_says_so(tmp_path: Path) -> None:
     """A real `flightdeck server` given its port under the old name listens there and logs the
     deprecation (a log line: DeprecationWarnings are hidden by default)."""

@@ -27,8 +27,9 @@ from flightdeck.server.page_data import StoreData
 from flightdeck.web import views
 from flightdeck.web.routes import CSP
 from flightdeck.wire import Snapshot
-from tests.conftest import FakeClock
-from tests.test_server_api import NS, STALL_S, Server, make_server, skip_stuck_view
+from tests.support.clock import FakeClock
+from tests.support.server_app import NS, STALL_S, Server, make_server
+from tests.support.server_batches import skip_stuck_view
 
 EVIL = "<script>alert(1)</script>"
 #: A job id with a slash, a space and an unclosed tag: one URL path segment cannot hold it.
@@ -240,6 +241,7 @@ def test_script_in_job_name_and_frames_is_escaped(server: Server) -> None:
     assert EVIL in _text(pages[2].text)  # the frame is shown, as text
 
 
+@pytest.mark.slow
 def test_job_id_with_slash_space_and_tag(server: Server) -> None:
     snaps = [replace(s, job=EVIL_JOB) for s in skip_stuck_view()]
     _hung(server, snaps)

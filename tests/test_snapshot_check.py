@@ -21,8 +21,8 @@ from flightdeck.records import Frame
 from flightdeck.server.validation import decode_checked
 from flightdeck.snapshot_check import SnapshotError, check_snapshot
 from flightdeck.wire import Snapshot, encode_batch, snapshot_from_dump
-from tests.test_collector_fixtures import FR_DATA
-from tests.test_server_support import make_batch, scenario_dumps, snapshots
+from tests.support.collector_fixtures import FR_DATA
+from tests.support.server_batches import make_batch, scenario_dumps, snapshots
 
 
 def _healthy() -> Snapshot:

@@ -18,8 +18,8 @@ from flightdeck.records import Entry, RankDump
 from flightdeck.server import store
 from flightdeck.server.live import JobState
 from flightdeck.wire import Snapshot
-from tests.conftest import FakeClock
-from tests.test_server_api import STALL_S, Server, healthy_prefix, make_server
+from tests.support.clock import FakeClock
+from tests.support.server_app import STALL_S, Server, healthy_prefix, make_server
 
 NS = 1_000_000_000
 JOB = "healthy_4"

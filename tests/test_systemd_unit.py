@@ -47,6 +47,7 @@ def _verify(root: Path, unit: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_unit_verifies_cleanly(tmp_path: Path) -> None:
     """No error and no warning at all (unknown keys only warn, so any stderr fails)."""
     unit = _stage(tmp_path, UNIT.read_text(encoding="utf-8"))
@@ -54,6 +55,7 @@ def test_unit_verifies_cleanly(tmp_path: Path) -> None:
     assert result.returncode == 0 and result.stderr == "", result.stderr
 
 
+@pytest.mark.slow
 def test_verify_catches_a_typo(tmp_path: Path) -> None:
     """The check is real: a misspelled directive shows up on stderr."""
     text = UNIT.read_text(encoding="utf-8").replace("NoNewPrivileges=yes", "NoNewPrivilege=yes")
@@ -81,6 +83,7 @@ def test_unit_runs_the_collector_unprivileged() -> None:
     assert "/var/lib/flightdeck" in read_write and "/var/spool/flightdeck" in read_write
 
 
+@pytest.mark.slow
 def test_security_exposure_is_low(tmp_path: Path) -> None:
     """`systemd-analyze security --offline=true` rates the unit below MAX_EXPOSURE."""
     _stage(tmp_path, UNIT.read_text(encoding="utf-8"))

@@ -15,9 +15,9 @@ import pytest
 
 from flightdeck.server import store
 from flightdeck.server.ingest import hash_token
-from tests.conftest import FakeClock
-from tests.test_server_api import Server, _nixl_sample, make_server
-from tests.test_server_support import body, make_batch, scenario_dumps, snapshots
+from tests.support.clock import FakeClock
+from tests.support.server_app import Server, make_server, nixl_wire_sample
+from tests.support.server_batches import body, make_batch, scenario_dumps, snapshots
 
 #: The committed dumps were recorded on host "vm".
 HOST = "vm"
@@ -84,7 +84,7 @@ def test_a_host_bound_token_writes_its_host_only(server: Server) -> None:
         assert x["rank"] == 2, x
         assert x["reason"].endswith("is bound to host 'vm'; the snapshot is of host 'node-9'"), x
     assert _ranks(server, "healthy_4") == {0, 1, 3}
-    r = _post(server, SCOPED, [], collector_host=HOST, nixl=[_nixl_sample("r1", 5)])
+    r = _post(server, SCOPED, [], collector_host=HOST, nixl=[nixl_wire_sample("r1", 5)])
     assert r.status_code == 422 and r.json()["applied"] is False
     assert "batch.nixl[0]: token 'node-vm' is bound to host 'vm'; the sample is of host 'node-1'" in r.text
     assert _rejects(server) == 4

@@ -93,6 +93,7 @@ def test_port_in_use() -> None:
         assert port_in_use("127.0.0.1", s.getsockname()[1])
 
 
+@pytest.mark.slow
 def test_token_command_uses_the_database_of_flightdeck_up(tmp_path: Path) -> None:
     """With no database configured, `flightdeck token` opens up's SQLite file, not a new one in
     the current folder."""

@@ -30,9 +30,9 @@ from flightdeck.launch.demo.ranks import free_port
 from flightdeck.limits import INT64_MAX, MAX_WORLD_SIZE
 from flightdeck.server import store
 from flightdeck.wire import encode_batch
-from tests.conftest import FakeClock
-from tests.test_server_api import AUTH, Server, make_server
-from tests.test_server_support import make_batch, scenario_dumps, snapshots
+from tests.support.clock import FakeClock
+from tests.support.server_app import AUTH, Server, make_server
+from tests.support.server_batches import make_batch, scenario_dumps, snapshots
 
 NS = 1_000_000_000
 
@@ -278,6 +278,7 @@ def test_batch_level_errors_refuse_the_batch(server: Server, clock: FakeClock) -
     assert entry_count(server, "good") == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "path",
     [
@@ -306,6 +307,7 @@ def test_reads_validate_their_parameters(server: Server, clock: FakeClock, path:
     assert r.status_code == 422, (path, r.status_code, r.text[:300])
 
 
+@pytest.mark.slow
 def test_web_rank_filter_is_bounded(server: Server, clock: FakeClock) -> None:
     """A rank filter naming more ranks than the largest world size is a 400, not a huge set."""
     assert post(server, healthy_doc(clock)).status_code == 200
@@ -345,6 +347,7 @@ def test_a_claimed_world_of_a_million_ranks_costs_what_was_received(server: Serv
     assert peak < 24 * 2**20, f"peak {peak / 2**20:.1f} MiB"
 
 
+@pytest.mark.slow
 def test_unexpected_errors_are_500_with_an_id_on_a_kept_connection(database_url: str, tmp_path: Path) -> None:
     """A real `flightdeck server`: a stored report of the wrong shape makes a read raise a
     TypeError. The answer is a 500 whose body holds an error id, the log has one line with it, and

@@ -9,7 +9,7 @@ from dataclasses import replace
 from flightdeck.records import GroupConfig, RankConfig
 from flightdeck.web import views
 from flightdeck.web.dump_data import DumpData
-from tests.test_web_render import HX, XSS, _need, app_for, client_get, live_dumps
+from tests.support.web_pages import HX, XSS, app_for, client_get, live_dumps, need_dumps
 
 CONFIG = RankConfig(
     torch_version="2.13.0+cpu",
@@ -21,7 +21,7 @@ CONFIG = RankConfig(
 
 
 def _data() -> DumpData:
-    _need("healthy_4")
+    need_dumps("healthy_4")
     dumps = live_dumps("healthy_4", final=True)
     skewed = []
     for d in dumps:

@@ -8,29 +8,23 @@ compared with golden files in tests/golden/web/; regenerate them with
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import os
 import re
-from collections import defaultdict
 from dataclasses import replace
-from pathlib import Path
 
 import httpx
 import pytest
-from fastapi import FastAPI
 
 from flightdeck.analysis import Options
-from flightdeck.collector.frdump import discover, merge, read_dump_file
 from flightdeck.collector.nixl_mp import read_mp_dir
 from flightdeck.nixl_rates import histogram_quantile
 from flightdeck.records import Frame, RankDump
 from flightdeck.web import views
 from flightdeck.web.dump_data import DumpData, replicate_dumps
-from flightdeck.web.routes import CSP, SecurityHeadersMiddleware, WebSettings, make_router
+from flightdeck.web.routes import CSP, WebSettings
+from tests.support.web_pages import HX, REPO, XSS, app_for, client_get, live_dumps, need_dumps
 
-REPO = Path(__file__).resolve().parents[1]
-FR = REPO / "tests" / "data" / "fr"
 NIXL_MP = REPO / "tests" / "data" / "nixl" / "mp-1.5.1"
 GOLDEN = REPO / "tests" / "golden" / "web"
 UPDATE = os.environ.get("FLIGHTDECK_UPDATE_GOLDEN") == "1"
@@ -44,28 +38,7 @@ OPTIONS = Options(stall_after_s=2.0, lost_after_intervals=20)
 #: all_reduce; healthy: 4 ranks, no fault.
 SCENARIOS = {"hang": "skip", "mismatch": "op_order", "healthy": "healthy_4"}
 
-XSS = "<script>alert(1)</script>"
 XSS_JOB = "<img src=x onerror=alert(2)>"
-
-
-def _need(*names: str) -> None:
-    missing = [n for n in names if not (FR / n).is_dir()]
-    if missing:
-        pytest.skip(f"real dumps not generated yet: {missing}")
-
-
-def live_dumps(scenario: str, *, final: bool = False) -> list[RankDump]:
-    """A scenario's merged dumps per rank, without final snapshots unless `final` (see OPTIONS).
-
-    A healthy job is read with its final snapshots: its periodic ones were taken at slightly
-    different moments, and the final ones show every rank done.
-    """
-    by_rank: dict[int, list[RankDump]] = defaultdict(list)
-    for p in discover([FR / scenario]):
-        if final or ".final." not in p.name:
-            d = read_dump_file(p)
-            by_rank[d.rank].append(d)
-    return [merge(ds) for _, ds in sorted(by_rank.items())]
 
 
 def poisoned(dumps: list[RankDump]) -> list[RankDump]:
@@ -81,31 +54,10 @@ def poisoned(dumps: list[RankDump]) -> list[RankDump]:
 
 @pytest.fixture(scope="module")
 def data() -> DumpData:
-    _need(*SCENARIOS.values())
+    need_dumps(*SCENARIOS.values())
     nixl = read_mp_dir(NIXL_MP, host="nixl-host", clock=lambda: 1_800_000_000_000_000_000)[0]
     jobs = {n: live_dumps(n, final=kind == "healthy") for kind, n in SCENARIOS.items()}
     return DumpData.from_dumps(jobs, options=OPTIONS, nixl=[s.to_wire() for s in nixl])
-
-
-def client_get(app: FastAPI, url: str, headers: dict[str, str] | None = None) -> httpx.Response:
-    """One GET through the ASGI app (no socket)."""
-
-    async def go() -> httpx.Response:
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as c:
-            return await c.get(url, headers=headers)
-
-    return asyncio.run(go())
-
-
-def app_for(data: DumpData, settings: WebSettings | None = None) -> FastAPI:
-    app = FastAPI()
-    app.add_middleware(SecurityHeadersMiddleware)
-    app.include_router(make_router(data, settings))
-    return app
-
-
-HX = {"HX-Request": "true", "HX-Target": "live"}
 
 
 def normalize(html: str) -> str:
@@ -230,7 +182,7 @@ def test_healthy_job_has_no_stuck_column(data: DumpData) -> None:
 
 def test_1024_ranks_fold_into_a_handful_of_rows() -> None:
     """1,024 ranks made by replicating the real `skip` dumps (rank i copies real rank i % 4)."""
-    _need("skip")
+    need_dumps("skip")
     big = DumpData.from_dumps({"big": replicate_dumps(live_dumps("skip"), 1024)}, options=OPTIONS)
     app = app_for(big)
     view = client_get(app, "/jobs/big?format=json").json()
@@ -247,7 +199,7 @@ def test_1024_ranks_fold_into_a_handful_of_rows() -> None:
 
 
 def test_hostile_strings_render_as_text() -> None:
-    _need("skip")
+    need_dumps("skip")
     evil = DumpData.from_dumps({XSS_JOB: poisoned(live_dumps("skip"))}, options=OPTIONS)
     app = app_for(evil)
     quoted = httpx.URL("/jobs/").join(XSS_JOB.replace(" ", "%20")).raw_path.decode()

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 import pytest
@@ -30,16 +30,14 @@ from flightdeck.server.metrics import WebhookMetrics
 from flightdeck.server.settings import ServerSettings
 from flightdeck.server.webhooks import WebhookSender
 from flightdeck.wire import Snapshot
-from tests.conftest import FakeClock
-from tests.test_server_api import (
-    STALL_S,
-    Server,
-    healthy_prefix,
-    make_server,
+from tests.support.clock import FakeClock
+from tests.support.server_app import STALL_S, Server, healthy_prefix, make_server, start_server_process
+from tests.support.server_batches import (
+    body,
+    make_batch,
+    renamed,
     skip_stuck_view,
-    start_server_process,
 )
-from tests.test_server_support import body, make_batch, renamed
 
 NS = 1_000_000_000
 
@@ -360,6 +358,7 @@ def _webhook_env(url: str, *hooks: str) -> dict[str, str]:
     }
 
 
+@pytest.mark.slow
 def test_event_survives_sigkill_of_the_server(tmp_path: Path) -> None:
     """The receiver is down while a hang opens; the server is SIGKILLed with the event undelivered
     and restarted with the receiver up: the event arrives, under the id it was stored with."""
@@ -407,6 +406,7 @@ def test_event_survives_sigkill_of_the_server(tmp_path: Path) -> None:
     assert not any("Traceback" in e for e in errors), errors
 
 
+@pytest.mark.slow
 def test_two_server_processes_deliver_each_event_once(pg_database: str, tmp_path: Path) -> None:
     """Two server processes on one PostgreSQL, polling the outbox every 50 ms: every event's first
     attempt is refused (503, Retry-After 0), so both race for each retry. Each event is POSTed
@@ -463,3 +463,59 @@ def test_two_server_processes_deliver_each_event_once(pg_database: str, tmp_path
         rcv.close()
     errors = [(tmp_path / f"server{i}.log").read_text() for i in range(2)]
     assert not any("Traceback" in e for e in errors), errors
+
+
+class _Receiver(BaseHTTPRequestHandler):
+    """Answers 503 to the first POST, 200 to the rest; records the bodies."""
+
+    calls: ClassVar[list[dict[str, Any]]] = []
+    statuses: ClassVar[list[int]] = []
+
+    def do_POST(self) -> None:
+        n = int(self.headers["Content-Length"])
+        type(self).calls.append(json.loads(self.rfile.read(n)))
+        status = 503 if len(type(self).calls) == 1 else 200
+        type(self).statuses.append(status)
+        self.send_response(status)
+        if status == 503:
+            self.send_header("Retry-After", "0")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def test_webhook_delivered_after_a_failed_attempt(tmp_path: Any, clock: FakeClock) -> None:
+    _Receiver.calls, _Receiver.statuses = [], []
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
+    t = threading.Thread(target=httpd.serve_forever, daemon=True)
+    t.start()
+    hook = f"http://127.0.0.1:{httpd.server_address[1]}/hook"
+    srv = make_server(
+        f"sqlite:///{tmp_path}/hooks.db", clock, webhook_urls=[hook], webhook_backoff_initial_s=0.05
+    )
+    try:
+        srv.svc.webhooks.start()
+        stuck, finals, t_k = healthy_prefix(10)
+        clock.now_ns = t_k + int((STALL_S + 1) * NS)
+        srv.push(stuck)
+        srv.diagnose()
+        deadline = time.monotonic() + 10
+        while len(_Receiver.calls) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert _Receiver.statuses[:2] == [503, 200]
+        first, retried = _Receiver.calls[:2]
+        assert first == retried
+        assert retried["event"] == "finding.opened"
+        assert (retried["job"], retried["attempt"]) == ("healthy_4", 0)
+        assert retried["finding"]["kind"] == "hang" and retried["finding"]["culprit_ranks"] == [3]
+        srv.push(finals)
+        srv.diagnose()
+        while len(_Receiver.calls) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert _Receiver.calls[2]["event"] == "finding.resolved"
+    finally:
+        srv.svc.close()
+        httpd.shutdown()
+        httpd.server_close()

@@ -44,6 +44,7 @@ def test_a_bad_gone_value_is_refused_with_its_place(key: str, value: object, say
         decode_batch(bad)
 
 
+@pytest.mark.slow
 def test_gone_list_is_bounded() -> None:
     doc = encode_batch(_batch([GoneRank("job-a", 0, 1, 2, 3)]))
     doc["gone"] = doc["gone"] * (MAX_GONE + 1)

@@ -1,6 +1,6 @@
 """A small gloo job to be stopped by a signal, run with the agent as the user would:
 
-    torchrun --nproc-per-node 2 -m flightdeck.agent tests/signal_job.py --stuck-rank 1
+    torchrun --nproc-per-node 2 -m flightdeck.agent tests/support/signal_job.py --stuck-rank 1
 
 Every rank meets the others in `--steps` all-reduces; then rank `--stuck-rank` enters one more
 all-reduce that nobody else joins (blocked in gloo's C++ wait, where no Python signal handler

@@ -25,7 +25,7 @@ import httpx
 
 from flightdeck.nixl_records import Histogram, NixlSample
 from flightdeck.wire import encode_batch
-from tests.test_server_support import make_batch, scenario_dumps, snapshots
+from tests.support.server_batches import make_batch, scenario_dumps, snapshots
 
 #: Integers at and around every bound the store and the validation have.
 INTS: tuple[int, ...] = (

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 METRICS_DOC = REPO / "docs" / "metrics.md"
 
 #: `| `name` | type | labels | meaning |` rows of the metrics table.

@@ -12,51 +12,35 @@ lost ranks and the hang they cause). `notifications()` counts what reached the p
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 import urllib.request
-from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from flightdeck.collector.frdump import merge
 from flightdeck.launch.demo.ranks import free_port
 from flightdeck.nixl_records import Histogram, NixlSample
 from flightdeck.wire import Snapshot, snapshot_from_dump
-
-if TYPE_CHECKING:
-    from tests.ops_stack import PAGE_PATH, Delivery
-    from tests.test_server_support import body, make_batch, scenario_dumps, snapshots
-else:
-    from ops_stack import PAGE_PATH, Delivery
-    from test_server_support import body, make_batch, scenario_dumps, snapshots
+from tests.support.cli import FLIGHTDECK, clean_env, create_token, flightdeck
+from tests.support.ops_stack import (
+    PAGE_PATH,
+    Delivery,
+    OpsStack,
+)
+from tests.support.server_batches import body, make_batch, scenario_dumps, scenario_snapshots, skip_stuck_view
+from tests.support.waiting import wait_until
 
 
 def incident(name: str, job: str) -> list[Snapshot]:
     """The snapshots that open incident `name` ("hang" or "lost_rank") for `job`."""
     if name == "hang":
-        dumps = scenario_dumps("skip")
-        # Ranks 0, 1, 3 wait in seq 12 (their stall snapshots); rank 2 went on without it, its
-        # periodic snapshot taken at the same moment: nobody looks silent, so no rank is lost.
-        stall_t = max(d.snapshot_time_ns or 0 for ds in dumps.values() for d in ds if d.kind == "stall")
-        out = []
-        for ds in dumps.values():
-            stall = [d for d in ds if d.kind == "stall"]
-            if stall:
-                out.append(snapshot_from_dump(stall[0], job=job))
-            else:
-                periodic = next(d for d in ds if d.kind == "periodic")
-                out.append(replace(snapshot_from_dump(periodic, job=job), snapshot_time_ns=stall_t))
-        return out
+        return skip_stuck_view(job)
     if name == "lost_rank":
-        return [
-            s
-            for ds in scenario_dumps("sigkill").values()
-            for s in snapshots([d for d in ds if d.kind != "final"], job=job)
-        ]
+        return scenario_snapshots("sigkill", job, live=True)
     raise ValueError(f"unknown incident {name!r}")
 
 
@@ -115,27 +99,20 @@ class ServerProcess:
         self.base = f"http://127.0.0.1:{self.port}"
         self.data_dir = data_dir
         data_dir.mkdir(parents=True, exist_ok=True)
-        base_env = {k: v for k, v in os.environ.items() if not k.startswith("FLIGHTDECK_")}
-        self.env = base_env | {"FLIGHTDECK_DATA_DIR": str(data_dir), "FLIGHTDECK_PORT": str(self.port)}
+        self.env = clean_env() | {"FLIGHTDECK_DATA_DIR": str(data_dir), "FLIGHTDECK_PORT": str(self.port)}
         self.env |= env or {}
-        self._cmd = [sys.executable, "-m", "flightdeck"]
+        self._cmd = list(FLIGHTDECK)
         if migrate:
-            subprocess.run(
-                [*self._cmd, "migrate"], env=self.env, capture_output=True, check=True, timeout=120
-            )
-        self.token = (
-            token
-            or subprocess.run(
-                [*self._cmd, "token", "create", "paging-test", "--any-host"],
-                env=self.env,
-                capture_output=True,
-                text=True,
-                check=True,
-                timeout=60,
-            ).stdout.strip()
-        )
+            flightdeck(self.env, "migrate", timeout_s=120)
+        self.token = token or create_token(self.env, "paging-test")
         self.proc: subprocess.Popen[bytes] | None = None
         self._log = (data_dir / "server.log").open("ab")
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @property
     def cmd(self) -> list[str]:
@@ -240,3 +217,93 @@ def notifications(deliveries: list[Delivery], job: str, status: str) -> list[Del
         and d.payload.get("status") == status
         and any(a["labels"].get("job") == job for a in d.payload.get("alerts", []))
     ]
+
+
+#: The summed figures compared: PromQL over both replicas, and the same over one server's exposition.
+SUMS = {
+    "jobs": "sum(flightdeck_jobs)",
+    "jobs hung": 'sum(flightdeck_jobs{status="hung"})',
+    "hang active": "sum(flightdeck_job_hang_active)",
+    "culprit ranks": "sum(flightdeck_job_culprit_ranks)",
+    "NIXL bytes written": "sum(flightdeck_nixl_tx_bytes_total)",
+    "NIXL registered memory": "sum(flightdeck_nixl_memory_registered_bytes)",
+    "collectors": "count(flightdeck_collector_last_push_age_seconds)",
+}
+#: metric (sample name) and label filter of each figure, for one server's exposition.
+_SAMPLES: dict[str, tuple[str, dict[str, str], str]] = {
+    "jobs": ("flightdeck_jobs", {}, "sum"),
+    "jobs hung": ("flightdeck_jobs", {"status": "hung"}, "sum"),
+    "hang active": ("flightdeck_job_hang_active", {}, "sum"),
+    "culprit ranks": ("flightdeck_job_culprit_ranks", {}, "sum"),
+    "NIXL bytes written": ("flightdeck_nixl_tx_bytes_total", {}, "sum"),
+    "NIXL registered memory": ("flightdeck_nixl_memory_registered_bytes", {}, "sum"),
+    "collectors": ("flightdeck_collector_last_push_age_seconds", {}, "count"),
+}
+
+
+def figures_of(exposition: str) -> dict[str, float]:
+    """The `SUMS` figures computed from one server's /metrics text."""
+    samples = [s for fam in text_string_to_metric_families(exposition) for s in fam.samples]
+    out = {}
+    for key, (name, labels, how) in _SAMPLES.items():
+        values = [
+            s.value
+            for s in samples
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+        ]
+        out[key] = float(len(values)) if how == "count" else float(sum(values))
+    return out
+
+
+def figures_from_prometheus(stack: OpsStack) -> dict[str, float]:
+    """The `SUMS` figures as Prometheus computes them over every scraped replica."""
+    out = {}
+    for key, expr in SUMS.items():
+        rows = stack.query(expr)
+        out[key] = float(rows[0]["value"][1]) if rows else 0.0
+    return out
+
+
+def feed(servers: list[ServerProcess], *, now_ns: int) -> None:
+    """The same batches, spread over `servers` (one server gets them all)."""
+    a, b = servers[0], servers[-1]
+    a.post(incident("hang", "hung-job"))
+    finals = healthy_job("healthy-job")
+    a.post(finals[:2])
+    b.post(finals[2:])
+    a.post(
+        [], nixl=[nixl_sample("node-1", "agent-a", tx_bytes=1_000_000, read_time_ns=now_ns, registered=4096)]
+    )
+    b.post(
+        [], nixl=[nixl_sample("node-2", "agent-b", tx_bytes=500_000, read_time_ns=now_ns, registered=2048)]
+    )
+    # a later sample of agent-a through the other replica (the balancer moved its collector)
+    b.post(
+        [],
+        nixl=[
+            nixl_sample("node-1", "agent-a", tx_bytes=3_000_000, read_time_ns=now_ns + 10**9, registered=8192)
+        ],
+    )
+
+
+def rule_evaluations(stack: OpsStack) -> float:
+    """How many times Prometheus has evaluated the paging rule group."""
+    rows = stack.query('prometheus_rule_group_iterations_total{rule_group=~".*;flightdeck-page"}')
+    return float(rows[0]["value"][1]) if rows else 0.0
+
+
+def more_evaluations(stack: OpsStack, n: int, timeout_s: float) -> None:
+    """Wait until the paging rules have been evaluated `n` more times (what could page again has had
+    its chance)."""
+    start = rule_evaluations(stack)
+    wait_until(
+        lambda: rule_evaluations(stack) >= start + n, timeout_s, f"{n} more evaluations of the paging rules"
+    )
+
+
+def exports_hang(server: ServerProcess, job: str) -> bool:
+    """Whether `server`'s /metrics shows `job`'s hang in group 0 (False while it does not answer)."""
+    try:
+        return f'flightdeck_job_hang_active{{group="0",job="{job}"}} 1.0' in server.metrics()
+    except OSError:
+        return False

@@ -45,7 +45,7 @@ from flightdeck.launch.demo.ranks import free_port
 PROMETHEUS_BINARIES = ("prometheus",)
 ALERTMANAGER_BINARIES = ("prometheus-alertmanager", "alertmanager")
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 #: What docker-compose.yml mounts into the Prometheus and Alertmanager containers.
 SHIPPED_PROMETHEUS = REPO / "dashboards" / "prometheus" / "prometheus.yml"
 #: The read token Prometheus scrapes with in `render_shipped` (a server may set it as its read_token).

@@ -1,6 +1,6 @@
 """A small gloo training loop for the busy-or-stuck tests, run as the user would:
 
-    torchrun --nproc-per-node 3 -m flightdeck.agent tests/progress_job.py --fault busy --busy-s 15
+    torchrun --nproc-per-node 3 -m flightdeck.agent tests/support/progress_job.py --fault busy --busy-s 15
 
 Every step all ranks meet in a barrier and all-reduce. At step `--fault-at-step` rank 0 commits:
 

@@ -35,15 +35,12 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
 from flightdeck.launch.demo.ranks import JobSpec, free_port, start_rank, stop_all
 from flightdeck.launch.demo.worker import busy_pg_timeout_s
-
-if TYPE_CHECKING:
-    from tests.ops_stack import Delivery, WebhookReceiver
-else:
-    from ops_stack import Delivery, WebhookReceiver
+from tests.support.cli import create_token
+from tests.support.ops_stack import Delivery, WebhookReceiver
 
 #: Namespaces, bridges and root-side veths this module creates; the number is the owner's pid.
 _NS_RE = re.compile(r"^fd-h\d+-(\d+)$")
@@ -314,14 +311,7 @@ class NetnsCluster:
             env["FLIGHTDECK_STALL_AFTER_S"] = str(self.stall_after_s)
         cmd = [sys.executable, "-m", "flightdeck"]
         # The token goes into the server's database: same environment as the server.
-        self.token = subprocess.run(
-            [*cmd, "token", "create", "netns-collectors", "--any-host"],
-            env=env,
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=60,
-        ).stdout.strip()
+        self.token = create_token(env, "netns-collectors")
         log = (self.workdir / "server.log").open("wb")
         self.server = subprocess.Popen([*cmd, "server"], env=env, stdout=log, stderr=subprocess.STDOUT)
         log.close()

@@ -19,7 +19,7 @@ from flightdeck.collector.frdump import read_dump_file
 from flightdeck.records import RankDump
 from flightdeck.wire import Batch, Snapshot, encode_batch, snapshot_from_dump
 
-FR_DATA = Path(__file__).parent / "data" / "fr"
+FR_DATA = Path(__file__).resolve().parents[1] / "data" / "fr"
 
 
 def scenario_expected(name: str) -> dict[str, Any]:
@@ -43,6 +43,16 @@ def scenario_dumps(name: str) -> dict[int, list[RankDump]]:
 def snapshots(dumps: Sequence[RankDump], *, job: str | None = None) -> list[Snapshot]:
     """One wire snapshot per dump (all its entries), as a collector would send them."""
     return [snapshot_from_dump(d, job=job) for d in dumps]
+
+
+def scenario_snapshots(name: str, job: str, *, live: bool = False) -> list[Snapshot]:
+    """Every snapshot of a committed scenario as job `job`, rank by rank; `live`: without the final
+    snapshots (a job still running: an ended one pages nobody)."""
+    return [
+        s
+        for dumps in scenario_dumps(name).values()
+        for s in snapshots([d for d in dumps if not live or d.kind != "final"], job=job)
+    ]
 
 
 def make_batch(
@@ -79,3 +89,20 @@ def body(batch: Batch, *, gzipped: bool = True) -> tuple[bytes, dict[str, str]]:
 def renamed(snap: Snapshot, job: str) -> Snapshot:
     """The same snapshot under another job id."""
     return replace(snap, job=job)
+
+
+def skip_stuck_view(job: str | None = None) -> list[Snapshot]:
+    """The `skip` job (as `job`: default its own name) as a live server sees it while stuck: ranks
+    0, 1, 3 wait in seq 12 (their stall snapshots), rank 2 went on without it (its periodic
+    snapshot, taken at the same moment): nobody looks silent, so no rank is lost."""
+    dumps = scenario_dumps("skip")
+    stall_t = max(d.snapshot_time_ns or 0 for ds in dumps.values() for d in ds if d.kind == "stall")
+    out = []
+    for ds in dumps.values():
+        stall = [d for d in ds if d.kind == "stall"]
+        if stall:
+            out.append(snapshot_from_dump(stall[0], job=job))
+        else:
+            periodic = next(d for d in ds if d.kind == "periodic")
+            out.append(replace(snapshot_from_dump(periodic, job=job), snapshot_time_ns=stall_t))
+    return out
