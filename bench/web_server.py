@@ -312,8 +312,11 @@ def main(argv: list[str] | None = None) -> None:
             proc.terminate()
             proc.wait(30)
     load = Path("/proc/loadavg").read_text().split()[:3]
-    stored = args.jobs + args.copies
-    print(f"{args.db}, {stored} job(s) of {args.ranks} ranks x {args.entries} collectives stored")
+    if reuse:
+        print(f"{args.db}, the jobs kept in {args.keep} (server restarted on them)")
+    else:
+        stored = args.jobs + args.copies
+        print(f"{args.db}, {stored} job(s) of {args.ranks} ranks x {args.entries} collectives stored")
     print(f"  load average {' '.join(load)}; jobs posted in {load_s:.1f} s; hang seq {seq}")
     print(f"  {'':24} {'wall ms':>9} {'server CPU ms':>14}  status")
     for name, (ms, status, cpu) in rows:
