@@ -156,10 +156,11 @@ class ServerSettings(BaseSettings):
         default=0.2,
         gt=0,
         le=1,
-        description="Largest share of one CPU core that re-diagnosing one job may take: a job whose "
-        "diagnosis takes d seconds (wall clock, so a busy process diagnoses less often) is "
-        "diagnosed at most every d / share seconds (and its "
-        "straggler analysis runs at most every fourth time). Only large jobs are slowed down: "
+        description="Largest share of one CPU core that diagnosing may take, all jobs together: a "
+        "job whose diagnosis takes d seconds (wall clock, so a busy process diagnoses less often) "
+        "is diagnosed at most every d / share seconds (and its straggler analysis runs at most "
+        "every fourth time), and when several are due, jobs with new data go first, then the "
+        "longest undiagnosed, until the share is spent. Only large jobs are slowed down: "
         "4,096 ranks take about 0.14 s, 0.43 s with the straggler analysis. Raising it makes "
         "large jobs' verdicts fresher at the cost of ingest throughput: at 0.5 a 2,048-rank job "
         "fell behind its ingest within minutes.",

@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 
 from flightdeck.analysis import Report
+from flightdeck.server.live import DiagnosisBudget
 from flightdeck.wire import BATCH_AGE_HEADER, Snapshot, snapshot_from_dump
 from tests.support.clock import FakeClock
 from tests.support.server_app import NS, STALL_S, Server, healthy_prefix, make_server
@@ -202,3 +203,30 @@ def test_hang_found_after_restart_without_new_data(database_url: str, clock: Fak
         assert doc["findings"][0]["culprit_ranks"] == [2]
     finally:
         second.svc.close()
+
+
+def test_budget_is_a_share_for_all_jobs_together() -> None:
+    budget = DiagnosisBudget(share=0.25, burst_s=1.0)
+    assert not budget.spent(100.0)
+    budget.charge(100.0, 0.5)  # after idle time, 1 s is credited: 0.5 / 0.25 = 2 s moves it 1 s on
+    assert budget.spent(100.0) and budget.spent(100.99) and not budget.spent(101.0)
+    budget.charge(101.1, 0.25)  # no idle credit left: the next start is 1 s after the last allowed one
+    assert budget.spent(101.9) and not budget.spent(102.0)
+
+
+def test_one_step_diagnoses_what_the_budget_allows_jobs_with_new_data_first(
+    database_url: str, clock: FakeClock
+) -> None:
+    snaps = skip_stuck_view()
+    clock.now_ns = max(s.snapshot_time_ns for s in snaps) + int((STALL_S + 3) * NS)
+    with make_server(database_url, clock, diagnosis_max_share=1e-6, diagnosis_debounce_s=0.0) as srv:
+        assert srv.push([replace(s, job="first") for s in snaps]).status_code == 200
+        assert srv.push([replace(s, job="second") for s in snaps]).status_code == 200
+        live = srv.svc.live
+        assert live.step() == 1  # one diagnosis spends the tiny share for every job
+        assert live.step() == 0
+        diagnosed = {js.name for js in live.jobs.values() if js.report is not None}
+        assert len(diagnosed) == 1
+        assert srv.job(diagnosed.pop())["status"] == "hung"
+        srv.diagnose()  # forced: the budget does not apply
+        assert {srv.job(name)["status"] for name in ("first", "second")} == {"hung"}
