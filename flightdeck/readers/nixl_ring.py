@@ -27,7 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from flightdeck.collector.nixl import (
+from flightdeck.nixl_records import NixlSample
+from flightdeck.readers.nixl import (
     DEFAULT_BUCKET_BOUNDS_US,
     Accumulator,
     NixlAccessError,
@@ -36,7 +37,6 @@ from flightdeck.collector.nixl import (
     event_type_id,
     parse_local_rank,
 )
-from flightdeck.nixl_records import NixlSample
 
 RING_HEADER = struct.Struct("<QQiiQQ")  # write_pos, read_pos, version, expected_version, capacity, mask
 RING_HEADER_SIZE = RING_HEADER.size  # 40
