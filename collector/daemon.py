@@ -260,7 +260,7 @@ class Collector:
         )
         self._nixl_rings: Any = None
         if settings.nixl_telemetry_dir is not None:
-            from flightdeck.readers.nixl_ring import RingDirectory
+            from flightdeck.collector.nixl_consumer import RingDirectory
 
             self._nixl_rings = RingDirectory(
                 Path(os.path.expanduser(settings.nixl_telemetry_dir)),

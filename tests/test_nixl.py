@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from flightdeck.collector.nixl_consumer import OwnerFinder, RingConsumer, RingDirectory
 from flightdeck.launch.demo.ranks import free_port
 from flightdeck.nixl_records import Histogram, NixlSample
 from flightdeck.readers.nixl import (
@@ -39,12 +40,7 @@ from flightdeck.readers.nixl import (
     event_type_id,
 )
 from flightdeck.readers.nixl_mp import read_mp_dir, read_mp_store
-from flightdeck.readers.nixl_ring import (
-    OwnerFinder,
-    RingConsumer,
-    RingDirectory,
-    read_ring,
-)
+from flightdeck.readers.nixl_ring import read_ring
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "nixl"

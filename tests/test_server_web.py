@@ -19,9 +19,9 @@ from urllib.parse import quote
 
 import pytest
 
+from flightdeck.collector.nixl_consumer import OwnerFinder, RingConsumer
 from flightdeck.nixl_rates import histogram_quantile
 from flightdeck.nixl_records import NixlSample
-from flightdeck.readers.nixl_ring import OwnerFinder, RingConsumer
 from flightdeck.records import Frame
 from flightdeck.server.page_data import StoreData
 from flightdeck.web import views
