@@ -4,7 +4,7 @@ It speaks the collector's protocol: one batch per host and snapshot interval (th
 `flightdeck.wire.encode_batch` writes, built column by column: tests/test_loadgen.py), gzip,
 `Authorization: Bearer`, `Idempotency-Key` = the batch id, `Flightdeck-Batch-Age-Ms` = how long
 it waited to be sent), each rank's
-snapshot carrying only its new or changed entries (what `collector/delta.py` ships: a collective
+snapshot carrying only its new or changed entries (what `flightdeck/readers/delta.py` ships: a collective
 is shipped when it appears, and again when it completes if it was in flight at the snapshot), one
 request in flight per host, retried on 429/503 after `Retry-After` like `collector/pusher.py`.
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.collector_fixtures import real_dumps
-from flightdeck.collector.frdump import (
+from flightdeck.readers.frdump import (
     DumpBudget,
     DumpError,
     check_budget,
@@ -28,7 +28,7 @@ from flightdeck.collector.frdump import (
     read_dump_file,
     safe_loads,
 )
-from flightdeck.collector.incremental import IncrementalReader
+from flightdeck.readers.incremental import IncrementalReader
 from flightdeck.snapshot_check import check_snapshot
 from flightdeck.wire import snapshot_from_dump
 

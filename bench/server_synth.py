@@ -13,7 +13,7 @@ import uuid
 from dataclasses import replace
 from pathlib import Path
 
-from flightdeck.collector.frdump import merge, read_dump_file
+from flightdeck.readers.frdump import merge, read_dump_file
 from flightdeck.records import Entry, GroupInfo
 from flightdeck.wire import Batch, Snapshot, encode_batch
 

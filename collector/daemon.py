@@ -62,8 +62,14 @@ from prometheus_client import CollectorRegistry
 from watchdog.observers.api import BaseObserver
 
 from flightdeck import __version__
-from flightdeck.collector.delta import RankState
-from flightdeck.collector.frdump import (
+from flightdeck.collector.metrics import CollectorMetrics, MetricsServer
+from flightdeck.collector.processes import ProcessLookup, ProcTable
+from flightdeck.collector.pusher import Pusher
+from flightdeck.collector.queue import DurableQueue, FileSig, NewBatch, RankKey, RankRecord
+from flightdeck.collector.settings import CollectorSettings
+from flightdeck.collector.watcher import Watcher, WatchRoot
+from flightdeck.readers.delta import RankState
+from flightdeck.readers.frdump import (
     FILE_KINDS,
     DumpBudget,
     DumpBudgetError,
@@ -77,14 +83,8 @@ from flightdeck.collector.frdump import (
     UnsupportedVersionError,
     read_regular,
 )
-from flightdeck.collector.incremental import ChangedRead, IncrementalReader
-from flightdeck.collector.metrics import CollectorMetrics, MetricsServer
-from flightdeck.collector.nixl import NixlFormatError
-from flightdeck.collector.processes import ProcessLookup, ProcTable
-from flightdeck.collector.pusher import Pusher
-from flightdeck.collector.queue import DurableQueue, FileSig, NewBatch, RankKey, RankRecord
-from flightdeck.collector.settings import CollectorSettings
-from flightdeck.collector.watcher import Watcher, WatchRoot
+from flightdeck.readers.incremental import ChangedRead, IncrementalReader
+from flightdeck.readers.nixl import NixlFormatError
 from flightdeck.records import RankDump
 from flightdeck.snapshot_check import SnapshotError, check_snapshot, nixl_wire_problem
 from flightdeck.spool import is_dump_name, rank_from_name, sidecar_path
@@ -260,7 +260,7 @@ class Collector:
         )
         self._nixl_rings: Any = None
         if settings.nixl_telemetry_dir is not None:
-            from flightdeck.collector.nixl_ring import RingDirectory
+            from flightdeck.collector.nixl_consumer import RingDirectory
 
             self._nixl_rings = RingDirectory(
                 Path(os.path.expanduser(settings.nixl_telemetry_dir)),
@@ -875,7 +875,7 @@ class Collector:
             self.metrics.nixl_ring_full_reads.inc(rings.ring_full_reads - full)
             self.metrics.nixl_unknown_events.inc(rings.unknown_events - unknown)
         if self.settings.nixl_multiproc_dir is not None:
-            from flightdeck.collector.nixl_mp import read_mp_dir
+            from flightdeck.readers.nixl_mp import read_mp_dir
 
             try:
                 samples, errs = read_mp_dir(

@@ -8,7 +8,7 @@ Three tables:
 - `dead_letter`: batches the server refused with a 4xx other than 429, 401 and 403 (those refuse
   the rate or the token, not the batch: it stays queued), or that failed with other statuses too
   often, with the status and the server's message; kept, never retried by itself.
-- `shipped`: per (job, attempt, rank), what was already put in a batch (see `collector.delta`).
+- `shipped`: per (job, attempt, rank), what was already put in a batch (see `readers.delta`).
 - `delivered`: per dump file, the stat signature (device, inode, size, mtime) of the version last
   put in a batch, so that a restart does not read and ship again a file already shipped.
 - `ranks`: per (job, attempt, rank) seen in a spool, its directory, the pid its snapshots name on

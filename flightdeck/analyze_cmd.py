@@ -22,7 +22,7 @@ from flightdeck.analysis import Options, RankSummary, Report, diagnose, summariz
 from flightdeck.analysis.evidence import CLOCK_WORDS, ClockSource
 from flightdeck.analysis.findings import CONFIG_KINDS, Finding
 from flightdeck.analysis.frames import is_library_path
-from flightdeck.collector.frdump import (
+from flightdeck.readers.frdump import (
     DumpError,
     discover,
     gc_paused,

@@ -1,7 +1,7 @@
 """Typed NIXL transfer-telemetry records: what the collector ships for each NIXL agent.
 
-The readers (`flightdeck.collector.nixl_mp` for `prometheus_mp` store files,
-`flightdeck.collector.nixl_ring` for ring files) turn NIXL's binary formats into `NixlSample`s;
+The readers (`flightdeck.readers.nixl_mp` for `prometheus_mp` store files,
+`flightdeck.readers.nixl_ring` for ring files) turn NIXL's binary formats into `NixlSample`s;
 the collector ships them (see `NixlSample.to_wire` / `NixlSample.from_wire`); the server turns them
 into the `flightdeck_nixl_*` metrics. Nothing here knows about files, event ids or byte layouts.
 

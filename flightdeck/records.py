@@ -1,6 +1,6 @@
 """Typed, normalized flight-recorder records: the one shape every layer after the reader sees.
 
-The reader (`flightdeck.collector.frdump`) turns PyTorch's dump formats into these; the collector
+The reader (`flightdeck.readers.frdump`) turns PyTorch's dump formats into these; the collector
 ships them (see `to_wire` / `from_wire`); the server stores them; the analysis consumes them.
 Nothing here knows about pickle, JSON dump quirks, files or databases.
 """

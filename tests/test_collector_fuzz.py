@@ -20,8 +20,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from flightdeck.collector.frdump import DumpError, load_raw
-from flightdeck.collector.incremental import IncrementalReader
+from flightdeck.readers.frdump import DumpError, load_raw
+from flightdeck.readers.incremental import IncrementalReader
 from flightdeck.snapshot_check import SnapshotError, check_snapshot
 from flightdeck.wire import Batch, decode_batch, encode_batch, snapshot_from_dump
 from tests.support.collector_fixtures import FR_DATA

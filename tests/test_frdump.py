@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from flightdeck.collector.frdump import (
+from flightdeck.readers.frdump import (
     DumpTooLargeError,
     NotADumpError,
     SafeUnpickler,

@@ -5,7 +5,8 @@ functions and those under `if TYPE_CHECKING:` too: a lazy import still makes its
 other, it only hides the cycle until the function runs. A node is a top-level package
 (`flightdeck.collector`, `flightdeck.analysis`, ...) or a top-level module (`flightdeck.agent`,
 `flightdeck.records`, ...). `flightdeck/{collector,server,web,dashboards}` are symbolic links to the
-top-level folders: their files are read under their `flightdeck.*` names.
+top-level folders: their files are read under their `flightdeck.*` names, the only names anything
+in the repository may import them by (docs/architecture.md, "Why the top-level folders are links").
 """
 
 from __future__ import annotations
@@ -26,6 +27,25 @@ KNOWN_CYCLES: dict[frozenset[str], str] = {}
 #: What the diagnosis may not reach, directly or through another module: it is pure (summaries in,
 #: findings out), so the server, the web pages and the offline `flightdeck analyze` share it.
 NOT_FROM_ANALYSIS = ("flightdeck.collector", "flightdeck.server", "flightdeck.web", "flightdeck.launch")
+
+#: What the file-format readers may not reach: the collector, `flightdeck analyze` and the pages'
+#: dump-file source all read through them, so they stand below every process that uses them.
+NOT_FROM_READERS = (
+    "flightdeck.collector",
+    "flightdeck.server",
+    "flightdeck.web",
+    "flightdeck.dashboards",
+    "flightdeck.launch",
+)
+
+#: Parts that read dump files without being the collector: they reach it through nothing.
+NOT_THROUGH_COLLECTOR = ("flightdeck.analyze_cmd", "flightdeck.web")
+
+#: The top-level folders that are also `flightdeck.<name>`: imported only by that name.
+LINKED_FOLDERS = ("collector", "server", "web", "dashboards")
+
+#: Where the repository's Python lives besides the package tree (which `_modules` walks).
+OTHER_SOURCES = ("tests", "bench")
 
 
 def _modules() -> Iterator[tuple[str, Path]]:
@@ -150,3 +170,67 @@ def test_analysis_is_pure() -> None:
     """The diagnosis reaches none of the collector, server, web pages or launchers."""
     reached = _reachable(_graph(), "flightdeck.analysis")
     assert not reached.intersection(NOT_FROM_ANALYSIS), sorted(reached.intersection(NOT_FROM_ANALYSIS))
+
+
+def test_readers_stand_alone() -> None:
+    """The file-format readers reach none of the collector, server, web pages, dashboards or
+    launchers."""
+    graph = _graph()
+    assert "flightdeck.readers" in graph, sorted(graph)
+    reached = _reachable(graph, "flightdeck.readers")
+    assert not reached.intersection(NOT_FROM_READERS), sorted(reached.intersection(NOT_FROM_READERS))
+
+
+def test_dump_readers_outside_the_collector_do_not_import_it() -> None:
+    """`flightdeck analyze` and the pages read dumps through `flightdeck.readers`, not the collector."""
+    graph = _graph()
+    for part in NOT_THROUGH_COLLECTOR:
+        assert part in graph, sorted(graph)
+        assert "flightdeck.collector" not in _reachable(graph, part), part
+
+
+def _bare_imports(path: Path) -> Iterator[str]:
+    """`path`'s imports of a linked folder by its bare top-level name (`server.app`, not
+    `flightdeck.server.app`), statements and `importlib.import_module("...")` calls alike."""
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names = [node.module]
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute | ast.Name)
+            and (node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id)
+            in ("import_module", "__import__")
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            names = [node.args[0].value]
+        yield from (n for n in names if n.split(".")[0] in LINKED_FOLDERS)
+
+
+def _repository_sources() -> Iterator[Path]:
+    """Every Python file of the package tree (the linked folders through their links), the tests
+    (their data left out) and the benchmarks."""
+    yield from (path for _, path in _modules())
+    for top in OTHER_SOURCES:
+        for dirpath, dirnames, filenames in os.walk(ROOT / top):
+            dirnames[:] = sorted(d for d in dirnames if d not in ("__pycache__", "data"))
+            yield from (Path(dirpath) / n for n in sorted(filenames) if n.endswith(".py"))
+
+
+def test_linked_folders_have_one_import_path() -> None:
+    """Nothing imports `collector`, `server`, `web` or `dashboards` by the bare folder name.
+
+    With the repository root on `sys.path` (pytest's `pythonpath`, or a script started from a
+    checkout) `import server.app` would work too, and load a second copy of every module beside
+    `flightdeck.server.app`: two sets of globals, two registries, `isinstance` failing across
+    them, and an import that an installed wheel (which has no top-level `server`) cannot do.
+    """
+    sources = list(_repository_sources())
+    assert any(p.parts[-2:] == ("server", "app.py") for p in sources)
+    assert any(p.parts[-2:] == ("tests", "test_import_graph.py") for p in sources)
+    found = [f"{path.relative_to(ROOT)}: {name}" for path in sources for name in _bare_imports(path)]
+    assert not found, found

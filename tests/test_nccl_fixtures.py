@@ -21,7 +21,7 @@ import pytest
 from flightdeck.analysis import summarize
 from flightdeck.analysis.summary import add_entries
 from flightdeck.cli import main
-from flightdeck.collector.frdump import load_raw, parse_dump, read_dump_file
+from flightdeck.readers.frdump import load_raw, parse_dump, read_dump_file
 from tests.nccl_fixtures.cases import CASES
 from tests.nccl_fixtures.generate import main as generate
 

@@ -27,7 +27,10 @@ from typing import Any
 
 import pytest
 
-from flightdeck.collector.nixl import (
+from flightdeck.collector.nixl_consumer import OwnerFinder, RingConsumer, RingDirectory
+from flightdeck.launch.demo.ranks import free_port
+from flightdeck.nixl_records import Histogram, NixlSample
+from flightdeck.readers.nixl import (
     DEFAULT_BUCKET_BOUNDS_US,
     EVENT_TYPE_IDS,
     EVENT_TYPES,
@@ -36,15 +39,8 @@ from flightdeck.collector.nixl import (
     NixlFormatError,
     event_type_id,
 )
-from flightdeck.collector.nixl_mp import read_mp_dir, read_mp_store
-from flightdeck.collector.nixl_ring import (
-    OwnerFinder,
-    RingConsumer,
-    RingDirectory,
-    read_ring,
-)
-from flightdeck.launch.demo.ranks import free_port
-from flightdeck.nixl_records import Histogram, NixlSample
+from flightdeck.readers.nixl_mp import read_mp_dir, read_mp_store
+from flightdeck.readers.nixl_ring import read_ring
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "nixl"

@@ -10,9 +10,9 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from flightdeck.collector.nixl_mp import read_mp_dir
 from flightdeck.nixl_rates import histogram_quantile, window_stats
 from flightdeck.nixl_records import NixlSample
+from flightdeck.readers.nixl_mp import read_mp_dir
 
 MP = Path(__file__).resolve().parent / "data" / "nixl" / "mp-1.5.1"
 NS = 1_000_000_000

@@ -13,8 +13,8 @@ import pytest
 
 from flightdeck import spool
 from flightdeck.analysis.summary import summarize
-from flightdeck.collector import frdump
-from flightdeck.collector.frdump import DumpError, LoadedDump, load_dump_file
+from flightdeck.readers import frdump
+from flightdeck.readers.frdump import DumpError, LoadedDump, load_dump_file
 
 DATA = Path(__file__).parent / "data"
 HEALTHY = DATA / "fr" / "healthy_4" / "rank_0.final.pkl"

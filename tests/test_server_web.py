@@ -19,7 +19,7 @@ from urllib.parse import quote
 
 import pytest
 
-from flightdeck.collector.nixl_ring import OwnerFinder, RingConsumer
+from flightdeck.collector.nixl_consumer import OwnerFinder, RingConsumer
 from flightdeck.nixl_rates import histogram_quantile
 from flightdeck.nixl_records import NixlSample
 from flightdeck.records import Frame

@@ -17,8 +17,8 @@ import httpx
 import pytest
 
 from flightdeck.analysis import Options
-from flightdeck.collector.nixl_mp import read_mp_dir
 from flightdeck.nixl_rates import histogram_quantile
+from flightdeck.readers.nixl_mp import read_mp_dir
 from flightdeck.records import Frame, RankDump
 from flightdeck.web import views
 from flightdeck.web.dump_data import DumpData, replicate_dumps

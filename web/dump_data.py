@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from flightdeck.analysis import Options, Report, diagnose, summarize
-from flightdeck.collector.frdump import discover, merge, read_dump_file
+from flightdeck.readers.frdump import discover, merge, read_dump_file
 from flightdeck.records import Entry, RankDump
 from flightdeck.spool import rank_from_name
 from flightdeck.web.data import Detail, RankDetail, RankTrack, ThreadStackData, TimelineData

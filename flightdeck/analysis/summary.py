@@ -185,7 +185,7 @@ class RankSummary:
 class EntryColumns(Protocol):
     """A run of entries as columns, for `add_columns`: positions in record-id order (record ids
     strictly increase), each column holding what the `Entry` at that position holds. The reader's
-    `flightdeck.collector.frdump.EntryColumns` is one."""
+    `flightdeck.readers.frdump.EntryColumns` is one."""
 
     @property
     def record_id(self) -> Sequence[int]: ...
@@ -222,7 +222,7 @@ class EntryColumns(Protocol):
 
 
 class SignatureColumns(Protocol):
-    """A run of entries as the reader's `flightdeck.collector.frdump.SignatureColumns` gives them,
+    """A run of entries as the reader's `flightdeck.readers.frdump.SignatureColumns` gives them,
     for `add_signatures`: positions in record-id order (record ids strictly increase), 64-bit
     columns, each entry's signature as the position of the first entry with the same one."""
 
@@ -401,7 +401,7 @@ def add_columns(s: RankSummary, c: EntryColumns) -> None:
     arrays straight from the columns) where `add_entries` works an entry at a time; anything but
     the common shape (coalesced end entries, a sequence id that does not increase within its group
     or a value outside 64 bits) goes to `add_entries` with every entry built. With the reader's
-    columns (`flightdeck.collector.frdump.parse_columns`) a 2,000-entry file of
+    columns (`flightdeck.readers.frdump.parse_columns`) a 2,000-entry file of
     bench/analyze_scale.py is read and summarized in 128 million instructions instead of 162
     (callgrind).
     """
@@ -554,7 +554,7 @@ def _elements(sizes: tuple[tuple[int, ...], ...]) -> int:
 
 def _apply_end(track: GroupTrack, end: Entry) -> bool:
     """Apply a coalesced group's end entry that arrived without its ops (the reader folds the two
-    when it reads them together, `flightdeck.collector.coalesced`) to what the track holds of the
+    when it reads them together, `flightdeck.readers.coalesced`) to what the track holds of the
     group: its state and times, keeping the ops' signature. False when the track holds none of it."""
     if end.is_p2p:
         hit = False

@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from flightdeck.collector.nixl_ring import read_ring
+from flightdeck.readers.nixl_ring import read_ring
 
 ROOT = Path(__file__).resolve().parents[2]
 PAIR = ROOT / "tests" / "nixl_jobs" / "pair.py"

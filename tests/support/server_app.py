@@ -17,9 +17,9 @@ from typing import Any
 import httpx
 from prometheus_client import CollectorRegistry
 
-from flightdeck.collector.frdump import merge
 from flightdeck.launch.demo.ranks import free_port
 from flightdeck.nixl_records import Histogram, NixlSample
+from flightdeck.readers.frdump import merge
 from flightdeck.server import store
 from flightdeck.server.app import create_app
 from flightdeck.server.ingest import hash_token

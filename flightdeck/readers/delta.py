@@ -24,7 +24,7 @@ from array import array
 from dataclasses import dataclass, field, replace
 from operator import itemgetter
 
-from flightdeck.collector.frdump import SCAN_FRAMES, SCAN_RETIRED, SCAN_STATE_RANK, EntryScan
+from flightdeck.readers.frdump import SCAN_FRAMES, SCAN_RETIRED, SCAN_STATE_RANK, EntryScan
 from flightdeck.records import Entry, RankDump, State
 
 # One progress encoding for scanned raw entries and normalized ones: the reader's (frdump).

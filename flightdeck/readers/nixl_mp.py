@@ -22,7 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from flightdeck.collector.nixl import (
+from flightdeck.nixl_records import Histogram, NixlSample
+from flightdeck.readers.nixl import (
     EVENT_TYPES,
     EVENTS_DROPPED,
     MEM_DEREG,
@@ -39,7 +40,6 @@ from flightdeck.collector.nixl import (
     errors_from_sums,
     parse_local_rank,
 )
-from flightdeck.nixl_records import Histogram, NixlSample
 
 MP_MAGIC = 0x3153504D4C58494E  # b"NIXLMPS1" read as a little-endian u64
 MP_SCHEMA_VERSION = 1

@@ -1,4 +1,4 @@
-"""What the collector re-ships of a rank: `collector.delta.diff` on real dumps."""
+"""What the collector re-ships of a rank: `readers.delta.diff` on real dumps."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from flightdeck.collector.delta import RankState, diff, merge_progress, progress
-from flightdeck.collector.frdump import load_raw, merge, read_dump_file
-from flightdeck.collector.incremental import IncrementalReader, read_changed
+from flightdeck.readers.delta import RankState, diff, merge_progress, progress
+from flightdeck.readers.frdump import load_raw, merge, read_dump_file
+from flightdeck.readers.incremental import IncrementalReader, read_changed
 from flightdeck.records import RankDump
 from flightdeck.spool import RingSplitter
 from tests.support.collector_fixtures import FR_DATA, AgentStandIn

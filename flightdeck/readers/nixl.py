@@ -6,8 +6,8 @@ Exceptions::
     ├── NixlFormatError       a file is not (or not yet, or no longer) what NIXL writes
     └── NixlAccessError       a file cannot be opened as needed (permissions)
 
-The readers live in `flightdeck.collector.nixl_mp` (NIXL's own cumulative store files, preferred
-when present; reading them changes nothing) and `flightdeck.collector.nixl_ring` (the per-agent
+The readers live in `flightdeck.readers.nixl_mp` (NIXL's own cumulative store files, preferred
+when present; reading them changes nothing) and `flightdeck.readers.nixl_ring` (the per-agent
 ring files; reading them consumes events). Both produce `flightdeck.nixl_records.NixlSample`.
 Facts about the formats come from docs/nixl-telemetry.md (shared docs) and real NIXL 1.0.1 – 1.5.1
 files under tests/data/nixl.

@@ -43,7 +43,7 @@ from operator import attrgetter, contains, itemgetter, lt, methodcaller
 from pathlib import Path
 from typing import Any
 
-from flightdeck.collector.coalesced import fold_coalesced
+from flightdeck.readers.coalesced import fold_coalesced
 from flightdeck.records import (
     COALESCED_END_OPS,
     Entry,

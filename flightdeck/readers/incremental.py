@@ -26,8 +26,8 @@ from itertools import compress, count
 from operator import itemgetter, ne
 from pathlib import Path
 
-from flightdeck.collector.delta import RankState, apply, diff, plan, plan_ring_update, progress
-from flightdeck.collector.frdump import (
+from flightdeck.readers.delta import RankState, apply, diff, plan, plan_ring_update, progress
+from flightdeck.readers.frdump import (
     DEFAULT_BUDGET,
     VALUE_ERRORS,
     DumpBudget,
