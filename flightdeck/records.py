@@ -7,9 +7,10 @@ Nothing here knows about pickle, JSON dump quirks, files or databases.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 State = Literal["scheduled", "started", "completed"]
 SnapshotKind = Literal["periodic", "stall", "final", "dump"]
@@ -105,6 +106,51 @@ class Entry:
     def finished(self) -> bool:
         """Whether this rank is done with the op (completed, or retired by the backend)."""
         return self.state == "completed" or self.retired
+
+
+def entries_from_columns(
+    *,
+    record_id: Iterable[int],
+    group: Iterable[str],
+    collective_seq_id: Iterable[int],
+    p2p_seq_id: Iterable[int],
+    op_id: Iterable[int],
+    backend: Iterable[str],
+    op: Iterable[str],
+    raw_op: Iterable[str],
+    is_p2p: Iterable[bool],
+    input_sizes: Iterable[tuple[tuple[int, ...], ...]],
+    output_sizes: Iterable[tuple[tuple[int, ...], ...]],
+    input_dtypes: Iterable[tuple[str, ...]],
+    output_dtypes: Iterable[tuple[str, ...]],
+    state: Iterable[State],
+    retired: Iterable[bool],
+    time_created_ns: Iterable[int],
+    time_started_ns: Iterable[int | None],
+    time_completed_ns: Iterable[int | None],
+    duration_ms: Iterable[float | None],
+    timeout_ms: Iterable[int | None],
+    thread_name: Iterable[str],
+    peer: Iterable[int | None],
+    frames: Iterable[Stack],
+) -> list[Entry]:
+    """Entries built from one column (an iterable of equal length) per `Entry` field.
+
+    The readers' and the wire decoder's fast paths build every entry of a dump or a snapshot here:
+    `map` calls `Entry` from C with the fields by position, where a keyword call costs about 3x
+    the construction (CPython packs the keywords into a dict for a class's `__init__`). This is
+    the one place outside the reader's per-entry fast path (`frdump._entry`) that passes `Entry`'s
+    fields by position; tests/test_records.py checks that the order is `Entry`'s.
+    """
+    return list(
+        map(
+            Entry,
+            record_id, group, collective_seq_id, p2p_seq_id, op_id, backend, op, raw_op, is_p2p,
+            input_sizes, output_sizes, input_dtypes, output_dtypes, state, retired,
+            time_created_ns, time_started_ns, time_completed_ns, duration_ms, timeout_ms,
+            thread_name, peer, frames,
+        )
+    )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -388,15 +434,32 @@ def frames_from_wire(raw: list[list[Any]]) -> Stack:
     return tuple(Frame(str(n), str(fn), int(ln)) for n, fn, ln in raw)
 
 
-#: An entry's signature: what a ring repeats in nearly every entry (raw op, backend, is_p2p,
-#: input sizes, output sizes, input dtypes, output dtypes). Built in C: hashed per entry by the
-#: wire encoder and the store.
-SignatureKey = tuple[
-    str, str, bool, tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...], tuple[str, ...], tuple[str, ...]
-]
-signature_key = attrgetter(
-    "raw_op", "backend", "is_p2p", "input_sizes", "output_sizes", "input_dtypes", "output_dtypes"
-)
+Sizes = tuple[tuple[int, ...], ...]
+
+
+class Signature(NamedTuple):
+    """An entry's signature: the fields a ring repeats in nearly every entry, in `Entry`'s order.
+
+    The wire sends each distinct one once per batch (`sigs`), the store keeps one row per distinct
+    one, and the server's fold takes a fingerprint once per signature, not once per entry. Not to
+    be confused with `flightdeck.analysis.summary.Comparable`, the part of it that must agree
+    across the ranks of one collective.
+    """
+
+    backend: str
+    #: Canonical op name (`canonical_op(raw_op)` once decoded from the wire or the store).
+    op: str
+    raw_op: str
+    is_p2p: bool
+    input_sizes: Sizes
+    output_sizes: Sizes
+    input_dtypes: tuple[str, ...]
+    output_dtypes: tuple[str, ...]
+
+
+#: An entry's `Signature` fields as a plain tuple, built in C: equal to (and hashing as) the
+#: `Signature`, so hot paths key tables by it per entry and make the `Signature` once per table item.
+signature_fields = attrgetter(*Signature._fields)
 
 
 def signature_to_wire(e: Entry) -> dict[str, Any]:

@@ -45,17 +45,18 @@ from flightdeck.records import (
     Progress,
     RankConfig,
     RankDump,
-    SignatureKey,
+    Signature,
     Stack,
     ThreadStack,
     canonical_op,
     config_from_dict,
     config_to_dict,
+    entries_from_columns,
     frames_from_wire,
     frames_to_wire,
     progress_from_dict,
     progress_to_dict,
-    signature_key,
+    signature_fields,
     signature_to_wire,
 )
 
@@ -200,13 +201,13 @@ class _Table(Generic[K, V]):
 def encode_batch(batch: Batch) -> dict[str, Any]:
     """Encode a batch as plain JSON-able data, each distinct stack once."""
     stacks = _Table[Stack, Stack]()
-    sigs = _Table[SignatureKey, dict[str, Any]]()
+    sigs = _Table[tuple[Any, ...], dict[str, Any]]()
 
     def ref(st: Stack) -> int | None:
         return stacks.ref(st, lambda: st) if st else None
 
     def sig_ref(e: Entry) -> int:
-        return sigs.ref(signature_key(e), lambda: signature_to_wire(e))
+        return sigs.ref(signature_fields(e), lambda: signature_to_wire(e))
 
     snaps = []
     for s in batch.snapshots:
@@ -378,7 +379,7 @@ def _decode_snapshot(
     stacks: list[Stack],
     where: str,
     members_seen: dict[tuple[int, ...], tuple[int, ...]],
-    sigs: list[_Sig],
+    sigs: list[Signature],
 ) -> Snapshot:
     """One snapshot; `sigs` is the batch's signature table, `members_seen` the group member lists
     its snapshots decoded so far (each one itself)."""
@@ -480,13 +481,9 @@ _INT = frozenset({int})
 #: Entry states as sent.
 _STATES = frozenset({"scheduled", "started", "completed"})
 
-_Sizes = tuple[tuple[int, ...], ...]
-
 
 # --- entries as columns ----------------------------------------------------------------------
 
-#: A decoded signature: `Entry`'s fields from backend to output_dtypes, in its order.
-_Sig = tuple[str, str, str, bool, _Sizes, _Sizes, tuple[str, ...], tuple[str, ...]]
 _NONE = type(None)
 
 #: Wire key -> (Entry attribute, value types taken, what the message says, value when left out;
@@ -527,9 +524,9 @@ def _type_names(values: Iterable[Any]) -> str:
     return ", ".join(sorted({type(v).__name__ for v in values}))
 
 
-def _decode_sigs(raw: list[Any]) -> list[_Sig]:
+def _decode_sigs(raw: list[Any]) -> list[Signature]:
     """The batch's signature table."""
-    sigs: list[_Sig] = []
+    sigs: list[Signature] = []
     for i, d in enumerate(raw):
         where = f"batch.sigs[{i}]"
         if not isinstance(d, dict):
@@ -549,7 +546,9 @@ def _decode_sigs(raw: list[Any]) -> list[_Sig]:
                 raise WireError(f"{where}.{key}: expected a list of strings")
             dtypes.append(tuple(v))
         be = _req(d, "be", str, where)
-        sigs.append((be, canonical_op(raw_op), raw_op, isp2p, sizes[0], sizes[1], dtypes[0], dtypes[1]))
+        sigs.append(
+            Signature(be, canonical_op(raw_op), raw_op, isp2p, sizes[0], sizes[1], dtypes[0], dtypes[1])
+        )
     return sigs
 
 
@@ -585,7 +584,7 @@ class EntryColumns:
 
     n: int
     cols: dict[str, list[Any]]
-    sigs: list[_Sig]
+    sigs: list[Signature]
     sig: list[int]
     stacks: list[Stack]
     stk: list[int | None] | None
@@ -604,27 +603,28 @@ class EntryColumns:
 
     def entries(self) -> list[Entry]:
         """The entries, built."""
-        # The signature's eight fields as eight columns (a transpose in C).
-        sig_cols = tuple(zip(*map(self.sigs.__getitem__, self.sig), strict=True)) if self.n else ((),) * 8
+        # The signature's fields as columns (a transpose in C).
+        sigs = map(self.sigs.__getitem__, self.sig)
+        be, op, raw_op, is_p2p, isz, osz, idt, odt = zip(*sigs, strict=True) if self.n else ((),) * 8
         v = self.column
-        return list(
-            map(
-                Entry,
-                v("rid"), v("g"), v("seq"), v("p2p"), v("opid"), *sig_cols,
-                v("st"), v("ret"), v("tc"), v("ts"), v("td"), v("dur"), v("to"), v("thr"), v("peer"),
-                self.frames(),
-            )
+        return entries_from_columns(
+            record_id=v("rid"), group=v("g"), collective_seq_id=v("seq"), p2p_seq_id=v("p2p"),
+            op_id=v("opid"), backend=be, op=op, raw_op=raw_op, is_p2p=is_p2p, input_sizes=isz,
+            output_sizes=osz, input_dtypes=idt, output_dtypes=odt, state=v("st"), retired=v("ret"),
+            time_created_ns=v("tc"), time_started_ns=v("ts"), time_completed_ns=v("td"),
+            duration_ms=v("dur"), timeout_ms=v("to"), thread_name=v("thr"), peer=v("peer"),
+            frames=self.frames(),
         )  # fmt: skip
 
     @classmethod
     def of(cls, entries: Sequence[Entry]) -> EntryColumns:
         """Entries as columns (what `encode_batch` would send of them)."""
-        sigs = _Table[_Sig, _Sig]()
+        sigs = _Table[tuple[Any, ...], Signature]()
         stacks = _Table[int, Stack]()  # by identity: the store finds a stack's row by id()
 
         def sig_ref(e: Entry) -> int:
-            key = _SIG_FIELDS(e)
-            return sigs.ref(key, lambda: key)
+            key = signature_fields(e)
+            return sigs.ref(key, lambda: Signature._make(key))
 
         def stack_ref(st: Stack) -> int | None:
             return stacks.ref(id(st), lambda: st) if st else None
@@ -633,13 +633,9 @@ class EntryColumns:
         return cls(cols.pop("n"), cols, sigs.values, cols.pop("sig"), stacks.values, cols.pop("stk", None))
 
 
-#: An entry's `_Sig` (signature fields in `Entry` order).
-_SIG_FIELDS = attrgetter(
-    "backend", "op", "raw_op", "is_p2p", "input_sizes", "output_sizes", "input_dtypes", "output_dtypes"
-)
-
-
-def _check_columns(cols: dict[str, Any], stacks: list[Stack], sigs: list[_Sig], where: str) -> EntryColumns:
+def _check_columns(
+    cols: dict[str, Any], stacks: list[Stack], sigs: list[Signature], where: str
+) -> EntryColumns:
     """Check a snapshot's entry columns (types, lengths, states, indexes).
 
     Each check is one pass in C over a column (`set(map(type, col))`), not a Python loop per

@@ -53,7 +53,7 @@ from flightdeck.limits import (
     name_problem,
     neutralize,
 )
-from flightdeck.records import RankConfig, Stack
+from flightdeck.records import RankConfig, Signature, Stack
 from flightdeck.snapshot_check import nixl_problem
 from flightdeck.wire import (
     Batch,
@@ -114,7 +114,7 @@ def _frames_reason(st: Stack) -> str | None:
     return None
 
 
-def _sig_reason(sig: tuple[Any, ...]) -> str | None:
+def _sig_reason(sig: Signature) -> str | None:
     be, _op, raw_op, _p2p, isz, osz, idt, odt = sig
     try:
         _name(raw_op, "op", MAX_OP)
@@ -140,7 +140,7 @@ class BatchChecks:
     """The checks of one batch's snapshots, with what its shared tables (stacks, signatures) hold:
     a bad table item refuses the snapshots that use it, not the batch."""
 
-    def __init__(self, stacks: list[Stack], sigs: list[Any] | None) -> None:
+    def __init__(self, stacks: list[Stack], sigs: list[Signature] | None) -> None:
         #: id(stack) -> why it is refused, for the bad ones (a stack is shared by identity).
         self.bad_stacks: dict[int, str] = {}
         for i, st in enumerate(stacks):
@@ -409,7 +409,7 @@ def decode_checked(doc: object) -> tuple[Batch, list[Refusal]]:
     refused: list[Refusal] = []
     made: list[BatchChecks] = []
 
-    def checks(stacks: list[Stack], sigs: list[Any] | None) -> BatchChecks:
+    def checks(stacks: list[Stack], sigs: list[Signature] | None) -> BatchChecks:
         made.append(BatchChecks(stacks, sigs))
         return made[-1]
 

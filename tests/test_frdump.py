@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import pickle
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from flightdeck.readers import frdump
 from flightdeck.readers.frdump import (
     DumpTooLargeError,
     NotADumpError,
@@ -22,6 +24,7 @@ from flightdeck.readers.frdump import (
     read_dump_file,
     safe_loads,
 )
+from flightdeck.records import Entry, Frame
 from flightdeck.spool import rank_from_name
 
 DATA = Path(__file__).parent / "data" / "fr"
@@ -195,3 +198,62 @@ def test_discover_skips_sidecars_and_temp_files(tmp_path: Path) -> None:
     for name in ("rank_0.pkl", "rank_0.pkl.meta.json", ".rank_1.pkl.tmp", "rank_2.pkl.tmp", "notes.txt"):
         (tmp_path / "a" / name).write_bytes(b"x")
     assert [p.name for p in discover([tmp_path])] == ["rank_0.pkl"]
+
+
+def test_each_field_of_a_dump_entry_lands_in_its_entry_field(monkeypatch: pytest.MonkeyPatch) -> None:
+    # `_entry` (the per-entry fast path) and `_columnar_entries` build Entry by position: every
+    # value differs from the others of its type, so a field passed in the wrong place shows.
+    raw: dict[str, Any] = {
+        "record_id": 11,
+        "process_group": ["pg7", "desc"],
+        "collective_seq_id": 12,
+        "p2p_seq_id": 13,
+        "op_id": 14,
+        "profiling_name": "nccl:send 0->3",
+        "is_p2p": True,
+        "input_sizes": [[2, 3]],
+        "output_sizes": [[4]],
+        "input_dtypes": ["Float"],
+        "output_dtypes": ["Half"],
+        "state": "started",
+        "retired": False,
+        "time_created_ns": 15,
+        "time_discovered_started_ns": 16,
+        "time_discovered_completed_ns": 17,
+        "duration_ms": 1.5,
+        "timeout_ms": 18,
+        "thread_name": "pt_main",
+        "frames": [{"name": "step", "filename": "train.py", "line": 19}],
+    }
+    expected = Entry(
+        record_id=11,
+        group="pg7",
+        collective_seq_id=12,
+        p2p_seq_id=13,
+        op_id=14,
+        backend="nccl",
+        op="send",
+        raw_op="nccl:send 0->3",
+        is_p2p=True,
+        input_sizes=((2, 3),),
+        output_sizes=((4,),),
+        input_dtypes=("Float",),
+        output_dtypes=("Half",),
+        state="started",
+        retired=False,
+        time_created_ns=15,
+        time_started_ns=16,
+        time_completed_ns=17,
+        duration_ms=1.5,
+        timeout_ms=18,
+        thread_name="pt_main",
+        peer=3,
+        frames=(Frame("step", "train.py", 19),),
+    )
+
+    def no_fallback(raw: dict[str, Any], ctx: frdump._Ctx, rank: int) -> Entry:
+        raise AssertionError("the fast path declined a well-formed entry")
+
+    monkeypatch.setattr(frdump, "_entry_slow", no_fallback)
+    assert frdump._entry(raw, frdump._Ctx(), 0) == expected
+    assert frdump._columnar_entries([raw], frdump._Ctx()) == [expected]

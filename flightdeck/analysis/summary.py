@@ -46,12 +46,16 @@ _SIZES_FREE = frozenset({"all_to_all", "all_to_allv"})
 _INPUT_ONLY = frozenset({"gather"})
 _OUTPUT_ONLY = frozenset({"scatter"})
 
-Signature = tuple[
+#: The part of an entry's `flightdeck.records.Signature` that must agree across the ranks of one
+#: collective: (canonical op, input sizes, output sizes, input dtypes, output dtypes), the sizes
+#: an op may legitimately vary left out (see `signature_of`). A plain tuple: its repr is what
+#: `fingerprint` hashes.
+Comparable = tuple[
     str, tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...], tuple[str, ...], tuple[str, ...]
 ]
 
 
-def signature(e: Entry) -> Signature:
+def signature(e: Entry) -> Comparable:
     """The part of an entry that must agree across the ranks of one collective."""
     return signature_of(e.op, e.input_sizes, e.output_sizes, e.input_dtypes, e.output_dtypes)
 
@@ -62,7 +66,7 @@ def signature_of(
     outs: tuple[tuple[int, ...], ...],
     in_dtypes: tuple[str, ...],
     out_dtypes: tuple[str, ...],
-) -> Signature:
+) -> Comparable:
     """`signature` of the entry with this canonical op, these sizes and these dtypes."""
     if op in _SIZES_FREE:
         ins, outs = (), ()
@@ -73,10 +77,10 @@ def signature_of(
     return (op, ins, outs, in_dtypes, out_dtypes)
 
 
-_fp_cache: dict[Signature, int] = {}
+_fp_cache: dict[Comparable, int] = {}
 
 
-def fingerprint(sig: Signature) -> int:
+def fingerprint(sig: Comparable) -> int:
     """A stable 63-bit fingerprint of a signature (same value in every process, unlike hash())."""
     fp = _fp_cache.get(sig)
     if fp is None:
@@ -154,7 +158,7 @@ class RankSummary:
     groups: dict[str, GroupInfo] = field(default_factory=dict)
     tracks: dict[str, GroupTrack] = field(default_factory=dict)
     #: fingerprint -> signature, for the fingerprints this rank uses.
-    sigs: dict[int, Signature] = field(default_factory=dict)
+    sigs: dict[int, Comparable] = field(default_factory=dict)
     #: fingerprint -> the most recent stack seen for it (where in the code this kind of call is).
     sig_frames: dict[int, Stack] = field(default_factory=dict)
     thread_stacks: tuple[ThreadStack, ...] = ()
@@ -241,7 +245,7 @@ class SignatureColumns(Protocol):
     @property
     def key_of(self) -> Sequence[int]: ...
     @property
-    def keys(self) -> Mapping[int, Signature]: ...
+    def keys(self) -> Mapping[int, Comparable]: ...
     @property
     def framed(self) -> Sequence[int]: ...
     @property

@@ -57,6 +57,7 @@ from flightdeck.records import (
     ThreadStack,
     canonical_op,
     config_from_dict,
+    entries_from_columns,
     progress_from_dict,
 )
 from flightdeck.spool import RING_META_KEY, is_dump_name, is_sidecar, rank_from_name, sidecar_path
@@ -467,6 +468,10 @@ def _entry(raw: dict[str, Any], ctx: _Ctx, rank: int) -> Entry:
             raise TypeError("not an int")
         if (td is not None and type(td) is not int) or (dur is not None and type(dur) is not float):
             raise TypeError("not an int")
+        # By position: a keyword call costs about 3x building the entry (CPython packs keywords
+        # into a dict for a class's `__init__`), and this builds each entry of a dump the columns
+        # do not vouch for and each one the summary keeps whole (tails, point-to-point).
+        # tests/test_frdump.py checks the order is `Entry`'s.
         return Entry(
             rid,
             _name_str(raw["process_group"][0]),
@@ -635,33 +640,30 @@ def _columnar_entries(raw_entries: list[Any], ctx: _Ctx) -> list[Entry] | None:
     by_id = {id(f): _frames_fast(f, ctx) for f in frames if f}
     infos = _op_infos(prof, ctx)
     peer = [p if x else None for (_b, _o, p), x in zip(infos, is_p2p, strict=True)]
-    return list(
-        map(
-            Entry,
-            rid,
-            map(itemgetter(0), pg),
-            seq,
-            p2p_seq,
-            op_id,
-            map(itemgetter(0), infos),
-            map(itemgetter(1), infos),
-            prof,
-            is_p2p,
-            _tuples_of_tuples(isz),
-            _tuples_of_tuples(osz),
-            map(tuple, idt),
-            map(tuple, odt),
-            state,
-            retired,
-            created,
-            [t or None for t in started],
-            [t or None for t in completed],
-            duration,
-            timeout,
-            [t or "" for t in thread],
-            peer,
-            [by_id[id(f)] if f else () for f in frames],
-        )
+    return entries_from_columns(
+        record_id=rid,
+        group=map(itemgetter(0), pg),
+        collective_seq_id=seq,
+        p2p_seq_id=p2p_seq,
+        op_id=op_id,
+        backend=map(itemgetter(0), infos),
+        op=map(itemgetter(1), infos),
+        raw_op=prof,
+        is_p2p=is_p2p,
+        input_sizes=_tuples_of_tuples(isz),
+        output_sizes=_tuples_of_tuples(osz),
+        input_dtypes=map(tuple, idt),
+        output_dtypes=map(tuple, odt),
+        state=state,
+        retired=retired,
+        time_created_ns=created,
+        time_started_ns=[t or None for t in started],
+        time_completed_ns=[t or None for t in completed],
+        duration_ms=duration,
+        timeout_ms=timeout,
+        thread_name=[t or "" for t in thread],
+        peer=peer,
+        frames=[by_id[id(f)] if f else () for f in frames],
     )
 
 

@@ -11,16 +11,17 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from flightdeck.records import Entry, canonical_op
-from flightdeck.server.models import STATE_NAMES, EntryRow, ProcessGroup, Rank, Signature
+from flightdeck.records import Entry, Signature, canonical_op
+from flightdeck.server.models import STATE_NAMES, EntryRow, ProcessGroup, Rank
+from flightdeck.server.models import Signature as SignatureRow
 from flightdeck.server.store.common import _IN_CHUNK, _chunks, _plain_rows
 from flightdeck.server.store.jobs import job_groups, stacks_by_id
 
 
-def _signatures(session: Session, ids: Iterable[int]) -> dict[int, Signature]:
-    out: dict[int, Signature] = {}
+def _signatures(session: Session, ids: Iterable[int]) -> dict[int, SignatureRow]:
+    out: dict[int, SignatureRow] = {}
     for chunk in _chunks(sorted(set(ids)), _IN_CHUNK):
-        for row in session.execute(select(Signature).where(Signature.id.in_(chunk))).scalars():
+        for row in session.execute(select(SignatureRow).where(SignatureRow.id.in_(chunk))).scalars():
             out[row.id] = row
     return out
 
@@ -79,7 +80,7 @@ def _entry_records(session: Session, raw: Sequence[Any], groups: dict[int, str])
     # lookups on a SQLAlchemy Row, which were a third of a 1,024-rank page's time.
     sigs = _signatures(session, (r[6] for r in raw))
     stacks = stacks_by_id(session=session, ids=(r[7] for r in raw if r[7] is not None))
-    sig_cache: dict[int, tuple[Any, ...]] = {}
+    sig_cache: dict[int, Signature] = {}
     out: list[tuple[int, Entry]] = []
     for (
         rank,
@@ -103,17 +104,17 @@ def _entry_records(session: Session, raw: Sequence[Any], groups: dict[int, str])
         sv = sig_cache.get(sig_id)
         if sv is None:
             s = sigs[sig_id]
-            sv = sig_cache[sig_id] = (
-                s.raw_op,
-                canonical_op(s.raw_op),
-                s.backend,
-                s.is_p2p,
-                tuple(tuple(x) for x in s.input_sizes),
-                tuple(tuple(x) for x in s.output_sizes),
-                tuple(s.input_dtypes),
-                tuple(s.output_dtypes),
+            sv = sig_cache[sig_id] = Signature(
+                backend=s.backend,
+                op=canonical_op(s.raw_op),
+                raw_op=s.raw_op,
+                is_p2p=s.is_p2p,
+                input_sizes=tuple(tuple(x) for x in s.input_sizes),
+                output_sizes=tuple(tuple(x) for x in s.output_sizes),
+                input_dtypes=tuple(s.input_dtypes),
+                output_dtypes=tuple(s.output_dtypes),
             )
-        raw_op, op, backend, is_p2p, isz, osz, idt, odt = sv
+        backend, op, raw_op, is_p2p, isz, osz, idt, odt = sv
         out.append(
             (
                 rank,
@@ -181,8 +182,8 @@ def _edge_seq(job_id: int, where: Sequence[Any], order: Any) -> Any:
     correlated scalar subquery: one index seek per outer row instead of an aggregate over the job."""
     return (
         select(EntryRow.seq)
-        .join(Signature, Signature.id == EntryRow.sig_id)
-        .where(EntryRow.job_id == job_id, Signature.is_p2p.is_(False), *where)
+        .join(SignatureRow, SignatureRow.id == EntryRow.sig_id)
+        .where(EntryRow.job_id == job_id, SignatureRow.is_p2p.is_(False), *where)
         .order_by(order)
         .limit(1)
         .scalar_subquery()
@@ -332,7 +333,9 @@ def _signature_ops(session: Session, ids: set[int]) -> list[tuple[int, str, bool
     """(id, raw op, is p2p) of the given signatures: three columns, not the ORM objects."""
     out: list[tuple[int, str, bool]] = []
     for chunk in _chunks(sorted(ids), _IN_CHUNK):
-        q = select(Signature.id, Signature.raw_op, Signature.is_p2p).where(Signature.id.in_(chunk))
+        q = select(SignatureRow.id, SignatureRow.raw_op, SignatureRow.is_p2p).where(
+            SignatureRow.id.in_(chunk)
+        )
         out.extend((int(i), str(op), bool(p)) for i, op, p in session.connection().execute(q))
     return out
 

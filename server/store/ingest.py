@@ -25,7 +25,7 @@ from flightdeck.server.store.ingest_ids import (
     _stack_ids,
 )
 from flightdeck.server.store.ingest_pg import _PG_CLAIM
-from flightdeck.server.store.ingest_rows import _entry_rows, _sig_key, _upsert_entries, _upsert_ranks
+from flightdeck.server.store.ingest_rows import _entry_rows, _upsert_entries, _upsert_ranks
 from flightdeck.server.store.nixl import upsert_nixl
 from flightdeck.wire import Batch, GoneRank, Snapshot
 
@@ -139,7 +139,7 @@ def ingest_batches(
     ordered = sorted(range(len(snapshots)), key=lambda i: snapshots[i].snapshot_time_ns)
     sig_ids = _signature_ids(
         session,
-        list(dict.fromkeys(map(_sig_key, chain.from_iterable(c.sigs for c in columns)))),
+        list(dict.fromkeys(chain.from_iterable(c.sigs for c in columns))),
         cache,
         learned,
     )

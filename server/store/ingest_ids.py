@@ -9,8 +9,9 @@ from dataclasses import dataclass, field
 from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
-from flightdeck.records import SignatureKey, Stack, frames_to_wire
-from flightdeck.server.models import Host, ProcessGroup, Signature, StackRow
+from flightdeck.records import Signature, Stack, frames_to_wire
+from flightdeck.server.models import Host, ProcessGroup, StackRow
+from flightdeck.server.models import Signature as SignatureRow
 from flightdeck.server.store.common import _IN_CHUNK, _chunks, _digest, _insert
 from flightdeck.wire import EntryColumns, Snapshot
 
@@ -138,14 +139,14 @@ def _stack_ids(
 
 
 def _signature_ids(
-    session: Session, keys: Sequence[SignatureKey], cache: IngestCache, learned: CacheUpdate
-) -> dict[SignatureKey, int]:
+    session: Session, keys: Sequence[Signature], cache: IngestCache, learned: CacheUpdate
+) -> dict[Signature, int]:
     """Signature row id of each distinct key, creating the missing signatures."""
     if not keys:
         return {}
     rows = {}
     for k in keys:
-        raw_op, backend, is_p2p, isz, osz, idt, odt = k
+        backend, _op, raw_op, is_p2p, isz, osz, idt, odt = k
         d = {
             "raw_op": raw_op[:256],
             "backend": backend[:64],
@@ -166,11 +167,13 @@ def _signature_ids(
     }
     new = sorted((d for d in rows.values() if d["hash"] not in ids), key=lambda d: str(d["hash"]))
     if new:
-        session.execute(_insert(session, Signature).on_conflict_do_nothing(index_elements=["hash"]), new)
+        session.execute(_insert(session, SignatureRow).on_conflict_do_nothing(index_elements=["hash"]), new)
         hashes = sorted({str(d["hash"]) for d in new})
         for chunk in _chunks(hashes, _IN_CHUNK):
             found = dict(
-                session.execute(select(Signature.hash, Signature.id).where(Signature.hash.in_(chunk)))
+                session.execute(
+                    select(SignatureRow.hash, SignatureRow.id).where(SignatureRow.hash.in_(chunk))
+                )
                 .tuples()
                 .all()
             )

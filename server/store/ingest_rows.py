@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from flightdeck.records import SignatureKey, progress_to_dict
+from flightdeck.records import Signature, progress_to_dict
 from flightdeck.server.models import STATE_CODES
 from flightdeck.server.store.common import _CHUNK, _chunks
 from flightdeck.server.store.ingest_pg import (
@@ -46,15 +46,9 @@ _PLAIN_COLUMNS = {
 }
 
 
-def _sig_key(sig: tuple[Any, ...]) -> SignatureKey:
-    """The store's key of a wire signature (`EntryColumns.sigs` item)."""
-    be, _op, raw_op, is_p2p, isz, osz, idt, odt = sig
-    return (raw_op, be, is_p2p, isz, osz, idt, odt)
-
-
 def _entry_rows(
     ordered: list[tuple[Snapshot, EntryColumns]],
-    sig_ids: dict[SignatureKey, int],
+    sig_ids: dict[Signature, int],
     job_ids: dict[tuple[str, int], int],
     group_ids: dict[int, dict[str, int]],
     stack_ids: dict[int, int],
@@ -90,7 +84,7 @@ def _entry_rows(
             col += c.column(key)
         ids = table_ids.get(id(c.sigs))
         if ids is None:
-            ids = table_ids[id(c.sigs)] = [sig_ids[_sig_key(t)] for t in c.sigs]
+            ids = table_ids[id(c.sigs)] = [sig_ids[t] for t in c.sigs]
         sig_col += map(ids.__getitem__, c.sig)
         state_col += map(state_code, c.cols["st"])
         thr = c.cols.get("thr")

@@ -8,7 +8,7 @@ from array import array
 
 from flightdeck.analysis.findings import Finding, FindingKind
 from flightdeck.analysis.rules.common import NS, _fmt_ranks, _Group, _group_label, _present, _refs
-from flightdeck.analysis.summary import GroupTrack, RankSummary, Signature
+from flightdeck.analysis.summary import Comparable, GroupTrack, RankSummary
 
 
 def _holds(track: GroupTrack, lo: int, hi: int) -> array[int] | None:
@@ -106,7 +106,7 @@ def _scan(tracks: dict[int, GroupTrack], lo: int, hi: int) -> int | None:
     return bad
 
 
-def _sig_view(sig: Signature) -> dict[str, object]:
+def _sig_view(sig: Comparable) -> dict[str, object]:
     return {
         "op": sig[0],
         "input_sizes": [list(s) for s in sig[1]],
@@ -116,7 +116,7 @@ def _sig_view(sig: Signature) -> dict[str, object]:
     }
 
 
-def _kind(ref: Signature, other: Signature) -> FindingKind:
+def _kind(ref: Comparable, other: Comparable) -> FindingKind:
     if ref[0] != other[0]:
         return "collective_type_mismatch"
     if ref[1] != other[1] or ref[2] != other[2]:
@@ -202,7 +202,7 @@ _DTYPE_BYTES = {
 }  # fmt: skip
 
 
-def _nbytes_equal(a: Signature, b: Signature) -> bool:
+def _nbytes_equal(a: Comparable, b: Comparable) -> bool:
     da = [_DTYPE_BYTES.get(d) for d in a[3]]
     db = [_DTYPE_BYTES.get(d) for d in b[3]]
     return None not in da and da == db
@@ -217,7 +217,7 @@ def _kind_words(kind: str) -> str:
     }.get(kind, kind)
 
 
-def _describe(sig: Signature) -> str:
+def _describe(sig: Comparable) -> str:
     op, ins, outs, idt, _odt = sig
     sizes = ",".join("x".join(str(d) for d in s) or "scalar" for s in ins) or (
         ",".join("x".join(str(d) for d in s) for s in outs)
