@@ -10,7 +10,8 @@
      "snapshots": [{...one per rank snapshot, see `Snapshot`; "config": the rank's
                     configuration report or null, see `flightdeck.records.config_to_dict`;
                     "progress" (left out when unknown): its main thread's evidence (`progress_to_dict`, the
-                    frames as "stk", an index into "stacks");
+                    frames as "stk", an index into "stacks"); "groups": name -> {"desc",
+                    "ranks": [...] or "runs": [[start, stop, step], ...]} (`member_runs`);
                     "entries": {"n": 2, "rid": [7, 8], "g": ["0", "0"], "sig": [0, 0], ...}...}],
      "nixl": [{...flightdeck.nixl_records wire dicts...}],
      "gone": [{"job": "...", "attempt": 0, "rank": 3, "pid": 4242, "gone_at_ns": ...}]}  # optional
@@ -33,7 +34,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from itertools import repeat
+from functools import lru_cache
+from itertools import chain, repeat
 from operator import attrgetter
 from typing import Any, Generic, TypeVar
 
@@ -229,10 +231,7 @@ def encode_batch(batch: Batch) -> dict[str, Any]:
                 "exception": s.exception,
                 "wrapped": s.wrapped,
                 "oldest_record_id": s.oldest_record_id,
-                "groups": {
-                    k: {"desc": g.desc, "ranks": None if g.ranks is None else list(g.ranks)}
-                    for k, g in s.groups.items()
-                },
+                "groups": {k: _encode_group(g) for k, g in s.groups.items()},
                 "thread_stacks": [
                     {"thread_name": t.thread_name, "thread_id": t.thread_id, "stk": ref(t.frames)}
                     for t in s.thread_stacks
@@ -312,7 +311,7 @@ def decode_batch(
             raise WireError(f"batch.stacks[{i}]: expected [[name, filename, line], ...] ({exc})") from None
     sigs = _decode_sigs(_req(doc, "sigs", list, "batch"))
     snaps = []
-    members_seen: dict[tuple[int, ...], tuple[int, ...]] = {}  # each distinct member list once per batch
+    members_seen: dict[Any, tuple[int, ...]] = {}  # each distinct member list once per batch
     check = None if checks is None else checks(stacks, sigs)
     for i, s in enumerate(_req(doc, "snapshots", list, "batch")):
         where = f"batch.snapshots[{i}]"
@@ -361,6 +360,79 @@ def _decode_gone(raw: object) -> list[GoneRank]:
     return out
 
 
+#: Most runs one member list may be sent as (`_encode_group` sends a list that needs more as is).
+MAX_RUNS = 64
+
+
+@lru_cache(maxsize=256)
+def member_runs(ranks: tuple[int, ...]) -> tuple[tuple[int, int, int], ...] | None:
+    """`ranks` as `range(start, stop, step)` runs whose concatenation is `ranks`, in order; None
+    when that takes more than `MAX_RUNS` runs or a rank is negative.
+
+    The world group of a 16,384-rank job is one run (3 ints, where its list is ~100 KB of JSON
+    in every snapshot of every rank); a data-parallel group (every 8th rank) one run too. The
+    collector encodes the same few lists over and over: cached by value.
+    """
+    runs: list[tuple[int, int, int]] = []
+    n = len(ranks)
+    i = 0
+    while i < n:
+        start = ranks[i]
+        if start < 0 or len(runs) == MAX_RUNS:
+            return None
+        j = i
+        step = ranks[i + 1] - start if i + 1 < n else 1
+        if step <= 0:
+            step = 1  # a rank followed by a smaller or equal one: a run of one
+        else:
+            while j + 1 < n and ranks[j + 1] - ranks[j] == step:
+                j += 1
+        runs.append((start, ranks[j] + 1, step))
+        i = j + 1
+    return tuple(runs)
+
+
+def _encode_group(g: GroupInfo) -> dict[str, Any]:
+    """A group on the wire: its member list as runs when that is shorter (`member_runs`)."""
+    if g.ranks is None:
+        return {"desc": g.desc, "ranks": None}
+    runs = member_runs(g.ranks) if len(g.ranks) > 6 else None
+    if runs is not None and 3 * len(runs) < len(g.ranks):
+        return {"desc": g.desc, "runs": [list(r) for r in runs]}
+    return {"desc": g.desc, "ranks": list(g.ranks)}
+
+
+def _decode_runs(raw: object, where: str, seen: dict[Any, tuple[int, ...]]) -> tuple[int, ...]:
+    """The member list that `member_runs` sent as `raw`, checked: at most `MAX_RUNS` runs of
+    three ints, 0 <= start < stop <= MAX_WORLD_SIZE, step >= 1, at most MAX_WORLD_SIZE members.
+    A batch's snapshots share one tuple per distinct list (`seen`), expanded once."""
+    if type(raw) is not list or not 0 < len(raw) <= MAX_RUNS:
+        raise WireError(f"{where}: expected a list of 1 to {MAX_RUNS} [start, stop, step] runs")
+    try:
+        key = tuple(map(tuple, raw))
+    except TypeError:
+        raise WireError(f"{where}: expected a list of [start, stop, step] runs") from None
+    known = seen.get(key)
+    if known is not None:
+        return known
+    total = 0
+    for run in key:
+        if len(run) != 3 or not set(map(type, run)) <= _INT:
+            raise WireError(f"{where}: expected a list of [start, stop, step] runs of ints")
+        start, stop, step = run
+        if not (0 <= start < stop <= MAX_WORLD_SIZE and step >= 1):
+            raise WireError(
+                f"{where}: run {list(run)} is not 0 <= start < stop <= {MAX_WORLD_SIZE}, step >= 1"
+            )
+        total += len(range(start, stop, step))
+        if total > MAX_WORLD_SIZE:
+            raise WireError(f"{where}: more than {MAX_WORLD_SIZE} members")
+    members = tuple(chain.from_iterable(range(*run) for run in key))
+    members = seen.setdefault(members, members)  # the same list sent as ranks by another snapshot
+    seen[key] = members
+    return members
+
+
 def _refusal(i: int, s: object, reason: str) -> Refusal:
     """The refusal of snapshot `i`, with the identity it claims where it is readable."""
     d = s if isinstance(s, dict) else {}
@@ -378,7 +450,7 @@ def _decode_snapshot(
     s: object,
     stacks: list[Stack],
     where: str,
-    members_seen: dict[tuple[int, ...], tuple[int, ...]],
+    members_seen: dict[Any, tuple[int, ...]],
     sigs: list[Signature],
 ) -> Snapshot:
     """One snapshot; `sigs` is the batch's signature table, `members_seen` the group member lists
@@ -401,7 +473,11 @@ def _decode_snapshot(
             raise WireError(f"{where}.groups[{name!r}]: expected an object")
         ranks = g.get("ranks")
         members = None
-        if ranks is not None:
+        if "runs" in g:
+            if ranks is not None:
+                raise WireError(f"{where}.groups[{name!r}]: both ranks and runs")
+            members = _decode_runs(g["runs"], f"{where}.groups[{name!r}].runs", members_seen)
+        elif ranks is not None:
             if type(ranks) is not list:
                 raise WireError(f"{where}.groups[{name!r}].ranks: expected a list of ints or null")
             # A world group's member list is thousands of ints, and every rank of a batch sends
