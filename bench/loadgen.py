@@ -50,8 +50,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 from flightdeck import __version__
 from flightdeck.analysis.findings import MISMATCH_KINDS
 from flightdeck.collector.daemon import GROUPS_RESEND_S
-from flightdeck.records import WIRE_VERSION
-from flightdeck.wire import BATCH_AGE_HEADER
+from flightdeck.records import WIRE_VERSION, GroupInfo
+from flightdeck.wire import BATCH_AGE_HEADER, encode_group
 
 NS = 1_000_000_000
 PG_ADMIN = os.environ.get("FLIGHTDECK_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
@@ -202,7 +202,7 @@ class Sim:
         cols["sig"] = [sigs.ref(i % kinds % len(OPS), bad and i == fi) for i in idx]
         groups: dict[str, Any] = {}
         if not r.groups_sent_ns or now_ns - r.groups_sent_ns >= self.groups_resend_s * NS:
-            groups = {n: {"desc": d, "ranks": m} for n, d, m in member}
+            groups = {n: encode_group(GroupInfo(n, d, tuple(m))) for n, d, m in member}
             r.groups_sent_ns = now_ns
         return {
             "job": self.job,

@@ -231,7 +231,7 @@ def encode_batch(batch: Batch) -> dict[str, Any]:
                 "exception": s.exception,
                 "wrapped": s.wrapped,
                 "oldest_record_id": s.oldest_record_id,
-                "groups": {k: _encode_group(g) for k, g in s.groups.items()},
+                "groups": {k: encode_group(g) for k, g in s.groups.items()},
                 "thread_stacks": [
                     {"thread_name": t.thread_name, "thread_id": t.thread_id, "stk": ref(t.frames)}
                     for t in s.thread_stacks
@@ -360,7 +360,7 @@ def _decode_gone(raw: object) -> list[GoneRank]:
     return out
 
 
-#: Most runs one member list may be sent as (`_encode_group` sends a list that needs more as is).
+#: Most runs one member list may be sent as (`encode_group` sends a list that needs more as is).
 MAX_RUNS = 64
 
 
@@ -392,7 +392,7 @@ def member_runs(ranks: tuple[int, ...]) -> tuple[tuple[int, int, int], ...] | No
     return tuple(runs)
 
 
-def _encode_group(g: GroupInfo) -> dict[str, Any]:
+def encode_group(g: GroupInfo) -> dict[str, Any]:
     """A group on the wire: its member list as runs when that is shorter (`member_runs`)."""
     if g.ranks is None:
         return {"desc": g.desc, "ranks": None}
