@@ -20,7 +20,7 @@ from fastapi import FastAPI
 
 from flightdeck.analysis import Options
 from flightdeck.records import Entry, Frame, GroupInfo, RankDump
-from flightdeck.web.dump_data import DumpData
+from tests.support.dump_data import DumpData
 from flightdeck.web.routes import make_router
 
 T0 = 1_800_000_000_000_000_000

@@ -26,7 +26,7 @@ from flightdeck.analysis import Options
 from flightdeck.collector.frdump import discover, merge, read_dump_file
 from flightdeck.collector.nixl_mp import read_mp_dir
 from flightdeck.records import Frame, RankDump
-from flightdeck.web.dump_data import DumpData, replicate_dumps
+from tests.support.dump_data import DumpData, replicate_dumps
 from flightdeck.web.routes import SecurityHeadersMiddleware, make_router
 
 pytestmark = pytest.mark.slow

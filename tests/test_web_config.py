@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from flightdeck.records import GroupConfig, RankConfig
 from flightdeck.web import views
-from flightdeck.web.dump_data import DumpData
+from tests.support.dump_data import DumpData
 from tests.support.web_pages import HX, XSS, app_for, client_get, live_dumps, need_dumps
 
 CONFIG = RankConfig(

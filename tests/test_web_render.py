@@ -1,7 +1,7 @@
 """The web pages rendered from real flight-recorder dumps, through the real router, in process.
 
 Data path: tests/data/fr/<scenario>/ (dumps of real gloo jobs) -> frdump reader -> merge ->
-summarize -> diagnose (flightdeck.web.dump_data.DumpData) -> router -> HTML. Fragments are
+summarize -> diagnose (tests/support/dump_data.py, `DumpData`) -> router -> HTML. Fragments are
 compared with golden files in tests/golden/web/; regenerate them with
 `FLIGHTDECK_UPDATE_GOLDEN=1 pytest tests/test_web_render.py` and review the diff.
 """
@@ -21,7 +21,7 @@ from flightdeck.collector.nixl_mp import read_mp_dir
 from flightdeck.nixl_rates import histogram_quantile
 from flightdeck.records import Frame, RankDump
 from flightdeck.web import views
-from flightdeck.web.dump_data import DumpData, replicate_dumps
+from tests.support.dump_data import DumpData, replicate_dumps
 from flightdeck.web.routes import CSP, WebSettings
 from tests.support.web_pages import HX, REPO, XSS, app_for, client_get, live_dumps, need_dumps
 

@@ -13,7 +13,7 @@ from fastapi import FastAPI
 
 from flightdeck.collector.frdump import discover, merge, read_dump_file
 from flightdeck.records import RankDump
-from flightdeck.web.dump_data import DumpData
+from tests.support.dump_data import DumpData
 from flightdeck.web.routes import SecurityHeadersMiddleware, WebSettings, make_router
 
 REPO = Path(__file__).resolve().parents[2]
