@@ -94,7 +94,7 @@ def make_server(url: str, clock: FakeClock, **overrides: Any) -> Server:
     """An app on `url` with a collector token, workers off, a fresh registry."""
     # Tests feed whole pictures of old dumps at once: judged as they come, unless a test asks.
     settings = ServerSettings(
-        database_url=url, stall_after_s=STALL_S, **{"migrate": True, "job_settle_s": 0.0, **overrides}
+        database_url=url, **{"stall_after_s": STALL_S, "migrate": True, "job_settle_s": 0.0, **overrides}
     )
     app = create_app(settings, clock=clock, registry=CollectorRegistry(), start_workers=False)
     services: Services = app.state.services
