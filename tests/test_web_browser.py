@@ -27,7 +27,7 @@ from flightdeck.analysis import Options
 from flightdeck.collector.nixl_mp import read_mp_dir
 from flightdeck.records import Frame, RankDump
 from tests.support.dump_data import replicate_dumps
-from tests.support.web_pages import SOURCES, Source, app_for, live_dumps, web_data
+from tests.support.web_pages import Source, app_for, live_dumps, web_data
 
 pytestmark = pytest.mark.slow
 # Generous: the CI machine runs several suites on two cores; these are not timing assertions.
@@ -71,13 +71,6 @@ def _free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
-
-
-@pytest.fixture(scope="module", params=SOURCES)
-def source(request: pytest.FixtureRequest) -> Source:
-    """Where the pages' data comes from: the dumps analysed in process, or the server's store."""
-    param: Source = request.param
-    return param
 
 
 @pytest.fixture(scope="module")

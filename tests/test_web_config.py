@@ -16,7 +16,6 @@ from flightdeck.web import views
 from flightdeck.web.data import WebData
 from tests.support.web_pages import (
     HX,
-    SOURCES,
     XSS,
     Source,
     app_for,
@@ -35,9 +34,8 @@ CONFIG = RankConfig(
 )
 
 
-@pytest.fixture(params=SOURCES)
-def data(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[WebData]:
-    source: Source = request.param
+@pytest.fixture
+def data(source: Source, tmp_path: Path) -> Iterator[WebData]:
     need_dumps("healthy_4")
     dumps = live_dumps("healthy_4", final=True)
     skewed = []

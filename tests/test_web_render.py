@@ -32,7 +32,6 @@ from tests.support.dump_data import replicate_dumps
 from tests.support.web_pages import (
     HX,
     REPO,
-    SOURCES,
     XSS,
     Source,
     app_for,
@@ -67,13 +66,6 @@ def poisoned(dumps: list[RankDump]) -> list[RankDump]:
         stacks = tuple(replace(s, frames=(evil, *s.frames)) for s in d.thread_stacks)
         out.append(replace(d, entries=entries, thread_stacks=stacks, host="<i>host</i>"))
     return out
-
-
-@pytest.fixture(scope="module", params=SOURCES)
-def source(request: pytest.FixtureRequest) -> Source:
-    """Where the pages' data comes from: the dumps analysed in process, or the server's store."""
-    param: Source = request.param
-    return param
 
 
 @pytest.fixture(scope="module")
