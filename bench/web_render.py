@@ -20,15 +20,16 @@ from fastapi import FastAPI
 
 from flightdeck.analysis import Options
 from flightdeck.records import Entry, Frame, GroupInfo, RankDump
-from flightdeck.web.dump_data import DumpData
 from flightdeck.web.routes import make_router
+from tests.support.dump_data import DumpData
 
 T0 = 1_800_000_000_000_000_000
 FRAMES = tuple(Frame(f"fn_{i}", f"/srv/train/module_{i}.py", 10 + i) for i in range(15))
 
 
-def synthetic_job(n_ranks: int, collectives: int) -> list[RankDump]:
-    """Merged dumps of a hung job: rank 3 never entered the last collective."""
+def synthetic_job(n_ranks: int, collectives: int, *, t0: int = T0) -> list[RankDump]:
+    """Merged dumps of a hung job: rank 3 never entered the last collective; the first entry
+    recorded at `t0` (epoch ns)."""
     members = tuple(range(n_ranks))
     dumps = []
     for r in range(n_ranks):
@@ -50,7 +51,7 @@ def synthetic_job(n_ranks: int, collectives: int) -> list[RankDump]:
                 output_dtypes=("Float",),
                 state="scheduled",
                 retired=s < collectives,
-                time_created_ns=T0 + s * 10_000_000 + r * 1000,
+                time_created_ns=t0 + s * 10_000_000 + r * 1000,
                 frames=FRAMES,
             )
             for s in range(1, last + 1)
@@ -66,7 +67,7 @@ def synthetic_job(n_ranks: int, collectives: int) -> list[RankDump]:
                 world_size=n_ranks,
                 host=f"node{r // 8}",
                 pid=10_000 + r,
-                snapshot_time_ns=T0 + collectives * 10_000_000 + 60_000_000_000,
+                snapshot_time_ns=t0 + collectives * 10_000_000 + 60_000_000_000,
                 kind="periodic",
                 interval_s=1.0,
             )

@@ -1,6 +1,7 @@
 """Shared fixtures. Server tests: a real database per test (SQLite file, or a fresh schema in a
 PostgreSQL database created for the test session), a fake clock. Collector tests: a recording ingest
-endpoint. Helpers that are not fixtures live in tests/support/."""
+endpoint. Web tests: the source of the pages' data. Helpers that are not fixtures live in
+tests/support/."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from tests.support.clock import FakeClock
 from tests.support.collector_recorder import Recorder
 from tests.support.postgres import PG_ADMIN_URL
+from tests.support.web_pages import SOURCES, Source
 
 
 @pytest.fixture(scope="session")
@@ -61,3 +63,10 @@ def recorder() -> Iterator[Recorder]:
     """A recording ingest endpoint on 127.0.0.1 for the collector tests (collector_recorder.py)."""
     with Recorder() as rec:
         yield rec
+
+
+@pytest.fixture(scope="module", params=SOURCES)
+def source(request: pytest.FixtureRequest) -> Source:
+    """Where the pages' data comes from: the dumps analysed in process, or the server's store."""
+    param: Source = request.param
+    return param

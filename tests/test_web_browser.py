@@ -1,8 +1,10 @@
 """The pages in a real headless Chromium against a real uvicorn server on 127.0.0.1.
 
 Data: the real `skip` dumps (rank 2 skips an all_reduce, the others hang), the same scaled to
-1,024 ranks by replication, and the same with a hostile frame and job name. Screenshots land in
-test-artifacts/web/ (gitignored).
+1,024 ranks by replication, and the same with a hostile frame and job name, every job live (the
+pages poll); served from either source of the pages' data (`web_pages.web_data`: the dumps
+analysed in process, or the server's ingest, store and live diagnosis), every test on both.
+Screenshots land in test-artifacts/web/<source>/ (gitignored).
 """
 
 from __future__ import annotations
@@ -10,7 +12,6 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -23,11 +24,10 @@ from playwright.sync_api import Browser, Dialog, Page, Request, expect, sync_pla
 
 from bench.web_render import synthetic_job
 from flightdeck.analysis import Options
-from flightdeck.readers.frdump import discover, merge, read_dump_file
 from flightdeck.readers.nixl_mp import read_mp_dir
 from flightdeck.records import Frame, RankDump
-from flightdeck.web.dump_data import DumpData, replicate_dumps
-from flightdeck.web.routes import SecurityHeadersMiddleware, make_router
+from tests.support.dump_data import replicate_dumps
+from tests.support.web_pages import Source, app_for, live_dumps, web_data
 
 pytestmark = pytest.mark.slow
 # Generous: the CI machine runs several suites on two cores; these are not timing assertions.
@@ -53,16 +53,6 @@ XSS = "<script>alert(1)</script>"
 XSS_JOB = "<img src=x onerror=alert(2)>"
 
 
-def live_dumps(scenario: str) -> list[RankDump]:
-    """Merged dumps per rank, final snapshots left out."""
-    by_rank: dict[int, list[RankDump]] = defaultdict(list)
-    for p in discover([FR / scenario]):
-        if ".final." not in p.name:
-            d = read_dump_file(p)
-            by_rank[d.rank].append(d)
-    return [merge(ds) for _, ds in sorted(by_rank.items())]
-
-
 def poisoned(dumps: list[RankDump]) -> list[RankDump]:
     """A hostile innermost frame on every entry and stack."""
     evil = Frame(XSS, "/home/u/train.py", 7)
@@ -84,7 +74,15 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def base_url() -> Iterator[str]:
+def artifacts(source: Source) -> Path:
+    """Where this source's screenshots go."""
+    out = ARTIFACTS / source
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def base_url(source: Source, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if not (FR / "skip").is_dir():
         pytest.skip("real dumps not generated yet")
     if not CHROMIUM.exists():
@@ -92,23 +90,29 @@ def base_url() -> Iterator[str]:
     dumps = live_dumps("skip")
     # NIXL: the real samples of the committed prometheus_mp store of a real nixl agent pair.
     nixl = read_mp_dir(FR.parent / "nixl" / "mp-1.5.1", host="nixl-host")[0]
-    data = DumpData.from_dumps(
-        {
-            "skip": dumps,
-            "big": replicate_dumps(dumps, 1024),
-            # 500 collectives, the last one stuck: the window ends on the stuck column.
-            "long": synthetic_job(64, 500),
-            XSS_JOB: poisoned(dumps),
-            # Three groups: the world, pair 0-1, pair 2-3; rank 3 hangs pair23, then the world.
-            "subgroup_hang": live_dumps("subgroup_hang"),
-        },
+    jobs = {
+        "skip": dumps,
+        "big": replicate_dumps(dumps, 1024),
+        # 500 collectives, the last one stuck: the window ends on the stuck column. Recorded
+        # when `skip` was, so that a server's clock sees both live.
+        "long": synthetic_job(64, 500, t0=min(e.time_created_ns for d in dumps for e in d.entries)),
+        XSS_JOB: poisoned(dumps),
+        # Three groups: the world, pair 0-1, pair 2-3; rank 3 hangs pair23, then the world.
+        "subgroup_hang": live_dumps("subgroup_hang"),
+    }
+    with web_data(
+        source,
+        jobs,
+        db_dir=tmp_path_factory.mktemp("browser"),
         options=OPTIONS,
-        active=["skip", "long"],  # live jobs: the page polls as it would during an incident
         nixl=[s.to_wire() for s in nixl],
-    )
-    app = FastAPI()
-    app.add_middleware(SecurityHeadersMiddleware)
-    app.include_router(make_router(data))
+        live=True,  # the pages poll as they would during an incident
+    ) as data:
+        yield from _serve(app_for(data))
+
+
+def _serve(app: FastAPI) -> Iterator[str]:
+    """Serve `app` with uvicorn on a free 127.0.0.1 port in a thread; yields its base URL."""
     port = _free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
@@ -145,14 +149,13 @@ def page(browser: Browser) -> Iterator[Page]:
     assert errors == [], errors
 
 
-def test_hang_banner_and_stuck_cell(page: Page, base_url: str) -> None:
+def test_hang_banner_and_stuck_cell(page: Page, base_url: str, artifacts: Path) -> None:
     pg = page
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
     pg.goto(f"{base_url}/jobs/skip")
     banner = pg.locator("#banner")
     expect(banner).to_contain_text("Hang in group 0")
     expect(banner.locator(".culprit")).to_contain_text("rank 2 on vm pid")
-    pg.screenshot(path=str(ARTIFACTS / "hang-job.png"), full_page=True)
+    pg.screenshot(path=str(artifacts / "hang-job.png"), full_page=True)
     # The stuck cell of the waiting ranks' row (folded: ranks 0-1, 3) -> its stack, beside the culprit.
     cell = pg.locator("#c-0-12")
     expect(cell).to_have_attribute("aria-label", "ranks 0–1, 3, seq 12 all_reduce: in flight")
@@ -163,14 +166,14 @@ def test_hang_banner_and_stuck_cell(page: Page, base_url: str) -> None:
     expect(detail).to_contain_text("culprit 2")
     expect(detail).to_contain_text("never entered")
     expect(pg.locator("#cell-heading")).to_be_focused()
-    pg.screenshot(path=str(ARTIFACTS / "hang-cell.png"), full_page=True)
+    pg.screenshot(path=str(artifacts / "hang-cell.png"), full_page=True)
     # Still polling (the job is active), and the detail survives a refresh of the live block.
     with pg.expect_response(lambda r: "/jobs/skip" in r.url and "cell" not in r.url):
         pass
     expect(detail).to_contain_text("reduce_bucket")
 
 
-def test_folded_rows_expand_on_click(page: Page, base_url: str) -> None:
+def test_folded_rows_expand_on_click(page: Page, base_url: str, artifacts: Path) -> None:
     pg = page
     pg.goto(f"{base_url}/jobs/big")
     rows = pg.locator("tr.fold")
@@ -181,10 +184,10 @@ def test_folded_rows_expand_on_click(page: Page, base_url: str) -> None:
     expect(pg.locator("tr.member")).to_have_count(256)
     expect(pg.locator("a.fold-toggle", has_text="×256")).to_have_attribute("aria-expanded", "true")
     assert "expand=" in pg.url
-    pg.screenshot(path=str(ARTIFACTS / "fold-1024-expanded.png"))
+    pg.screenshot(path=str(artifacts / "fold-1024-expanded.png"))
 
 
-def test_hostile_frame_is_inert(page: Page, base_url: str) -> None:
+def test_hostile_frame_is_inert(page: Page, base_url: str, artifacts: Path) -> None:
     pg = page
     dialogs: list[str] = []
 
@@ -200,7 +203,7 @@ def test_hostile_frame_is_inert(page: Page, base_url: str) -> None:
     expect(pg.locator("#banner")).to_contain_text(XSS)
     pg.locator("#c-0-12").click()
     expect(pg.locator("#cell-detail")).to_contain_text(XSS)
-    pg.screenshot(path=str(ARTIFACTS / "xss-inert.png"), full_page=True)
+    pg.screenshot(path=str(artifacts / "xss-inert.png"), full_page=True)
     assert dialogs == []
     assert pg.locator("script:not([src])").count() == 0
 
@@ -237,9 +240,8 @@ def test_live_refresh_pauses_while_the_tab_is_hidden(page: Page, base_url: str) 
         pass
 
 
-def test_walltime_view_by_keyboard(page: Page, base_url: str) -> None:
+def test_walltime_view_by_keyboard(page: Page, base_url: str, artifacts: Path) -> None:
     pg = page
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
     pg.goto(f"{base_url}/jobs/skip")
     pg.get_by_role("link", name="wall time").click()
     expect(pg.locator("#t-0-12")).to_be_attached()
@@ -250,20 +252,19 @@ def test_walltime_view_by_keyboard(page: Page, base_url: str) -> None:
     bar = pg.locator("#t-0-12 rect").bounding_box()
     assert lane is not None and bar is not None
     assert abs((bar["x"] + bar["width"]) - (lane["x"] + lane["width"])) < 2
-    pg.screenshot(path=str(ARTIFACTS / "hang-walltime.png"), full_page=True)
+    pg.screenshot(path=str(artifacts / "hang-walltime.png"), full_page=True)
     pg.locator("#t-0-12").focus()
     pg.keyboard.press("Enter")
     expect(pg.locator("#cell-detail")).to_contain_text("reduce_bucket")
     expect(pg.locator("#cell-heading")).to_be_focused()
 
 
-def test_nixl_page(page: Page, base_url: str) -> None:
+def test_nixl_page(page: Page, base_url: str, artifacts: Path) -> None:
     pg = page
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
     pg.goto(f"{base_url}/nixl")
     expect(pg.locator("#agents")).to_contain_text("initiator")
     expect(pg.locator("#agents")).to_contain_text("✗ not_found: 1")
-    pg.screenshot(path=str(ARTIFACTS / "nixl.png"), full_page=True)
+    pg.screenshot(path=str(artifacts / "nixl.png"), full_page=True)
 
 
 def test_group_selector_and_rank_filter(page: Page, base_url: str) -> None:
@@ -301,7 +302,7 @@ _STUCK_IN_VIEW = """() => {
 @pytest.mark.parametrize("width", [1024, 1280, 1400, 1920])
 @pytest.mark.parametrize("job", ["skip", "big", "long"])
 def test_timeline_opens_with_the_stuck_collective_in_view(
-    browser: Browser, base_url: str, job: str, width: int
+    browser: Browser, base_url: str, job: str, width: int, artifacts: Path
 ) -> None:
     """At every width down to a small laptop screen, the stuck column is visible on load, beside
     the rank labels (they stay put while the grid scrolls), and the reader can still scroll."""
@@ -312,8 +313,7 @@ def test_timeline_opens_with_the_stuck_collective_in_view(
         expect(pg.locator("th.seq.stuck")).to_have_count(1)
         box = pg.evaluate(_STUCK_IN_VIEW)
         assert box["viewLeft"] <= box["left"] and box["right"] <= box["viewRight"], box
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        pg.screenshot(path=str(ARTIFACTS / f"stuck-in-view-{job}-{width}.png"))
+        pg.screenshot(path=str(artifacts / f"stuck-in-view-{job}-{width}.png"))
         if job == "long" and box["scrollable"]:
             # Scrolling stays possible, and the live refresh keeps where the reader scrolled to.
             assert box["scroll"] > 0, box

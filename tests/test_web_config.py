@@ -1,15 +1,29 @@
 """The job page's configuration section (issue 9), rendered through the real router from the
 committed dumps of a real 4-rank gloo job whose ranks are given differing configuration reports
-(plain records, as the reader would produce them from the agent's sidecars)."""
+(plain records, as the reader would produce them from the agent's sidecars); from both sources of
+the pages' data (`web_pages.web_data`)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
+
+import pytest
 
 from flightdeck.records import GroupConfig, RankConfig
 from flightdeck.web import views
-from flightdeck.web.dump_data import DumpData
-from tests.support.web_pages import HX, XSS, app_for, client_get, live_dumps, need_dumps
+from flightdeck.web.data import WebData
+from tests.support.web_pages import (
+    HX,
+    XSS,
+    Source,
+    app_for,
+    client_get,
+    live_dumps,
+    need_dumps,
+    web_data,
+)
 
 CONFIG = RankConfig(
     torch_version="2.13.0+cpu",
@@ -20,7 +34,8 @@ CONFIG = RankConfig(
 )
 
 
-def _data() -> DumpData:
+@pytest.fixture
+def data(source: Source, tmp_path: Path) -> Iterator[WebData]:
     need_dumps("healthy_4")
     dumps = live_dumps("healthy_4", final=True)
     skewed = []
@@ -29,11 +44,11 @@ def _data() -> DumpData:
         if d.rank == 3:
             cfg = replace(CONFIG, torch_version=XSS, fr_buffer_size=0)
         skewed.append(replace(d, config=cfg, host="<i>host</i>" if d.rank == 3 else d.host))
-    return DumpData.from_dumps({"healthy_4": skewed, "plain": dumps})
+    with web_data(source, {"healthy_4": skewed, "plain": dumps}, db_dir=tmp_path) as web:
+        yield web
 
 
-def test_configuration_section_shows_values_side_by_side_escaped() -> None:
-    data = _data()
+def test_configuration_section_shows_values_side_by_side_escaped(data: WebData) -> None:
     r = client_get(app_for(data), "/jobs/healthy_4", HX)
     assert r.status_code == 200
     html = r.text
@@ -56,7 +71,7 @@ def test_configuration_section_shows_values_side_by_side_escaped() -> None:
     ]
 
 
-def test_no_section_without_differences() -> None:
-    r = client_get(app_for(_data()), "/jobs/plain", HX)
+def test_no_section_without_differences(data: WebData) -> None:
+    r = client_get(app_for(data), "/jobs/plain", HX)
     assert r.status_code == 200
     assert "configuration" not in r.text

@@ -1,8 +1,10 @@
 """The web pages rendered from real flight-recorder dumps, through the real router, in process.
 
-Data path: tests/data/fr/<scenario>/ (dumps of real gloo jobs) -> frdump reader -> merge ->
-summarize -> diagnose (flightdeck.web.dump_data.DumpData) -> router -> HTML. Fragments are
-compared with golden files in tests/golden/web/; regenerate them with
+Data path: tests/data/fr/<scenario>/ (dumps of real gloo jobs) -> frdump reader -> merge, then
+either summarize -> diagnose in process (tests/support/dump_data.py, `DumpData`), or the server's
+path: ingest API -> SQLite store -> live diagnosis -> `StoreData` (`web_pages.web_data`); both ->
+router -> HTML. Every test that reads `data` (or calls `make`) runs on both sources, and the
+fragments of both are compared with the same golden files in tests/golden/web/; regenerate them with
 `FLIGHTDECK_UPDATE_GOLDEN=1 pytest tests/test_web_render.py` and review the diff.
 """
 
@@ -11,7 +13,10 @@ from __future__ import annotations
 import base64
 import os
 import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import replace
+from pathlib import Path
 
 import httpx
 import pytest
@@ -21,9 +26,20 @@ from flightdeck.nixl_rates import histogram_quantile
 from flightdeck.readers.nixl_mp import read_mp_dir
 from flightdeck.records import Frame, RankDump
 from flightdeck.web import views
-from flightdeck.web.dump_data import DumpData, replicate_dumps
+from flightdeck.web.data import WebData
 from flightdeck.web.routes import CSP, WebSettings
-from tests.support.web_pages import HX, REPO, XSS, app_for, client_get, live_dumps, need_dumps
+from tests.support.dump_data import replicate_dumps
+from tests.support.web_pages import (
+    HX,
+    REPO,
+    XSS,
+    Source,
+    app_for,
+    client_get,
+    live_dumps,
+    need_dumps,
+    web_data,
+)
 
 NIXL_MP = REPO / "tests" / "data" / "nixl" / "mp-1.5.1"
 GOLDEN = REPO / "tests" / "golden" / "web"
@@ -53,11 +69,30 @@ def poisoned(dumps: list[RankDump]) -> list[RankDump]:
 
 
 @pytest.fixture(scope="module")
-def data() -> DumpData:
+def data(source: Source, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebData]:
     need_dumps(*SCENARIOS.values())
     nixl = read_mp_dir(NIXL_MP, host="nixl-host", clock=lambda: 1_800_000_000_000_000_000)[0]
     jobs = {n: live_dumps(n, final=kind == "healthy") for kind, n in SCENARIOS.items()}
-    return DumpData.from_dumps(jobs, options=OPTIONS, nixl=[s.to_wire() for s in nixl])
+    with web_data(
+        source, jobs, db_dir=tmp_path_factory.mktemp("web"), options=OPTIONS, nixl=[s.to_wire() for s in nixl]
+    ) as d:
+        yield d
+
+
+#: `make(jobs)`: the pages' data for other jobs from the same source, judged with OPTIONS.
+Make = Callable[[Mapping[str, Sequence[RankDump]]], WebData]
+
+
+@pytest.fixture
+def make(source: Source, tmp_path: Path) -> Iterator[Make]:
+    with ExitStack() as stack:
+        n = iter(range(1_000))
+
+        def build(jobs: Mapping[str, Sequence[RankDump]]) -> WebData:
+            db_dir = tmp_path / f"db{next(n)}"
+            return stack.enter_context(web_data(source, jobs, db_dir=db_dir, options=OPTIONS))
+
+        yield build
 
 
 def normalize(html: str) -> str:
@@ -85,20 +120,20 @@ def check_golden(name: str, html: str) -> None:
 
 
 @pytest.mark.parametrize("kind", sorted(SCENARIOS))
-def test_live_fragment_matches_golden(data: DumpData, kind: str) -> None:
+def test_live_fragment_matches_golden(data: WebData, kind: str) -> None:
     r = client_get(app_for(data), f"/jobs/{SCENARIOS[kind]}", HX)
     assert r.status_code == 200
     assert r.text.startswith('<div id="live"')
     check_golden(f"{kind}.live.html", r.text)
 
 
-def test_walltime_fragment_matches_golden(data: DumpData) -> None:
+def test_walltime_fragment_matches_golden(data: WebData) -> None:
     r = client_get(app_for(data), "/jobs/skip?view=time", HX)
     assert r.status_code == 200
     check_golden("hang.walltime.html", r.text)
 
 
-def test_walltime_view_shows_who_waits_and_who_never_came(data: DumpData) -> None:
+def test_walltime_view_shows_who_waits_and_who_never_came(data: WebData) -> None:
     view = client_get(app_for(data), "/jobs/skip?view=time&format=json").json()
     assert view["view"] == "time" and view["axis"]["ticks"][0] == view["axis"]["start"]
     lanes = {tuple(lane["row"]["ranks"]): lane for lane in view["lanes"]}
@@ -120,7 +155,7 @@ def test_walltime_view_shows_who_waits_and_who_never_came(data: DumpData) -> Non
     assert 'href="/jobs/skip?group=0&amp;start=1"' in html  # back to the sequence view
 
 
-def test_jobs_page_puts_hung_jobs_first(data: DumpData) -> None:
+def test_jobs_page_puts_hung_jobs_first(data: WebData) -> None:
     newest_first = [j["job"] for j in data.list_jobs()]
     assert newest_first.index("skip") > 0, "the hung job is not the newest: the order shows the sort"
     view = client_get(app_for(data), "/?format=json").json()
@@ -132,7 +167,7 @@ def test_jobs_page_puts_hung_jobs_first(data: DumpData) -> None:
     assert "Open findings" in html and "Running for" in html
 
 
-def test_cell_fragment_matches_golden(data: DumpData) -> None:
+def test_cell_fragment_matches_golden(data: WebData) -> None:
     r = client_get(
         app_for(data),
         "/jobs/skip/cell?group=0&seq=12&rank=2",
@@ -142,7 +177,7 @@ def test_cell_fragment_matches_golden(data: DumpData) -> None:
     check_golden("hang.cell.html", r.text)
 
 
-def test_fragment_is_the_same_markup_as_in_the_page(data: DumpData) -> None:
+def test_fragment_is_the_same_markup_as_in_the_page(data: WebData) -> None:
     app = app_for(data)
     page = client_get(app, "/jobs/skip").text
     fragment = client_get(app, "/jobs/skip", HX).text
@@ -150,7 +185,7 @@ def test_fragment_is_the_same_markup_as_in_the_page(data: DumpData) -> None:
     assert "<html" not in fragment
 
 
-def test_hang_banner_names_culprit_with_host_and_pid(data: DumpData) -> None:
+def test_hang_banner_names_culprit_with_host_and_pid(data: WebData) -> None:
     report = data.job_report("skip")
     assert report is not None
     culprit = report["findings"][0]["culprits"][0]
@@ -163,7 +198,7 @@ def test_hang_banner_names_culprit_with_host_and_pid(data: DumpData) -> None:
     assert html.index('id="banner"') < html.index('id="timeline"')
 
 
-def test_mismatch_marks_the_culprit_cell(data: DumpData) -> None:
+def test_mismatch_marks_the_culprit_cell(data: WebData) -> None:
     r = client_get(app_for(data), "/jobs/op_order?format=json")
     view = r.json()
     assert view["banner"]["kind"] == "collective_type_mismatch"
@@ -173,17 +208,17 @@ def test_mismatch_marks_the_culprit_cell(data: DumpData) -> None:
     assert states[(1,)] == ["mismatched"]
 
 
-def test_healthy_job_has_no_stuck_column(data: DumpData) -> None:
+def test_healthy_job_has_no_stuck_column(data: WebData) -> None:
     view = client_get(app_for(data), "/jobs/healthy_4?format=json").json()
     assert view["healthy"] and view["banner"] is None
     assert not any(c["stuck"] for c in view["columns"])
     assert len(view["rows"]) == 1 and view["rows"][0]["ranks"] == [0, 1, 2, 3]
 
 
-def test_1024_ranks_fold_into_a_handful_of_rows() -> None:
+def test_1024_ranks_fold_into_a_handful_of_rows(make: Make) -> None:
     """1,024 ranks made by replicating the real `skip` dumps (rank i copies real rank i % 4)."""
     need_dumps("skip")
-    big = DumpData.from_dumps({"big": replicate_dumps(live_dumps("skip"), 1024)}, options=OPTIONS)
+    big = make({"big": replicate_dumps(live_dumps("skip"), 1024)})
     app = app_for(big)
     view = client_get(app, "/jobs/big?format=json").json()
     assert view["shown_ranks"] == 1024
@@ -198,9 +233,9 @@ def test_1024_ranks_fold_into_a_handful_of_rows() -> None:
     assert 'aria-expanded="true"' in expanded
 
 
-def test_hostile_strings_render_as_text() -> None:
+def test_hostile_strings_render_as_text(make: Make) -> None:
     need_dumps("skip")
-    evil = DumpData.from_dumps({XSS_JOB: poisoned(live_dumps("skip"))}, options=OPTIONS)
+    evil = make({XSS_JOB: poisoned(live_dumps("skip"))})
     app = app_for(evil)
     quoted = httpx.URL("/jobs/").join(XSS_JOB.replace(" ", "%20")).raw_path.decode()
     pages = [
@@ -218,7 +253,7 @@ def test_hostile_strings_render_as_text() -> None:
     assert "&lt;i&gt;host&lt;/i&gt;" in pages[3]
 
 
-def test_security_headers_everywhere(data: DumpData) -> None:
+def test_security_headers_everywhere(data: WebData) -> None:
     app = app_for(data)
     for url, headers in [
         ("/", None),
@@ -234,7 +269,7 @@ def test_security_headers_everywhere(data: DumpData) -> None:
     assert client_get(app, "/static/..%2Fviews.py").status_code == 404
 
 
-def test_pages_use_no_inline_script_or_style(data: DumpData) -> None:
+def test_pages_use_no_inline_script_or_style(data: WebData) -> None:
     # The CSP forbids them: one would silently do nothing in the browser.
     app = app_for(data)
     for url in ["/", "/jobs/skip", "/jobs/skip/cell?group=0&seq=12&rank=0", "/jobs/skip/ranks/0", "/nixl"]:
@@ -244,7 +279,7 @@ def test_pages_use_no_inline_script_or_style(data: DumpData) -> None:
         assert " hx-on" not in html and "javascript:" not in html, url
 
 
-def test_login_when_configured(data: DumpData) -> None:
+def test_login_when_configured(data: WebData) -> None:
     token = "s3cret-token-0123456789"
     app = app_for(data, WebSettings(token=token, basic_user="ops", basic_password="pw-of-ops"))
     assert client_get(app, "/").status_code == 401
@@ -261,13 +296,13 @@ def test_settings_refuse_weak_token() -> None:
         WebSettings(token="short")
 
 
-def test_rank_page_lists_recent_collectives_and_stacks(data: DumpData) -> None:
+def test_rank_page_lists_recent_collectives_and_stacks(data: WebData) -> None:
     html = client_get(app_for(data), "/jobs/skip/ranks/0").text
     assert "Latest stack snapshot" in html and "thread " in html
     assert "reduce_bucket" in html
 
 
-def test_nixl_page_from_real_store(data: DumpData) -> None:
+def test_nixl_page_from_real_store(data: WebData) -> None:
     view = client_get(app_for(data), "/nixl?format=json").json()
     agents = {a["agent"]: a for h in view["hosts"] for a in h["agents"]}
     assert set(agents) == {"initiator", "target"}

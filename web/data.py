@@ -2,9 +2,9 @@
 
 The pages never touch a database or a dump file. A `WebData` implementation hands them plain data
 (dicts in the documented JSON shapes of the API, `Entry` records or their `entry_json` dicts); the
-view builders in `flightdeck.web.views` turn that into what the templates show. Two implementations:
-`flightdeck.web.dump_data.DumpData` (flight-recorder dumps on disk, analysed in process) and the
-server's store-backed one.
+view builders in `flightdeck.web.views` turn that into what the templates show. The implementation is
+the server's store-backed one (`flightdeck.server.page_data.StoreData`); the tests and benchmarks
+have another over flight-recorder dumps analysed in process (`tests/support/dump_data.py`).
 """
 
 from __future__ import annotations

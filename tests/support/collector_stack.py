@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import signal
 import subprocess
 import urllib.error
 import urllib.request
@@ -17,11 +16,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from flightdeck.launch.demo.ranks import free_port
 from flightdeck.readers.frdump import load_raw, merge, read_dump_file
-from tests.support.cli import FLIGHTDECK, flightdeck
+from tests.support.cli import FLIGHTDECK, clean_env, flightdeck
 from tests.support.collector_fixtures import (
     FR_DATA,
     write_atomic,
 )
+from tests.support.server_process import ServerProcess
 from tests.support.waiting import wait_until
 
 SCENARIO = "skip"
@@ -34,21 +34,13 @@ def get_json(url: str, timeout_s: float = 5.0) -> Any:
         return json.loads(r.read())
 
 
-class Server:
+class Server(ServerProcess):
     """A `flightdeck server` process on 127.0.0.1 with its SQLite database in `data_dir`."""
 
     def __init__(self, data_dir: Path, log: Path) -> None:
         data_dir.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = log
-        self.env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith("FLIGHTDECK_")},
-            "FLIGHTDECK_DATA_DIR": str(data_dir),
-            "FLIGHTDECK_PORT": str(self.port),
-            "FLIGHTDECK_STALL_AFTER_S": "5",
-        }
-        self.proc: subprocess.Popen[bytes] | None = None
+        env = {**clean_env(), "FLIGHTDECK_DATA_DIR": str(data_dir), "FLIGHTDECK_STALL_AFTER_S": "5"}
+        super().__init__(env, log, "--log-level", "warning")
 
     def token(self, action: str, name: str, *scope: str) -> str:
         """`flightdeck token <action> <name> [scope...]` on the server's database; its output.
@@ -56,55 +48,6 @@ class Server:
         were recorded on ("vm"), the collector calls itself "testhost"."""
         scope = scope or (("--any-host",) if action == "create" else ())
         return flightdeck(self.env, "token", action, name, *scope)
-
-    def start(self) -> None:
-        """Start (or restart, same port and database) and wait until /healthz answers."""
-        with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(
-                [*FLIGHTDECK, "server", "--log-level", "warning"], env=self.env, stdout=out, stderr=out
-            )
-        proc = self.proc
-
-        def up() -> bool:
-            if proc.poll() is not None:
-                raise AssertionError(f"server exited with {proc.returncode}: {self.log.read_text()[-2000:]}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/healthz", timeout=2) as r:
-                    return bool(r.status == 200)
-            except OSError:
-                return False
-
-        wait_until(up, 60, "the server to answer /healthz")
-
-    def __enter__(self) -> Server:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def stop(self) -> None:
-        """Stop the process (SIGTERM, SIGKILL after 30 s)."""
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)  # in case it is paused
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self.proc = None
-
-    def pause(self) -> None:
-        """SIGSTOP: connections are accepted by the kernel, nothing is answered."""
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        """SIGCONT after `pause`."""
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGCONT)
 
     def timeline(self) -> list[dict[str, Any]]:
         """Every stored entry of the job (the JSON API), or [] before the job exists."""

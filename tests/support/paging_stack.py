@@ -12,19 +12,16 @@ lost ranks and the hang they cause). `notifications()` counts what reached the p
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from flightdeck.launch.demo.ranks import free_port
 from flightdeck.nixl_records import Histogram, NixlSample
 from flightdeck.readers.frdump import merge
 from flightdeck.wire import Snapshot, snapshot_from_dump
+from tests.support import server_process
 from tests.support.cli import FLIGHTDECK, clean_env, create_token, flightdeck
 from tests.support.ops_stack import (
     PAGE_PATH,
@@ -77,7 +74,7 @@ def nixl_sample(
     ).to_wire()
 
 
-class ServerProcess:
+class ServerProcess(server_process.ServerProcess):
     """A real `flightdeck server` on 127.0.0.1:`port` with default thresholds and a collector token.
 
     `env` adds settings (a PostgreSQL URL and FLIGHTDECK_CLUSTER for replicas); without a
@@ -95,54 +92,28 @@ class ServerProcess:
     ) -> None:
         """`token`: use this collector token (a replica on a database another one made it in);
         `migrate`: run `flightdeck migrate` first (replicas: once, before any of them starts)."""
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
         self.data_dir = data_dir
         data_dir.mkdir(parents=True, exist_ok=True)
-        self.env = clean_env() | {"FLIGHTDECK_DATA_DIR": str(data_dir), "FLIGHTDECK_PORT": str(self.port)}
-        self.env |= env or {}
-        self._cmd = list(FLIGHTDECK)
+        super().__init__(
+            clean_env() | {"FLIGHTDECK_DATA_DIR": str(data_dir)} | (env or {}), data_dir / "server.log"
+        )
         if migrate:
             flightdeck(self.env, "migrate", timeout_s=120)
         self.token = token or create_token(self.env, "paging-test")
-        self.proc: subprocess.Popen[bytes] | None = None
-        self._log = (data_dir / "server.log").open("ab")
-
-    def __enter__(self) -> ServerProcess:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     @property
     def cmd(self) -> list[str]:
         """The `flightdeck` command line (add a subcommand; run it with `env`)."""
-        return list(self._cmd)
+        return list(FLIGHTDECK)
 
     @property
     def address(self) -> str:
         """`127.0.0.1:port` for Prometheus."""
         return f"127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 90.0) -> None:
+    def start(self, timeout_s: float = 90.0) -> None:
         """Start the process; return once /healthz answers 200."""
-        self.proc = subprocess.Popen(
-            [*self._cmd, "server"], env=self.env, stdout=self._log, stderr=subprocess.STDOUT
-        )
-        deadline = time.monotonic() + timeout
-        while not self.healthy():
-            if time.monotonic() > deadline or self.proc.poll() is not None:
-                self.stop()
-                raise RuntimeError(f"flightdeck server did not come up (log: {self.data_dir / 'server.log'})")
-            time.sleep(0.2)
-
-    def healthy(self) -> bool:
-        """Whether /healthz answers 200."""
-        try:
-            with urllib.request.urlopen(f"{self.base}/healthz", timeout=2) as r:
-                return bool(r.status == 200)
-        except OSError:
-            return False
+        super().start(timeout_s)
 
     def post(
         self, snaps: list[Snapshot], *, nixl: list[dict[str, Any]] | None = None, token: str | None = None
@@ -151,7 +122,7 @@ class ServerProcess:
         (default: this server's collector token)."""
         data, headers = body(make_batch(snaps, nixl=nixl))
         req = urllib.request.Request(
-            f"{self.base}/api/v1/ingest",
+            f"{self.url}/api/v1/ingest",
             data=data,
             headers={**headers, "Authorization": f"Bearer {token or self.token}"},
             method="POST",
@@ -162,7 +133,7 @@ class ServerProcess:
     def open_findings(self, job: str) -> list[dict[str, Any]]:
         """The job's open findings (GET /api/v1/jobs/{job}/findings); [] while unreachable."""
         try:
-            with urllib.request.urlopen(f"{self.base}/api/v1/jobs/{job}/findings", timeout=5) as r:
+            with urllib.request.urlopen(f"{self.url}/api/v1/jobs/{job}/findings", timeout=5) as r:
                 doc = json.loads(r.read())
         except OSError:
             return []
@@ -170,41 +141,12 @@ class ServerProcess:
 
     def metrics(self) -> str:
         """The /metrics exposition."""
-        with urllib.request.urlopen(f"{self.base}/metrics", timeout=10) as r:
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=10) as r:
             return str(r.read().decode())
 
-    def pause(self) -> None:
-        """SIGSTOP the process (a stalled server: it accepts connections, answers nothing)."""
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        """SIGCONT it."""
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGCONT)
-
-    def kill(self) -> None:
-        """SIGKILL the process (a replica that dies)."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=30)
-
-    def stop(self) -> None:
-        """Terminate the process (SIGCONT first, in case it is stopped)."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGCONT)
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-
     def close(self) -> None:
-        """Stop and close the log."""
+        """Stop the process."""
         self.stop()
-        self._log.close()
 
 
 def notifications(deliveries: list[Delivery], job: str, status: str) -> list[Delivery]:

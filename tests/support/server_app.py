@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
-import time
 import warnings
 from collections.abc import Mapping
 from dataclasses import replace
@@ -17,7 +15,6 @@ from typing import Any
 import httpx
 from prometheus_client import CollectorRegistry
 
-from flightdeck.launch.demo.ranks import free_port
 from flightdeck.nixl_records import Histogram, NixlSample
 from flightdeck.readers.frdump import merge
 from flightdeck.server import store
@@ -28,6 +25,7 @@ from flightdeck.server.settings import ServerSettings
 from flightdeck.wire import Snapshot, snapshot_from_dump
 from tests.support.clock import FakeClock
 from tests.support.server_batches import body, make_batch, scenario_dumps
+from tests.support.server_process import ServerProcess
 
 with warnings.catch_warnings():
     # starlette warns at import that it prefers httpx2; the TestClient itself works unchanged.
@@ -94,7 +92,7 @@ def make_server(url: str, clock: FakeClock, **overrides: Any) -> Server:
     """An app on `url` with a collector token, workers off, a fresh registry."""
     # Tests feed whole pictures of old dumps at once: judged as they come, unless a test asks.
     settings = ServerSettings(
-        database_url=url, stall_after_s=STALL_S, **{"migrate": True, "job_settle_s": 0.0, **overrides}
+        database_url=url, **{"stall_after_s": STALL_S, "migrate": True, "job_settle_s": 0.0, **overrides}
     )
     app = create_app(settings, clock=clock, registry=CollectorRegistry(), start_workers=False)
     services: Services = app.state.services
@@ -130,35 +128,19 @@ def healthy_prefix(k: int) -> tuple[list[Snapshot], list[Snapshot], int]:
 
 def start_server_process(env: Mapping[str, str], log: Any) -> tuple[subprocess.Popen[bytes], str]:
     """A real `flightdeck server` process on a free port, with quick diagnosis settings and `env`
-    on top of ours; returns (process, base URL) once /healthz answers."""
-    port = free_port()
+    on top of ours, its output to the open file `log`; returns (process, base URL) once /healthz
+    answers."""
     full = {
         **os.environ,
-        "FLIGHTDECK_PORT": str(port),
         "FLIGHTDECK_STALL_AFTER_S": str(STALL_S),
         "FLIGHTDECK_DIAGNOSIS_DEBOUNCE_S": "0.1",
         "FLIGHTDECK_DIAGNOSIS_INTERVAL_S": "0.3",
         **env,
     }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "flightdeck", "server", "--log-level", "warning"],
-        env=full,
-        stdout=log,
-        stderr=log,
-    )
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
-                return proc, base
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline or proc.poll() is not None:
-            proc.kill()
-            proc.wait(10)
-            raise RuntimeError("flightdeck server did not come up")
-        time.sleep(0.2)
+    server = ServerProcess(full, log, "--log-level", "warning")
+    server.start()
+    assert server.proc is not None
+    return server.proc, server.url
 
 
 def nixl_wire_sample(run: str, tx: int) -> dict[str, Any]:

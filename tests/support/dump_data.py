@@ -1,8 +1,9 @@
 """`WebData` over flight-recorder dumps on disk, analysed in process (no server, no database).
 
 The same path `flightdeck analyze` takes: read each file with the reader, merge a rank's
-snapshots, summarize, diagnose. It serves the web tests (real dumps of real gloo jobs), the
-benchmarks, and anyone who wants to look at a directory of dumps in a browser.
+snapshots, summarize, diagnose. It serves the web tests (real dumps of real gloo jobs, rendered
+from it and from the server's `StoreData` alike) and the benchmarks; the product's pages read the
+server's store (`flightdeck.server.page_data.StoreData`).
 """
 
 from __future__ import annotations
