@@ -2,13 +2,16 @@
 
 The worker folds a job's pending snapshots one at a time (`fold_snapshot`): a summary holds a few
 bytes per collective, not the entries, so it cannot be rebuilt from all of a rank's snapshots
-each time. The rules of what a snapshot changes are `flightdeck.analysis.merge`'s.
+each time. What a snapshot changes of the summary is `flightdeck.analysis.merge`'s (its
+metadata, groups and entries, by the rules the files' merge and the store share); here, what the
+job's state keeps of it: when the rank was last seen, whether it is back after it was reported
+gone, the collectives counted, the tracks packed and cut to `max_summary_seqs`.
 """
 
 from __future__ import annotations
 
 from flightdeck.analysis import RankSummary
-from flightdeck.analysis.merge import fold_entries
+from flightdeck.analysis.merge import fold_entries, fold_groups, fold_metadata
 from flightdeck.analysis.packed import pack_track
 from flightdeck.server.live.state import JobState
 from flightdeck.wire import Snapshot
@@ -30,33 +33,10 @@ def fold_snapshot(js: JobState, snap: Snapshot, *, max_seqs: int) -> int:
     s = js.summaries.get(snap.rank)
     if s is None:
         s = js.summaries[snap.rank] = RankSummary(rank=snap.rank, source=snap.source, job=js.name)
-    if snap.snapshot_time_ns >= (s.snapshot_time_ns or 0):
-        s.attempt = snap.attempt
-        s.source = snap.source or s.source
-        s.world_size = snap.world_size or s.world_size
-        s.host = snap.host or s.host
-        s.pid = snap.pid or s.pid
-        s.backend = snap.backend or s.backend
-        s.version = snap.version or s.version
-        s.snapshot_time_ns = snap.snapshot_time_ns
-        s.kind = snap.kind
-        s.interval_s = snap.interval_s or s.interval_s
-        s.exception = snap.exception or s.exception
-        s.wrapped = snap.wrapped
-        if snap.thread_stacks:
-            s.thread_stacks = snap.thread_stacks
-        if snap.config is not None:
-            s.config = snap.config
-        if snap.progress is not None:
-            s.progress = snap.progress
+    if fold_metadata(s, snap):
         js.rank_seen_ns[snap.rank] = snap.snapshot_time_ns
-    for name, g in snap.groups.items():
-        old = s.groups.get(name)
-        ranks = g.ranks or (old.ranks if old else None)
-        if ranks is not None:
-            # One object per distinct member list of the job: diagnosis counts them by object.
-            ranks = js.intern_members(ranks)
-        s.groups[name] = type(g)(name, g.desc or (old.desc if old else ""), ranks)
+    # One object per distinct member list of the job: diagnosis counts them by object.
+    fold_groups(s, snap.groups, js.intern_members)
     fold_entries(s, snap)
     count_collectives(js, s, snap)
     cap = max_seqs

@@ -1,9 +1,9 @@
 """A job's summaries rebuilt from the store: after a restart, for a job another server ingested,
 or for an ended job whose summaries were released and that newer data brought back.
 
-The store merged the job's snapshots as they were ingested, by the rules the incremental fold
-follows (`flightdeck.analysis.merge`; its SQL: `store/ingest_sql.py`, `store/ingest_ids.py`):
-each rank's row holds its newest snapshot's metadata, its entries their furthest state. The
+The store merged the job's snapshots as it ingested them, by the rules `flightdeck.analysis.merge`
+lists, spelled out in SQL (`store/ingest_sql.py`, `store/ingest_ids.py`): each rank's row holds
+its newest snapshot's metadata, each entry its furthest state and its frames once seen. The
 rebuild reads those rows back into summaries and folds the entries in with `add_entries`.
 """
 
