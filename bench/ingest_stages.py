@@ -36,10 +36,10 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 from bench.loadgen import NS, RankSim, Sim, Topology, pg_backend_cpu_s
 from flightdeck.analysis import RankSummary
+from flightdeck.analysis.merge import fold_entries
 from flightdeck.runtime_tuning import GC_PAUSE
 from flightdeck.server import store
 from flightdeck.server.db import connect, migrate
-from flightdeck.server.live import fold_entries
 from flightdeck.server.validation import decode_checked
 from flightdeck.wire import Batch, decode_batch
 

@@ -238,7 +238,7 @@ class Pusher:
         while True:
             if self._auth_until > self.monotonic() and not self._wait_auth(deadline, stop):
                 return Outcome.PENDING
-            # How long it waited here: the server judges the job as of its data (server/live.py).
+            # How long it waited here: the server judges the job as of its data (analysis/lateness.py).
             age_ms = max(0.0, self.wall_clock() * 1e3 - batch.created_ns / 1e6)
             headers = dict(
                 self.headers, **{"Idempotency-Key": batch.batch_id, BATCH_AGE_HEADER: f"{age_ms:.0f}"}

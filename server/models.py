@@ -51,7 +51,7 @@ WIDE_INT = BigInteger().with_variant(Integer, "sqlite")
 #: slow (a slow_rank or straggler finding is open), hung, mismatch, lost, no_data (its collectors
 #: still report but none of its ranks has sent a snapshot for `no_data_after_s`). Once every rank
 #: is final or gone the job has ended (`Job.ended_at_ns`) as finished or failed (an open fault at
-#: the end, or a rank killed: see `flightdeck.server.live.end_state`).
+#: the end, or a rank killed: see `flightdeck.analysis.lifecycle.end_state`).
 JOB_STATUSES = ("running", "slow", "hung", "mismatch", "lost", "no_data", "finished", "failed")
 #: The statuses of an ended job.
 ENDED_STATUSES = ("finished", "failed")

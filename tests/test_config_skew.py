@@ -12,10 +12,9 @@ import pytest
 from flightdeck.agent import fr_settings, looks_secret, reported_env, static_versions
 from flightdeck.analysis import Options, diagnose
 from flightdeck.analysis.config_skew import PeerJob, RankConfigRef, config_findings, looks_like_bytes
-from flightdeck.analysis.findings import Finding
+from flightdeck.analysis.findings import Finding, finding_key
 from flightdeck.analysis.summary import RankSummary
 from flightdeck.records import GroupConfig, RankConfig, config_from_dict, config_to_dict
-from flightdeck.server.store import finding_key
 from flightdeck.wire import Batch, Snapshot, decode_batch, encode_batch
 
 BASE = RankConfig(

@@ -24,9 +24,9 @@ from sqlalchemy import insert, text
 
 from bench.server_synth import rank_entries, snapshot, stuck_entry, template
 from flightdeck.analysis import Finding, Report
+from flightdeck.analysis.lifecycle import end_state, job_end, job_status
 from flightdeck.server import store
 from flightdeck.server.ingest import hash_token
-from flightdeck.server.live import end_state, job_end, job_status
 from flightdeck.server.models import Job
 from flightdeck.wire import Batch, GoneRank, Snapshot
 from tests.support.clock import FakeClock

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from flightdeck.analysis import Finding, Report
-from flightdeck.server.live import STATE_MISMATCH_HOLD_S, live_findings, settle_state_mismatches
+from flightdeck.analysis.live_findings import STATE_MISMATCH_HOLD_S, live_findings, settle_state_mismatches
 
 NS = 1_000_000_000
 T0 = 1_800_000_000 * NS

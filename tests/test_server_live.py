@@ -1,4 +1,4 @@
-"""Live diagnosis (server/live.py) through the in-process server's API on real SQLite and PostgreSQL:
+"""Live diagnosis (server/live/) through the in-process server's API on real SQLite and PostgreSQL:
 hangs found and resolved, replayed and late batches judged by their lag, a restart without new data."""
 
 from __future__ import annotations

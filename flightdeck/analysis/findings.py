@@ -153,6 +153,24 @@ class Finding:
         }
 
 
+FindingKey = tuple[str, str, int, int]
+
+
+def finding_key(f: Finding) -> FindingKey:
+    """The identity of a finding across diagnoses: (kind, group, seq, rank).
+
+    A configuration finding is one per job and setting (and group), whoever the culprits are: its
+    group key is `<setting>` or `<setting>@<group>`.
+    """
+    if f.kind in CONFIG_KINDS:
+        setting = str((f.expected or f.actual or {}).get("setting") or "")
+        return (f.kind, (f"{setting}@{f.process_group}" if f.process_group else setting)[:128], -1, -1)
+    per_rank = f.kind in ("rank_lost", "straggler", "missing_dump") or f.collective_seq_id is None
+    rank = f.culprit_ranks[0] if per_rank and f.culprit_ranks else -1
+    seq = f.collective_seq_id if f.collective_seq_id is not None else -1
+    return (f.kind, f.process_group or "", seq, rank)
+
+
 @dataclass(slots=True)
 class Report:
     """The verdict for one job."""

@@ -1679,29 +1679,28 @@ def discover(paths: Iterable[Path]) -> Iterator[Path]:
 
 def merge(dumps: list[RankDump]) -> RankDump:
     """Merge snapshots of one rank: union of entries by record id, the newest snapshot's state wins,
-    frames and thread stacks kept from whichever snapshot had them."""
+    frames and thread stacks kept from whichever snapshot had them (the rules the live server's
+    fold shares: `flightdeck.analysis.merge`)."""
+    # Imported here: the collector daemon reads dumps but never merges them, and importing
+    # `flightdeck.analysis` loads the whole diagnosis.
+    from flightdeck.analysis.merge import merged_group, newest_of, snapshot_order, with_frames_kept
+
     if len(dumps) == 1:
         return dumps[0]
-    ordered = sorted(dumps, key=lambda d: (d.snapshot_time_ns or 0, _KIND_RANK[d.kind]))
+    ordered = sorted(dumps, key=lambda d: snapshot_order(d.snapshot_time_ns, d.kind))
     latest = ordered[-1]
     by_id: dict[int, Entry] = {}
     for d in ordered:
         for e in d.entries:
-            old = by_id.get(e.record_id)
-            if old is not None and not e.frames and old.frames:
-                e = replace(e, frames=old.frames)
-            by_id[e.record_id] = e
+            by_id[e.record_id] = with_frames_kept(e, by_id.get(e.record_id))
     entries = [by_id[k] for k in sorted(by_id)]
     groups: dict[str, GroupInfo] = {}
     for d in ordered:
         for name, g in d.groups.items():
-            prev = groups.get(name)
-            groups[name] = GroupInfo(
-                name, g.desc or (prev.desc if prev else ""), g.ranks or (prev.ranks if prev else None)
-            )
-    stacks = next((d.thread_stacks for d in reversed(ordered) if d.thread_stacks), ())
-    exception = next((d.exception for d in reversed(ordered) if d.exception), None)
-    config = next((d.config for d in reversed(ordered) if d.config is not None), None)
+            groups[name] = merged_group(name, groups.get(name), g)
+    stacks = newest_of((d.thread_stacks for d in ordered), ())
+    exception = newest_of((d.exception for d in ordered), None)
+    config = newest_of((d.config for d in ordered), None)
     progress = max((d.progress for d in ordered if d.progress is not None), key=_sampled, default=None)
     warnings = tuple(dict.fromkeys(w for d in ordered for w in d.warnings))
     return replace(
@@ -1721,6 +1720,3 @@ def merge(dumps: list[RankDump]) -> RankDump:
 
 def _sampled(p: Progress) -> int:
     return p.sampled_ns
-
-
-_KIND_RANK: dict[str, int] = {"dump": 0, "periodic": 1, "stall": 2, "final": 3}

@@ -49,9 +49,7 @@ from flightdeck.server.store.entries import (
 )
 from flightdeck.server.store.findings import (
     FindingEvent,
-    FindingKey,
     apply_findings,
-    finding_key,
     findings_history,
     open_finding_counts,
     open_findings,
@@ -124,7 +122,6 @@ __all__ = [
     "CacheUpdate",
     "ClaimedDelivery",
     "FindingEvent",
-    "FindingKey",
     "IngestCache",
     "IngestResult",
     "JobBrief",
@@ -145,7 +142,6 @@ __all__ = [
     "disown_job",
     "feed_bodies",
     "feed_ids",
-    "finding_key",
     "findings_history",
     "get_job",
     "get_job_by_id",

@@ -1,5 +1,6 @@
-"""Findings: their identity across diagnoses, the open ones and the history of a job, and
-the reconciliation of a diagnosis with the stored findings (`apply_findings`)."""
+"""Findings: the open ones and the history of a job, and the reconciliation of a diagnosis with
+the stored findings (`apply_findings`); a finding's identity across diagnoses is
+`flightdeck.analysis.findings.finding_key`."""
 
 from __future__ import annotations
 
@@ -11,25 +12,8 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from flightdeck.analysis import Finding
-from flightdeck.analysis.findings import CONFIG_KINDS
+from flightdeck.analysis.findings import FindingKey, finding_key
 from flightdeck.server.models import RESOLUTION_ENDED, FindingRow, Job
-
-FindingKey = tuple[str, str, int, int]
-
-
-def finding_key(f: Finding) -> FindingKey:
-    """The identity of a finding across diagnoses: (kind, group, seq, rank).
-
-    A configuration finding is one per job and setting (and group), whoever the culprits are: its
-    group key is `<setting>` or `<setting>@<group>`.
-    """
-    if f.kind in CONFIG_KINDS:
-        setting = str((f.expected or f.actual or {}).get("setting") or "")
-        return (f.kind, (f"{setting}@{f.process_group}" if f.process_group else setting)[:128], -1, -1)
-    per_rank = f.kind in ("rank_lost", "straggler", "missing_dump") or f.collective_seq_id is None
-    rank = f.culprit_ranks[0] if per_rank and f.culprit_ranks else -1
-    seq = f.collective_seq_id if f.collective_seq_id is not None else -1
-    return (f.kind, f.process_group or "", seq, rank)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,132 @@
+"""How one rank's snapshots merge into one picture of it: the rules every path shares.
+
+Three paths merge a rank's snapshots, each for its own input:
+
+- `flightdeck.collector.frdump.merge` (`flightdeck analyze`, the web pages over dump files): all of
+  a rank's snapshots at once, as `RankDump`s, into one `RankDump`.
+- the live server's fold (`flightdeck.server.live.fold.fold_snapshot`): each snapshot as it
+  arrives into the rank's `RankSummary` (`fold_metadata`, `fold_groups`, `fold_entries` here).
+- the store, as it ingests (its upserts, in SQL: `server/store/ingest_sql.py`,
+  `server/store/ingest_ids.py`), whose rows the server reads back into summaries when it rebuilds
+  a job (`flightdeck.server.live.rebuild`).
+
+What they share, one function each here (the store's SQL spells the same rules out):
+
+- which snapshot is newer: `snapshot_order`, by snapshot time, then kind (`KIND_RANK`: a final
+  snapshot outranks a stall one, which outranks a periodic one, taken at the same time);
+- what a snapshot leaves out keeps the value held (`newer_value`, `newest_of`): its thread stacks, its
+  exception, its configuration report (not every snapshot carries them), and in the live fold
+  every field a snapshot may leave empty (host, pid, ...), much as the store's `COALESCE` does;
+- a process group's description and members come from the newest snapshot that has them
+  (`merged_group`);
+- an entry's frames are never taken away: a newer copy without them keeps the older copy's
+  (`with_frames_kept`; the store keeps the row's stack, the summary a stack per signature).
+
+Where the live fold differs, and why. It cannot hold a rank's snapshots, nor even their entries
+(a summary keeps a few bytes per collective: `flightdeck.analysis.summary`), so it folds each one
+in as it comes, in arrival order, which is not snapshot order (a retried batch arrives after newer
+ones): an entry's copy replaces the one held only if it is not behind it (`summary.behind`; the
+store's `_FORWARD`) where the files' merge, sorted first, takes each entry from the newest
+snapshot; and the metadata of a snapshot older than the one held is not taken at all, where the
+files' merge sees the newest first. Two rules differ besides, and are kept as they were: the files'
+merge takes the newest snapshot's metadata as it is but for the fields above, and the progress
+sampled last (`sampled_ns`), where the live fold takes the newest snapshot's progress.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
+from typing import TypeVar
+
+from flightdeck.analysis.summary import RankSummary, add_entries, fingerprint, signature_of
+from flightdeck.records import Entry, GroupInfo
+from flightdeck.wire import Snapshot
+
+T = TypeVar("T")
+
+#: Snapshots of one rank taken at the same time, oldest first: a final one is the rank's last word.
+KIND_RANK: dict[str, int] = {"dump": 0, "periodic": 1, "stall": 2, "final": 3}
+
+
+def snapshot_order(snapshot_time_ns: int | None, kind: str) -> tuple[int, int]:
+    """Sort key of a rank's snapshots, oldest first: by snapshot time, then `KIND_RANK`."""
+    return (snapshot_time_ns or 0, KIND_RANK[kind])
+
+
+def newer_value(held: T, new: T) -> T:
+    """A newer snapshot's value, unless it has none (None, empty, zero): then the one held."""
+    return new or held
+
+
+def newest_of(values: Iterable[T], default: T) -> T:
+    """Of a rank's values, oldest snapshot first, the newest that is not missing (`newer_value`
+    over them); `default` when every one is."""
+    out = default
+    for v in values:
+        out = newer_value(out, v)
+    return out
+
+
+def merged_group(
+    name: str,
+    old: GroupInfo | None,
+    new: GroupInfo,
+    intern: Callable[[tuple[int, ...]], tuple[int, ...]] | None = None,
+) -> GroupInfo:
+    """Group `name` as `new` (a newer snapshot's) describes it, its description and members
+    kept from `old` where `new` has none; `intern` gives the one object for a member list."""
+    ranks = new.ranks or (old.ranks if old else None)
+    if ranks is not None and intern is not None:
+        ranks = intern(ranks)
+    return type(new)(name, new.desc or (old.desc if old else ""), ranks)
+
+
+def with_frames_kept(new: Entry, old: Entry | None) -> Entry:
+    """A newer copy of an entry, with the frames of the copy `old` when it has none."""
+    if old is not None and not new.frames and old.frames:
+        return replace(new, frames=old.frames)
+    return new
+
+
+def fold_metadata(s: RankSummary, snap: Snapshot) -> bool:
+    """Take a snapshot's metadata into its rank's summary if it is not older than the summary's
+    (what it leaves out keeps the value held: `newer_value`); returns whether it was taken."""
+    if snap.snapshot_time_ns < (s.snapshot_time_ns or 0):
+        return False
+    s.attempt = snap.attempt
+    s.source = newer_value(s.source, snap.source)
+    s.world_size = newer_value(s.world_size, snap.world_size)
+    s.host = newer_value(s.host, snap.host)
+    s.pid = newer_value(s.pid, snap.pid)
+    s.backend = newer_value(s.backend, snap.backend)
+    s.version = newer_value(s.version, snap.version)
+    s.snapshot_time_ns = snap.snapshot_time_ns
+    s.kind = snap.kind
+    s.interval_s = newer_value(s.interval_s, snap.interval_s)
+    s.exception = newer_value(s.exception, snap.exception)
+    s.wrapped = snap.wrapped
+    s.thread_stacks = newer_value(s.thread_stacks, snap.thread_stacks)
+    s.config = newer_value(s.config, snap.config)
+    s.progress = newer_value(s.progress, snap.progress)
+    return True
+
+
+def fold_groups(
+    s: RankSummary,
+    groups: Mapping[str, GroupInfo],
+    intern: Callable[[tuple[int, ...]], tuple[int, ...]] | None = None,
+) -> None:
+    """Fold a snapshot's process groups into its rank's summary (`merged_group`)."""
+    for name, g in groups.items():
+        s.groups[name] = merged_group(name, s.groups.get(name), g, intern)
+
+
+def fold_entries(s: RankSummary, snap: Snapshot) -> None:
+    """Fold a snapshot's entries into its rank's summary."""
+    c = snap.columns
+    if c is None:
+        add_entries(s, snap.entries)
+    else:  # each signature's fingerprint once per signature table, not once per entry
+        table = [fingerprint(signature_of(op, i, o, idt, odt)) for _, op, _, _, i, o, idt, odt in c.sigs]
+        add_entries(s, snap.entries, map(table.__getitem__, c.sig))
