@@ -23,7 +23,8 @@ from playwright.sync_api import Browser, Dialog, Page, Request, expect, sync_pla
 
 from bench.web_render import synthetic_job
 from flightdeck.analysis import Options
-from flightdeck.readers.frdump import discover, merge, read_dump_file
+from flightdeck.readers.fr.files import discover, read_dump_file
+from flightdeck.readers.fr.merge import merge
 from flightdeck.readers.nixl_mp import read_mp_dir
 from flightdeck.records import Frame, RankDump
 from flightdeck.web.dump_data import DumpData, replicate_dumps

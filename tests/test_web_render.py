@@ -1,9 +1,9 @@
 """The web pages rendered from real flight-recorder dumps, through the real router, in process.
 
-Data path: tests/data/fr/<scenario>/ (dumps of real gloo jobs) -> frdump reader -> merge ->
-summarize -> diagnose (flightdeck.web.dump_data.DumpData) -> router -> HTML. Fragments are
-compared with golden files in tests/golden/web/; regenerate them with
-`FLIGHTDECK_UPDATE_GOLDEN=1 pytest tests/test_web_render.py` and review the diff.
+Data path: tests/data/fr/<scenario>/ (dumps of real gloo jobs) -> the reader
+(flightdeck.readers.fr) -> merge -> summarize -> diagnose (flightdeck.web.dump_data.DumpData) ->
+router -> HTML. Fragments are compared with golden files in tests/golden/web/; regenerate them
+with `FLIGHTDECK_UPDATE_GOLDEN=1 pytest tests/test_web_render.py` and review the diff.
 """
 
 from __future__ import annotations

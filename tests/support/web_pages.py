@@ -11,7 +11,8 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from flightdeck.readers.frdump import discover, merge, read_dump_file
+from flightdeck.readers.fr.files import discover, read_dump_file
+from flightdeck.readers.fr.merge import merge
 from flightdeck.records import RankDump
 from flightdeck.web.dump_data import DumpData
 from flightdeck.web.routes import SecurityHeadersMiddleware, WebSettings, make_router
