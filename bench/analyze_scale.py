@@ -35,7 +35,7 @@ SOURCE = ROOT / "tests" / "data" / "fr" / "healthy_4" / "rank_0.final.pkl"
 
 
 def _load_source() -> dict[str, Any]:
-    from flightdeck.readers.frdump import load_raw
+    from flightdeck.readers.fr.decode import load_raw
 
     return load_raw(SOURCE.read_bytes())
 
@@ -154,7 +154,8 @@ def _tree_rss_kb_scan(pid: int) -> int:
 
 def _unpickle(path: str) -> int:
     """Read one file and unpickle it as the reader does (restricted), nothing more."""
-    from flightdeck.readers.frdump import read_dump_bytes, safe_loads
+    from flightdeck.readers.fr.decode import safe_loads
+    from flightdeck.readers.fr.files import read_dump_bytes
 
     data, _st = read_dump_bytes(Path(path))
     return len(safe_loads(data).get("entries") or [])
@@ -180,7 +181,7 @@ def _compile_once(cache: Path) -> None:
     (~0.1 s, more of it for analyze, which imports more)."""
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     os.environ["PYTHONPYCACHEPREFIX"] = str(cache)
-    warm = "import flightdeck.cli, flightdeck.analyze_cmd, flightdeck.analysis, flightdeck.readers.frdump"
+    warm = "import flightdeck.cli, flightdeck.analyze_cmd, flightdeck.analysis, flightdeck.readers.fr.files"
     subprocess.run([sys.executable, "-c", warm], check=True)
 
 

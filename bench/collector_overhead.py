@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.collector_fixtures import REPO_ROOT, real_dumps
-from flightdeck.readers.frdump import load_raw, read_dump_file
+from flightdeck.readers.fr.decode import load_raw
+from flightdeck.readers.fr.files import read_dump_file
 from flightdeck.spool import RING_META_KEY, RingSplitter, sidecar_path, snapshot_name
 
 TICKS = os.sysconf("SC_CLK_TCK")

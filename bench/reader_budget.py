@@ -1,6 +1,6 @@
 """What the reader's per-file budget costs: `python -m bench.reader_budget [--repeat 200]`.
 
-The budget (`frdump.check_budget`: entries, frames and tensor sizes counted per reference, shared
+The budget (`fr.decode.check_budget`: entries, frames and tensor sizes counted per reference, shared
 entry objects refused) runs on every decoded dump before it is normalized. This times it on real
 2,000-entry gloo dumps (`bench.collector_fixtures.real_dumps`), with frames (stall/final snapshots)
 and without (periodic ones), against the unpickling it follows and the whole `read_dump_file`, and
@@ -20,14 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.collector_fixtures import real_dumps
-from flightdeck.readers.frdump import (
-    DumpBudget,
-    DumpError,
-    check_budget,
-    load_raw,
-    read_dump_file,
-    safe_loads,
-)
+from flightdeck.readers.fr.decode import DumpBudget, check_budget, load_raw, safe_loads
+from flightdeck.readers.fr.errors import DumpError
+from flightdeck.readers.fr.files import read_dump_file
 from flightdeck.readers.incremental import IncrementalReader
 from flightdeck.snapshot_check import check_snapshot
 from flightdeck.wire import snapshot_from_dump

@@ -13,7 +13,8 @@ import uuid
 from dataclasses import replace
 from pathlib import Path
 
-from flightdeck.readers.frdump import merge, read_dump_file
+from flightdeck.readers.fr.files import read_dump_file
+from flightdeck.readers.fr.merge import merge
 from flightdeck.records import Entry, GroupInfo
 from flightdeck.wire import Batch, Snapshot, encode_batch
 

@@ -1,7 +1,7 @@
 """The per-node collector: spool files and torch dumps in, delta batches out, through a durable queue.
 
 Data flow (one way): watcher (dirty paths) -> `Collector.flush` (read complete files with
-`frdump.read_dump_file`, diff each rank against what was shipped, read NIXL telemetry) -> batches
+`fr.files.read_dump_file`, diff each rank against what was shipped, read NIXL telemetry) -> batches
 (`flightdeck.wire`) -> `DurableQueue` -> `Pusher` -> server.
 
 Threads: the caller's (runs `run`: flushes every `push_interval_s`), the watchdog observer, the
@@ -69,9 +69,8 @@ from flightdeck.collector.queue import DurableQueue, FileSig, NewBatch, RankKey,
 from flightdeck.collector.settings import CollectorSettings
 from flightdeck.collector.watcher import Watcher, WatchRoot
 from flightdeck.readers.delta import RankState
-from flightdeck.readers.frdump import (
-    FILE_KINDS,
-    DumpBudget,
+from flightdeck.readers.fr.decode import DumpBudget
+from flightdeck.readers.fr.errors import (
     DumpBudgetError,
     DumpError,
     DumpTooLargeError,
@@ -81,8 +80,8 @@ from flightdeck.readers.frdump import (
     TruncatedDumpError,
     UnsafePickleError,
     UnsupportedVersionError,
-    read_regular,
 )
+from flightdeck.readers.fr.files import FILE_KINDS, read_regular
 from flightdeck.readers.incremental import ChangedRead, IncrementalReader
 from flightdeck.readers.nixl import NixlFormatError
 from flightdeck.records import RankDump

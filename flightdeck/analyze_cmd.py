@@ -22,15 +22,10 @@ from flightdeck.analysis import Options, RankSummary, Report, diagnose, summariz
 from flightdeck.analysis.evidence import CLOCK_WORDS, ClockSource
 from flightdeck.analysis.findings import CONFIG_KINDS, Finding
 from flightdeck.analysis.frames import is_library_path
-from flightdeck.readers.frdump import (
-    DumpError,
-    discover,
-    gc_paused,
-    load_dump_file,
-    merge,
-    read_dump_file,
-    read_meta,
-)
+from flightdeck.readers.fr.decode import gc_paused
+from flightdeck.readers.fr.errors import DumpError
+from flightdeck.readers.fr.files import discover, load_dump_file, read_dump_file, read_meta
+from flightdeck.readers.fr.merge import merge
 from flightdeck.records import GroupInfo, Stack
 from flightdeck.spool import rank_from_name
 

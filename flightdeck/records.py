@@ -1,6 +1,6 @@
 """Typed, normalized flight-recorder records: the one shape every layer after the reader sees.
 
-The reader (`flightdeck.readers.frdump`) turns PyTorch's dump formats into these; the collector
+The reader (`flightdeck.readers.fr`) turns PyTorch's dump formats into these; the collector
 ships them (see `to_wire` / `from_wire`); the server stores them; the analysis consumes them.
 Nothing here knows about pickle, JSON dump quirks, files or databases.
 """
@@ -139,7 +139,7 @@ def entries_from_columns(
     The readers' and the wire decoder's fast paths build every entry of a dump or a snapshot here:
     `map` calls `Entry` from C with the fields by position, where a keyword call costs about 3x
     the construction (CPython packs the keywords into a dict for a class's `__init__`). This is
-    the one place outside the reader's per-entry fast path (`frdump._entry`) that passes `Entry`'s
+    the one place outside the reader's per-entry fast path (`fr.normalize._entry`) that passes `Entry`'s
     fields by position; tests/test_records.py checks that the order is `Entry`'s.
     """
     return list(

@@ -1,8 +1,9 @@
 """The spool contract: the files the in-job agent writes and the collector reads, in one place.
 
 The agent (`flightdeck.agent`) writes, and the collector (`flightdeck.collector.watcher`,
-`.frdump`, `.daemon`) reads, the same names, sidecar keys and ring split; both import them from
-here so that the two sides cannot drift. In `<spool_dir>/<job>/<attempt>/` (`attempt_dir`):
+`.daemon`, and the reader `flightdeck.readers.fr`) reads, the same names, sidecar keys and ring
+split; both import them from here so that the two sides cannot drift. In
+`<spool_dir>/<job>/<attempt>/` (`attempt_dir`):
 
 - `rank_<R>.pkl`         a periodic snapshot of the whole ring;
 - `rank_<R>.recent.pkl`  a periodic snapshot of only the ring's recent changes (`RingSplitter`);

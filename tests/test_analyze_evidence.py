@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from flightdeck.cli import main
-from flightdeck.readers.frdump import load_raw
+from flightdeck.readers.fr.decode import load_raw
 
 DATA = Path(__file__).parent / "data" / "fr"
 RAW_HEALTHY = ("healthy_exit_raw", "healthy_midtrain_raw")

@@ -18,7 +18,8 @@ import pytest
 from flightdeck.collector.daemon import GROUPS_RESEND_S
 from flightdeck.collector.nixl_consumer import OwnerFinder
 from flightdeck.collector.queue import NewBatch
-from flightdeck.readers.frdump import load_raw, read_dump_file
+from flightdeck.readers.fr.decode import load_raw
+from flightdeck.readers.fr.files import read_dump_file
 from tests.support.collector_fixtures import FR_DATA, NIXL_DATA, spool_scenario, thread_guard
 from tests.support.collector_harness import Harness, settings_for, stand_ins
 from tests.support.collector_recorder import Recorder, wait_for

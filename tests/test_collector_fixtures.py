@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from flightdeck.readers.frdump import read_dump_file
+from flightdeck.readers.fr.files import read_dump_file
 from tests.support.collector_fixtures import FR_DATA, AgentStandIn
 
 

@@ -20,7 +20,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from flightdeck.readers.frdump import DumpError, load_raw
+from flightdeck.readers.fr.decode import load_raw
+from flightdeck.readers.fr.errors import DumpError
 from flightdeck.readers.incremental import IncrementalReader
 from flightdeck.snapshot_check import SnapshotError, check_snapshot
 from flightdeck.wire import Batch, decode_batch, encode_batch, snapshot_from_dump

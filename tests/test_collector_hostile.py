@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from flightdeck.readers.frdump import load_raw, read_dump_file
+from flightdeck.readers.fr.decode import load_raw
+from flightdeck.readers.fr.files import read_dump_file
 from flightdeck.wire import decode_batch
 from tests.support.collector_fixtures import FR_DATA, spool_scenario, write_atomic
 from tests.support.collector_stack import (
@@ -176,7 +177,7 @@ def test_crafted_shared_references_are_refused_within_bounded_memory(
 ) -> None:
     import tracemalloc
 
-    from flightdeck.readers.frdump import DumpBudgetError
+    from flightdeck.readers.fr.errors import DumpBudgetError
 
     # Named as one of its pg_config's ranks (healthy_2: 0..1): a rank outside them is refused first.
     path = tmp_path / "rank_1.pkl"

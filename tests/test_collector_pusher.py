@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 from flightdeck.collector.metrics import CollectorMetrics
 from flightdeck.collector.pusher import Outcome, Pusher
 from flightdeck.collector.queue import DurableQueue, NewBatch
-from flightdeck.readers.frdump import read_dump_file
+from flightdeck.readers.fr.files import read_dump_file
 from flightdeck.wire import Batch, decode_batch, encode_batch, snapshot_from_dump
 from tests.support.collector_fixtures import FR_DATA, thread_guard
 from tests.support.collector_recorder import Recorder, Scripted

@@ -20,7 +20,8 @@ import pytest
 
 from flightdeck.analysis import Report, diagnose, summarize
 from flightdeck.analysis.findings import CONFIG_KINDS
-from flightdeck.readers.frdump import discover, merge, read_dump_file
+from flightdeck.readers.fr.files import discover, read_dump_file
+from flightdeck.readers.fr.merge import merge
 from flightdeck.records import RankDump
 from flightdeck.wire import snapshot_from_dump
 from tests.fr_jobs.config_worker import run_config_job

@@ -314,7 +314,8 @@ def test_reader_takes_config_from_the_sidecar_and_fills_gaps_from_the_dump() -> 
     not read: the reader fills it in from the entries' `timeout_ms`."""
     from pathlib import Path
 
-    from flightdeck.readers.frdump import load_raw, parse_dump
+    from flightdeck.readers.fr.decode import load_raw
+    from flightdeck.readers.fr.parse import parse_dump
 
     path = Path(__file__).parent / "data" / "fr" / "healthy_4" / "rank_0.pkl"
     raw = load_raw(path.read_bytes())

@@ -11,7 +11,8 @@ import json
 from dataclasses import replace
 
 from flightdeck.analysis import Options, add_entries, diagnose, summarize
-from flightdeck.readers.frdump import parse_dump, read_dump_file
+from flightdeck.readers.fr.files import read_dump_file
+from flightdeck.readers.fr.parse import parse_dump
 from flightdeck.records import Entry, Frame, GroupInfo, RankDump, State
 from flightdeck.wire import Batch, decode_batch, encode_batch, snapshot_from_dump
 

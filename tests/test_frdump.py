@@ -9,21 +9,19 @@ from typing import Any
 
 import pytest
 
-from flightdeck.readers import frdump
-from flightdeck.readers.frdump import (
+from flightdeck.readers.fr.columns import _columnar_entries
+from flightdeck.readers.fr.decode import SafeUnpickler, load_raw, safe_loads
+from flightdeck.readers.fr.errors import (
     DumpTooLargeError,
     NotADumpError,
-    SafeUnpickler,
     TruncatedDumpError,
     UnsafePickleError,
     UnsupportedVersionError,
-    discover,
-    load_raw,
-    merge,
-    parse_dump,
-    read_dump_file,
-    safe_loads,
 )
+from flightdeck.readers.fr.files import discover, read_dump_file
+from flightdeck.readers.fr.merge import merge
+from flightdeck.readers.fr.normalize import _Ctx, _entry
+from flightdeck.readers.fr.parse import parse_dump
 from flightdeck.records import Entry, Frame
 from flightdeck.spool import rank_from_name
 
@@ -251,9 +249,9 @@ def test_each_field_of_a_dump_entry_lands_in_its_entry_field(monkeypatch: pytest
         frames=(Frame("step", "train.py", 19),),
     )
 
-    def no_fallback(raw: dict[str, Any], ctx: frdump._Ctx, rank: int) -> Entry:
+    def no_fallback(raw: dict[str, Any], ctx: _Ctx, rank: int) -> Entry:
         raise AssertionError("the fast path declined a well-formed entry")
 
-    monkeypatch.setattr(frdump, "_entry_slow", no_fallback)
-    assert frdump._entry(raw, frdump._Ctx(), 0) == expected
-    assert frdump._columnar_entries([raw], frdump._Ctx()) == [expected]
+    monkeypatch.setattr("flightdeck.readers.fr.normalize._entry_slow", no_fallback)
+    assert _entry(raw, _Ctx(), 0) == expected
+    assert _columnar_entries([raw], _Ctx()) == [expected]

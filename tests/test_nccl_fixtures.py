@@ -21,7 +21,9 @@ import pytest
 from flightdeck.analysis import summarize
 from flightdeck.analysis.summary import add_entries
 from flightdeck.cli import main
-from flightdeck.readers.frdump import load_raw, parse_dump, read_dump_file
+from flightdeck.readers.fr.decode import load_raw
+from flightdeck.readers.fr.files import read_dump_file
+from flightdeck.readers.fr.parse import parse_dump
 from tests.nccl_fixtures.cases import CASES
 from tests.nccl_fixtures.generate import main as generate
 

@@ -1,5 +1,5 @@
 """The reader's column paths give what the entry-by-entry path gives: the same records, the same
-summaries, the same refusals (`frdump._columnar_entries`, `frdump.parse_columns`,
+summaries, the same refusals (`fr.columns._columnar_entries`, `fr.parse.parse_columns`,
 `summary.add_columns`)."""
 
 from __future__ import annotations
@@ -13,8 +13,10 @@ import pytest
 
 from flightdeck import spool
 from flightdeck.analysis.summary import summarize
-from flightdeck.readers import frdump
-from flightdeck.readers.frdump import DumpError, LoadedDump, load_dump_file
+from flightdeck.readers.fr.columns import _columnar_entries
+from flightdeck.readers.fr.errors import DumpError
+from flightdeck.readers.fr.files import LoadedDump, load_dump_file
+from flightdeck.readers.fr.normalize import _Ctx
 
 DATA = Path(__file__).parent / "data"
 HEALTHY = DATA / "fr" / "healthy_4" / "rank_0.final.pkl"
@@ -38,7 +40,7 @@ def _by_parse(loaded: LoadedDump) -> tuple[str, str]:
 
 def _by_entries(loaded: LoadedDump, monkeypatch: pytest.MonkeyPatch) -> tuple[str, str]:
     with monkeypatch.context() as m:
-        m.setattr(frdump, "_columnar_entries", lambda raw, ctx: None)
+        m.setattr("flightdeck.readers.fr.parse._columnar_entries", lambda raw, ctx: None)
         return _outcome(lambda: summarize(loaded.parse()))
 
 
@@ -93,7 +95,7 @@ def test_every_fixture_reads_the_same_by_columns(monkeypatch: pytest.MonkeyPatch
 def test_a_real_dump_takes_the_column_paths() -> None:
     loaded = load_dump_file(HEALTHY)
     raw_entries = loaded.raw["entries"]
-    assert frdump._columnar_entries(raw_entries, frdump._Ctx()) is not None
+    assert _columnar_entries(raw_entries, _Ctx()) is not None
     got = loaded.parse_columns()
     assert got is not None
     dump, cols = got
@@ -154,7 +156,7 @@ def test_an_odd_value_reads_as_entry_by_entry(name: str, monkeypatch: pytest.Mon
     raw = copy.deepcopy(base.raw)
     MUTATIONS[name](raw["entries"][3])
     loaded = LoadedDump(raw, base.rank, base.source, base.meta, base.mtime_ns, base.size)
-    declined = frdump._columnar_entries(raw["entries"], frdump._Ctx()) is None
+    declined = _columnar_entries(raw["entries"], _Ctx()) is None
     assert declined != (name in FOLD_DECLINES)
     want = _by_entries(loaded, monkeypatch)
     assert _by_columns(loaded) == want
@@ -231,5 +233,5 @@ def test_every_fixture_normalizes_to_the_same_records(monkeypatch: pytest.Monkey
         except DumpError:
             continue
         with monkeypatch.context() as m:
-            m.setattr(frdump, "_columnar_entries", lambda raw, ctx: None)
+            m.setattr("flightdeck.readers.fr.parse._columnar_entries", lambda raw, ctx: None)
             assert loaded.parse() == fast, path

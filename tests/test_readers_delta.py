@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from flightdeck.readers.delta import RankState, diff, merge_progress, progress
-from flightdeck.readers.frdump import load_raw, merge, read_dump_file
+from flightdeck.readers.fr.decode import load_raw
+from flightdeck.readers.fr.files import read_dump_file
+from flightdeck.readers.fr.merge import merge
 from flightdeck.readers.incremental import IncrementalReader, read_changed
 from flightdeck.records import RankDump
 from flightdeck.spool import RingSplitter

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from flightdeck.readers.frdump import load_raw
+from flightdeck.readers.fr.decode import load_raw
 from flightdeck.wire import encode_batch
 from tests.support.collector_fixtures import FR_DATA
 from tests.support.collector_stack import Collector, Server, expected, stop_promptly, timeline

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pickle
 from typing import Any
 
-from flightdeck.readers.frdump import load_raw
+from flightdeck.readers.fr.decode import load_raw
 from flightdeck.spool import MIN_RECENT_ENTRIES, RingSplitter
 from tests.support.collector_fixtures import FR_DATA
 

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from flightdeck.readers.frdump import merge
+from flightdeck.readers.fr.merge import merge
 from flightdeck.wire import Snapshot
 from tests.support.clock import FakeClock
 from tests.support.server_app import AUTH, NS, STALL_S, make_server, start_server_process

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from flightdeck.readers.frdump import read_dump_file
+from flightdeck.readers.fr.files import read_dump_file
 from flightdeck.wire import Snapshot, snapshot_from_dump
 from tests.support.clock import FakeClock
 from tests.support.server_app import NS, STALL_S, Server, make_server

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from flightdeck.limits import MAX_FRAME_TEXT, MAX_THREAD, MAX_WORLD_SIZE
-from flightdeck.readers.frdump import NotADumpError, read_dump_file
+from flightdeck.readers.fr.errors import NotADumpError
+from flightdeck.readers.fr.files import read_dump_file
 from flightdeck.records import Frame
 from flightdeck.server.validation import decode_checked
 from flightdeck.snapshot_check import SnapshotError, check_snapshot

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from flightdeck.analysis.summary import add_entries, summarize
-from flightdeck.readers.frdump import merge
+from flightdeck.readers.fr.merge import merge
 from tests.support.server_batches import scenario_dumps
 
 

@@ -1,6 +1,7 @@
 """The web pages rendered from real flight-recorder dumps, through the real router, in process.
 
-Data path: tests/data/fr/<scenario>/ (dumps of real gloo jobs) -> frdump reader -> merge, then
+Data path: tests/data/fr/<scenario>/ (dumps of real gloo jobs) -> the reader
+(flightdeck.readers.fr) -> merge, then
 either summarize -> diagnose in process (tests/support/dump_data.py, `DumpData`), or the server's
 path: ingest API -> SQLite store -> live diagnosis -> `StoreData` (`web_pages.web_data`); both ->
 router -> HTML. Every test that reads `data` (or calls `make`) runs on both sources, and the

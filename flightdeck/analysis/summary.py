@@ -189,7 +189,7 @@ class RankSummary:
 class EntryColumns(Protocol):
     """A run of entries as columns, for `add_columns`: positions in record-id order (record ids
     strictly increase), each column holding what the `Entry` at that position holds. The reader's
-    `flightdeck.readers.frdump.EntryColumns` is one."""
+    `flightdeck.readers.fr.columns.EntryColumns` is one."""
 
     @property
     def record_id(self) -> Sequence[int]: ...
@@ -226,7 +226,7 @@ class EntryColumns(Protocol):
 
 
 class SignatureColumns(Protocol):
-    """A run of entries as the reader's `flightdeck.readers.frdump.SignatureColumns` gives them,
+    """A run of entries as the reader's `flightdeck.readers.fr.signatures.SignatureColumns` gives them,
     for `add_signatures`: positions in record-id order (record ids strictly increase), 64-bit
     columns, each entry's signature as the position of the first entry with the same one."""
 
@@ -405,7 +405,7 @@ def add_columns(s: RankSummary, c: EntryColumns) -> None:
     arrays straight from the columns) where `add_entries` works an entry at a time; anything but
     the common shape (coalesced end entries, a sequence id that does not increase within its group
     or a value outside 64 bits) goes to `add_entries` with every entry built. With the reader's
-    columns (`flightdeck.readers.frdump.parse_columns`) a 2,000-entry file of
+    columns (`flightdeck.readers.fr.parse.parse_columns`) a 2,000-entry file of
     bench/analyze_scale.py is read and summarized in 128 million instructions instead of 162
     (callgrind).
     """

@@ -24,10 +24,10 @@ from array import array
 from dataclasses import dataclass, field, replace
 from operator import itemgetter
 
-from flightdeck.readers.frdump import SCAN_FRAMES, SCAN_RETIRED, SCAN_STATE_RANK, EntryScan
+from flightdeck.readers.fr.scan import SCAN_FRAMES, SCAN_RETIRED, SCAN_STATE_RANK, EntryScan
 from flightdeck.records import Entry, RankDump, State
 
-# One progress encoding for scanned raw entries and normalized ones: the reader's (frdump).
+# One progress encoding for scanned raw entries and normalized ones: the reader's (`fr.scan`).
 _STATE_RANK = SCAN_STATE_RANK
 _STATES: tuple[State, ...] = ("scheduled", "started", "completed")
 _RETIRED = SCAN_RETIRED

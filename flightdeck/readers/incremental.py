@@ -2,13 +2,13 @@
 
 A periodic snapshot rewrites the whole ring (2,000 entries) every couple of seconds, while only the
 few dozen collectives enqueued or finished since the previous one changed. Normalizing every entry
-(`frdump.parse_dump`) costs ~4 µs each, which for 8 ranks every 2 s is several % of a core; so
-this module decodes the file with the safe reader (`frdump.load_dump_file`), takes each entry's
-identity and progress from the reader's light-weight scanner (`frdump.scan_entries`), asks
+(`fr.parse.parse_dump`) costs ~4 µs each, which for 8 ranks every 2 s is several % of a core; so
+this module decodes the file with the safe reader (`fr.files.load_dump_file`), takes each entry's
+identity and progress from the reader's light-weight scanner (`fr.scan.scan_entries`), asks
 `delta.plan` which ones to ship, and has the reader normalize only those (`LoadedDump.parse`).
-A ring read before is not even scanned in full: its entry rows (`frdump.entry_rows`, built in C)
+A ring read before is not even scanned in full: its entry rows (`fr.scan.entry_rows`, built in C)
 are compared with the previous version's, and only the rows that differ are scanned and planned
-(`_ring_update`). The raw format stays known in frdump alone: this module compares opaque rows and
+(`_ring_update`). The raw format stays known in the reader (`fr`) alone: this module compares opaque rows and
 sees scan tuples and `RankDump`s.
 
 An unchanged ring rewritten by the agent (an idle rank, or one stuck in a hang: exactly when the
@@ -27,20 +27,11 @@ from operator import itemgetter, ne
 from pathlib import Path
 
 from flightdeck.readers.delta import RankState, apply, diff, plan, plan_ring_update, progress
-from flightdeck.readers.frdump import (
-    DEFAULT_BUDGET,
-    VALUE_ERRORS,
-    DumpBudget,
-    DumpError,
-    EntryRow,
-    EntryScan,
-    LoadedDump,
-    NotADumpError,
-    load_dump_file,
-    read_dump_bytes,
-    ring_extent,
-    row_scan,
-)
+from flightdeck.readers.fr.decode import DEFAULT_BUDGET, DumpBudget
+from flightdeck.readers.fr.errors import DumpError, NotADumpError
+from flightdeck.readers.fr.files import LoadedDump, load_dump_file, read_dump_bytes
+from flightdeck.readers.fr.parse import VALUE_ERRORS, ring_extent
+from flightdeck.readers.fr.scan import EntryRow, EntryScan, row_scan
 from flightdeck.records import Entry, RankDump
 
 
@@ -70,7 +61,7 @@ class _Seen:
     total: int
     #: The state that read produced, when it was the rank's newest snapshot.
     state: RankState
-    #: The entries' rows (`frdump.entry_rows`) when none had frames, all were valid and their
+    #: The entries' rows (`fr.scan.entry_rows`) when none had frames, all were valid and their
     #: record ids consecutive; else None.
     rows: list[EntryRow] | None
 
@@ -195,7 +186,7 @@ class IncrementalReader:
 def read_changed(
     path: Path, *, identify: Callable[[RankDump], RankState | None], max_bytes: int
 ) -> ChangedRead:
-    """Read `path` (same checks and errors as `frdump.read_dump_file`) keeping the entries to ship.
+    """Read `path` (same checks and errors as `fr.files.read_dump_file`) keeping the entries to ship.
 
     `identify` gets the parsed metadata (entries not yet parsed), may fill in `job` and `attempt`
     (they are kept), and returns what was shipped for that rank so far.

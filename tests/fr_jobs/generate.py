@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from flightdeck.readers.frdump import load_raw
+from flightdeck.readers.fr.decode import load_raw
 from flightdeck.records import canonical_op
 from tests.fr_jobs.dumps import latest_per_rank, load_dump, load_sidecar, rank_files
 from tests.fr_jobs.runner import REPO_ROOT, JobResult, run_job

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from flightdeck.readers.frdump import load_raw
+from flightdeck.readers.fr.decode import load_raw
 from flightdeck.spool import RECENT_SUFFIX, RING_META_KEY, RingSplitter
 
 REPO = Path(__file__).resolve().parents[2]

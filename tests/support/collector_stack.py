@@ -15,7 +15,9 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from flightdeck.launch.demo.ranks import free_port
-from flightdeck.readers.frdump import load_raw, merge, read_dump_file
+from flightdeck.readers.fr.decode import load_raw
+from flightdeck.readers.fr.files import read_dump_file
+from flightdeck.readers.fr.merge import merge
 from tests.support.cli import FLIGHTDECK, clean_env, flightdeck
 from tests.support.collector_fixtures import (
     FR_DATA,

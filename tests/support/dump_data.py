@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from flightdeck.analysis import Options, Report, diagnose, summarize
-from flightdeck.readers.frdump import discover, merge, read_dump_file
+from flightdeck.readers.fr.files import discover, read_dump_file
+from flightdeck.readers.fr.merge import merge
 from flightdeck.records import Entry, RankDump
 from flightdeck.spool import rank_from_name
 from flightdeck.web.data import Detail, RankDetail, RankTrack, ThreadStackData, TimelineData

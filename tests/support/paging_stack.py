@@ -19,7 +19,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from flightdeck.nixl_records import Histogram, NixlSample
-from flightdeck.readers.frdump import merge
+from flightdeck.readers.fr.merge import merge
 from flightdeck.wire import Snapshot, snapshot_from_dump
 from tests.support import server_process
 from tests.support.cli import FLIGHTDECK, clean_env, create_token, flightdeck

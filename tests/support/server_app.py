@@ -16,7 +16,7 @@ import httpx
 from prometheus_client import CollectorRegistry
 
 from flightdeck.nixl_records import Histogram, NixlSample
-from flightdeck.readers.frdump import merge
+from flightdeck.readers.fr.merge import merge
 from flightdeck.server import store
 from flightdeck.server.app import create_app
 from flightdeck.server.ingest import hash_token

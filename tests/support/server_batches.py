@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from flightdeck.readers.frdump import read_dump_file
+from flightdeck.readers.fr.files import read_dump_file
 from flightdeck.records import RankDump
 from flightdeck.wire import Batch, Snapshot, encode_batch, snapshot_from_dump
 

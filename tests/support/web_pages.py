@@ -18,7 +18,8 @@ import pytest
 from fastapi import FastAPI
 
 from flightdeck.analysis import Options
-from flightdeck.readers.frdump import discover, merge, read_dump_file
+from flightdeck.readers.fr.files import discover, read_dump_file
+from flightdeck.readers.fr.merge import merge
 from flightdeck.records import RankDump
 from flightdeck.server.page_data import StoreData
 from flightdeck.web.data import WebData

@@ -1,0 +1,248 @@
+"""The summary's cheapest read of a dump: `SignatureColumns`.
+
+Machine-integer columns of the fields the summary keeps of every entry, each entry's signature as
+an index into the few distinct ones, whole entries built only on demand; made by
+`_signature_columns` (and `_signature_keys`) within the file's budget, or declined (then
+`flightdeck.readers.fr.columns` reads the dump).
+"""
+
+from __future__ import annotations
+
+import struct
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from itertools import chain, compress, count, islice
+from operator import itemgetter, lt
+from typing import Any
+
+from flightdeck.readers.fr.columns import _INTS, _NONE, _SEQS, _STRS, _types
+from flightdeck.readers.fr.decode import DumpBudget
+from flightdeck.readers.fr.errors import DumpBudgetError
+from flightdeck.readers.fr.normalize import _STATES, _Ctx, _entry, _frames_fast, _op_info
+from flightdeck.records import Entry, Stack
+
+#: A collective's comparable fields as a dump gives them: (canonical op, input sizes, output
+#: sizes, input dtypes, output dtypes), sizes and dtypes as tuples.
+SigKey = tuple[
+    str, tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...], tuple[str, ...], tuple[str, ...]
+]
+
+
+@dataclass(slots=True)
+class SignatureColumns:
+    """A dump's entries as the summary's fold needs them (`flightdeck.analysis.summary.add_signatures`):
+    machine-integer columns, each entry's signature as an index into the few distinct ones, and
+    whole entries built only on demand (`entry`, `frames`).
+
+    Positions are file order, which is record-id order (record ids strictly increase). Every value
+    is what the normalized `Entry` at that position holds (tests/test_reader_columns.py compares
+    the summaries on every fixture and on odd values).
+    """
+
+    collective_seq_id: array[int]
+    time_created_ns: array[int]
+    op_id: array[int]
+    #: Each group's name (distinct, in the order entries first name them).
+    groups: list[str]
+    #: Each entry's group (an index into `groups`); None when there is one group.
+    group_of: list[int] | None
+    #: Each entry's is_p2p; None when no entry is point-to-point.
+    is_p2p: list[bool] | None
+    #: Each entry's signature key, as the position of the first entry that has it.
+    key_of: list[int]
+    #: The first position of each distinct signature key -> the key (canonical op first).
+    keys: dict[int, SigKey]
+    #: Positions whose entry has frames, in file order.
+    framed: list[int]
+    #: Whether the sequence ids strictly increase over all entries.
+    seq_increasing: bool
+    raw: list[dict[str, Any]] = field(repr=False)
+    ctx: _Ctx = field(repr=False)
+    rank: int = 0
+
+    def __len__(self) -> int:
+        return len(self.collective_seq_id)
+
+    def entry(self, i: int) -> Entry:
+        """The whole normalized entry at position `i`."""
+        return _entry(self.raw[i], self.ctx, self.rank)
+
+    def frames(self, i: int) -> Stack:
+        """The normalized stack of the entry at position `i`."""
+        fr = self.raw[i].get("frames")
+        return _frames_fast(fr, self.ctx) if fr else ()
+
+
+@lru_cache(maxsize=8)
+def _int64s(n: int) -> struct.Struct:
+    return struct.Struct(f"{n}q")
+
+
+def _int64_array(values: Sequence[Any]) -> array[int]:
+    """The values as a 64-bit array, converted in C (`struct`: cheaper than `array("q", values)`,
+    which parses each item as a call's argument); struct.error for anything but an int (or a
+    bool, which reads as the int the forgiving path makes of it) within 64 bits."""
+    out = array("q")
+    out.frombytes(_int64s(len(values)).pack(*values))
+    return out
+
+
+def _increasing(values: tuple[int, ...]) -> bool:
+    """Whether the ints strictly increase: one compare in C when they count up by one (the usual
+    record and sequence ids), else a pass."""
+    n = len(values)
+    if n < 2:
+        return True
+    first = values[0]
+    if values[-1] - first == n - 1 and values == tuple(range(first, first + n)):
+        return True
+    return all(map(lt, values, islice(values, 1, None)))
+
+
+def _signature_columns(
+    raw_entries: list[Any], ctx: _Ctx, rank: int, budget: DumpBudget
+) -> tuple[SignatureColumns, dict[str, str]] | None:
+    """`SignatureColumns` of a dump's entries (within `budget`) and each group's description as
+    its first entry gives it; None where they take `_entry_columns` instead.
+
+    One comprehension reads, per entry, the fields the summary keeps of every entry (and the two
+    it checks: state, duration); the columns are checked and converted in C. The other fields are
+    read only for the entries built whole (`SignatureColumns.entry`: each group's last entries,
+    point-to-point ones), by `_entry` as always: their odd values change only those entries (no
+    warning, no refusal), except a state (a warning) and a duration too large for a float (a
+    refusal), which are checked for every entry. Nothing is checked that the unpickler's type set
+    (`SafeUnpickler`: plain data only) already answers: an entry that is not a dict fails its
+    first subscript, and an int column packed into 64 bits has no other type than int or bool
+    to tell apart (a bool reads as the int the forgiving path makes of it). Sizes and dtypes are
+    read per distinct object (the unpickler shares an object the pickle memoizes), their types
+    checked and converted once per distinct signature.
+    """
+    n = len(raw_entries)
+    if not n:
+        return None
+    try:
+        rows = [
+            (
+                e["record_id"],
+                e["collective_seq_id"],
+                e["time_created_ns"],
+                e["op_id"],
+                e["state"],
+                e.get("duration_ms"),
+                e.get("frames"),
+                e["is_p2p"],
+                e["process_group"],
+                (
+                    e["profiling_name"],
+                    id(e["input_sizes"]),
+                    id(e["output_sizes"]),
+                    id(e["input_dtypes"]),
+                    id(e["output_dtypes"]),
+                ),
+            )
+            for e in raw_entries
+        ]
+    except (KeyError, TypeError, AttributeError):  # not a dict, or a field missing
+        return None
+    rid, seq, created, op_id, state, duration, frames, p2p, pg, ids = zip(*rows, strict=True)
+    del rows
+    try:
+        n_frames = sum(map(len, filter(None, frames)))
+    except TypeError:  # frames that are not sized: the forgiving path ignores them
+        n_frames = 0
+    if n_frames > budget.max_frames:
+        raise DumpBudgetError(
+            f"{n_frames} stack frames over {n} entries, over the budget of {budget.max_frames} per file"
+        )
+    try:
+        _int64s(n).pack(*rid)  # ints within 64 bits (struct.error else), as the arrays below
+        if not (_increasing(rid) and set(state) <= _STATES.keys()):
+            return None
+        seq_a, created_a, op_id_a = _int64_array(seq), _int64_array(created), _int64_array(op_id)
+        p0 = pg[0]
+        distinct_pg = {p0: None} if pg.count(p0) == n else dict.fromkeys(pg)
+        first: dict[tuple[Any, ...], int] = {}
+        key_of = list(map(first.setdefault, ids, count()))
+    except (TypeError, struct.error):
+        return None
+    if not (
+        (duration.count(None) == n or _types(duration) <= {float, _NONE})
+        and _types(distinct_pg) <= {tuple}
+        and set(map(len, distinct_pg)) == {2}
+        and _types(chain.from_iterable(distinct_pg)) == _STRS
+    ):
+        return None
+    descs: dict[str, str] = {}
+    for name, desc in distinct_pg:
+        descs.setdefault(name, desc)
+    groups = list(descs)
+    group_of = None
+    if len(groups) > 1:
+        index = {g: i for i, g in enumerate(groups)}
+        group_of = list(map(index.__getitem__, map(itemgetter(0), pg)))
+    got = _signature_keys(raw_entries, first, ctx, budget)
+    if got is None:
+        return None
+    keys, remap = got
+    if remap:
+        key_of = [remap.get(k, k) for k in key_of]
+    is_p2p = list(map(bool, p2p)) if any(p2p) else None
+    columns = SignatureColumns(
+        collective_seq_id=seq_a,
+        time_created_ns=created_a,
+        op_id=op_id_a,
+        groups=groups,
+        group_of=group_of,
+        is_p2p=is_p2p,
+        key_of=key_of,
+        keys=keys,
+        framed=list(compress(range(n), frames)),
+        seq_increasing=_increasing(seq),
+        raw=raw_entries,
+        ctx=ctx,
+        rank=rank,
+    )
+    return columns, descs
+
+
+def _signature_keys(
+    raw_entries: list[dict[str, Any]], first: dict[tuple[Any, ...], int], ctx: _Ctx, budget: DumpBudget
+) -> tuple[dict[int, SigKey], dict[int, int]] | None:
+    """The signature key of each distinct (profiling name, sizes and dtypes objects) at its first
+    position, and where two of them are equal the later position -> the first; None where a value
+    is not what `_entry`'s fast path takes as it is or the sizes may be over `budget` (then
+    `check_budget` counts them exactly)."""
+    keys: dict[int, SigKey] = {}
+    canon: dict[SigKey, int] = {}
+    remap: dict[int, int] = {}
+    most = 0
+    for (prof, *_ids), at in first.items():
+        e = raw_entries[at]
+        ins, outs, in_dt, out_dt = e["input_sizes"], e["output_sizes"], e["input_dtypes"], e["output_dtypes"]
+        if type(prof) is not str or not _types((ins, outs, in_dt, out_dt)) <= _SEQS:
+            return None
+        if not _types(chain(ins, outs)) <= _SEQS:
+            return None
+        # An upper bound of what `check_budget` counts (every entry as large as the largest).
+        most = max(most, len(ins) + sum(map(len, ins)) + len(outs) + sum(map(len, outs)))
+        if most * len(raw_entries) > budget.max_dims:
+            return None
+        if not (
+            _types(chain.from_iterable(chain(ins, outs))) <= _INTS and _types(chain(in_dt, out_dt)) <= _STRS
+        ):
+            return None
+        key: SigKey = (
+            _op_info(prof, ctx)[1],
+            tuple(map(tuple, ins)),
+            tuple(map(tuple, outs)),
+            tuple(in_dt),
+            tuple(out_dt),
+        )
+        was = canon.setdefault(key, at)
+        if was == at:
+            keys[at] = key
+        else:
+            remap[at] = was
+    return keys, remap
