@@ -64,12 +64,12 @@ def main(argv: list[str] | None = None) -> None:
     port = free_port()
     env = {
         **os.environ,
-        "FLIGHTDECK_DATABASE_URL": url,
-        "FLIGHTDECK_HOST": "127.0.0.1",
-        "FLIGHTDECK_PORT": str(port),
-        "FLIGHTDECK_ALLOW_UNAUTHENTICATED_INGEST": "true",
-        "FLIGHTDECK_MIGRATE": "true",  # a fresh PostgreSQL schema is migrated only when told
-        "FLIGHTDECK_DIAGNOSIS_INTERVAL_S": "1",
+        "FLIGHTDECK_SERVER_DATABASE_URL": url,
+        "FLIGHTDECK_SERVER_HOST": "127.0.0.1",
+        "FLIGHTDECK_SERVER_PORT": str(port),
+        "FLIGHTDECK_SERVER_ALLOW_UNAUTHENTICATED_INGEST": "true",
+        "FLIGHTDECK_SERVER_MIGRATE": "true",  # a fresh PostgreSQL schema is migrated only when told
+        "FLIGHTDECK_SERVER_DIAGNOSIS_INTERVAL_S": "1",
     }
     log = tmp / "server.log"
     with log.open("wb") as out:

@@ -680,12 +680,12 @@ def spawned(args: argparse.Namespace) -> Iterator[tuple[list[str], str, list[int
     from flightdeck.launch.demo.ranks import free_port
 
     env = {
-        "FLIGHTDECK_STALL_AFTER_S": str(args.stall_after),
+        "FLIGHTDECK_SERVER_STALL_AFTER_S": str(args.stall_after),
     }
     if args.inflight is not None:
-        env["FLIGHTDECK_MAX_INFLIGHT_INGESTS"] = str(args.inflight)
+        env["FLIGHTDECK_SERVER_MAX_INFLIGHT_INGESTS"] = str(args.inflight)
     if args.servers > 1:
-        env["FLIGHTDECK_CLUSTER"] = "true"
+        env["FLIGHTDECK_SERVER_CLUSTER"] = "true"
     with tempfile.TemporaryDirectory() as tmp:
         name = ""
         if args.spawn == "sqlite":

@@ -145,7 +145,7 @@ def _drop(schema: str) -> None:
 
 
 def _replicas(work: Path, url: str) -> list[ServerProcess]:
-    env = {"FLIGHTDECK_DATABASE_URL": url, "FLIGHTDECK_CLUSTER": "true"}
+    env = {"FLIGHTDECK_SERVER_DATABASE_URL": url, "FLIGHTDECK_CLUSTER": "true"}
     first = ServerProcess(work / "replica-0", env=env, migrate=True)
     servers = [first, ServerProcess(work / "replica-1", env=env, token=first.token)]
     for s in servers:

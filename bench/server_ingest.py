@@ -114,7 +114,7 @@ def run(url: str, path: Path | None, args: argparse.Namespace) -> None:
             bodies.append(encode(snaps))
     n_entries = args.ranks * args.entries
     port = free_port()
-    proc = start_server(url, port, {"FLIGHTDECK_MAX_INFLIGHT_INGESTS": str(args.concurrency)})
+    proc = start_server(url, port, {"FLIGHTDECK_SERVER_MAX_INFLIGHT_INGESTS": str(args.concurrency)})
     try:
         headers = {
             "Authorization": f"Bearer {token}",
