@@ -16,7 +16,7 @@ ones mean the incident was closed (then a later firing one is a second page).
 - restart: the same, the server stopped (SIGTERM) and started again on the same SQLite file.
 - lost_rank: a job whose rank was SIGKILLed (lost ranks and the hang they cause); counted for
   70 s after the first page (past the critical route's 1 m group_interval).
-- failover: two replicas on PostgreSQL (FLIGHTDECK_CLUSTER=true), Prometheus scraping both; the
+- failover: two replicas on PostgreSQL (FLIGHTDECK_SERVER_CLUSTER=true), Prometheus scraping both; the
   replica owning the hung job is SIGKILLed; counted until ten evaluations after the other one
   exports the hang.
 - replicas: the summed figures of tests/test_replica_export.py (two replicas, one Prometheus)
@@ -145,7 +145,7 @@ def _drop(schema: str) -> None:
 
 
 def _replicas(work: Path, url: str) -> list[ServerProcess]:
-    env = {"FLIGHTDECK_SERVER_DATABASE_URL": url, "FLIGHTDECK_CLUSTER": "true"}
+    env = {"FLIGHTDECK_SERVER_DATABASE_URL": url, "FLIGHTDECK_SERVER_CLUSTER": "true"}
     first = ServerProcess(work / "replica-0", env=env, migrate=True)
     servers = [first, ServerProcess(work / "replica-1", env=env, token=first.token)]
     for s in servers:
