@@ -15,14 +15,13 @@ import argparse
 import sys
 import tempfile
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-from bench.server_ingest import PG_ADMIN, make_token, start_server
+from bench.server_ingest import make_token, scratch_pg_database, start_server
 from bench.server_synth import encode, rank_entries, snapshot, stuck_entry, template
 from flightdeck.analysis import Options, diagnose, summarize
 from flightdeck.launch.demo.ranks import free_port
@@ -142,17 +141,8 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             run(f"sqlite:///{tmp}/bench.db", args)
     else:
-        import psycopg
-
-        name = f"flightdeck_bench_{uuid.uuid4().hex[:8]}"
-        with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
-            admin.execute(f'CREATE DATABASE "{name}"')
-        try:
-            base = PG_ADMIN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
-            run(f"{base}/{name}", args)
-        finally:
-            with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
-                admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        with scratch_pg_database() as url:
+            run(url, args)
 
 
 if __name__ == "__main__":

@@ -11,12 +11,14 @@ Target: >= 50,000 entries/s per server process on 2 cores; < 200 bytes per entry
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -31,6 +33,22 @@ from flightdeck.server.db import connect, migrate
 from flightdeck.server.ingest import hash_token, new_token
 
 PG_ADMIN = os.environ.get("FLIGHTDECK_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+@contextlib.contextmanager
+def scratch_pg_database() -> Iterator[str]:
+    """A fresh PostgreSQL database on PG_ADMIN's server (its SQLAlchemy URL), dropped afterwards."""
+    import psycopg
+
+    name = f"flightdeck_bench_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        base = PG_ADMIN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
+        yield f"{base}/{name}"
+    finally:
+        with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def start_server(url: str, port: int, env_extra: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -172,17 +190,8 @@ def main() -> None:
                 path = Path(tmp) / "bench.db"
                 run(f"sqlite:///{path}", path, args)
         else:
-            import psycopg
-
-            name = f"flightdeck_bench_{uuid.uuid4().hex[:8]}"
-            with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
-                admin.execute(f'CREATE DATABASE "{name}"')
-            try:
-                base = PG_ADMIN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
-                run(f"{base}/{name}", None, args)
-            finally:
-                with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
-                    admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            with scratch_pg_database() as url:
+                run(url, None, args)
 
 
 if __name__ == "__main__":

@@ -241,3 +241,18 @@ def timeseries_panel(title: str) -> timeseries.Panel:
             .sort(common_models.SortOrder.DESCENDING)
         )
     )
+
+
+def quantiles_panel(
+    title: str, description: str, bucket: str, quantiles: tuple[float, ...] = (0.5, 0.9, 0.99)
+) -> timeseries.Panel:
+    """A time series of a histogram's quantiles in seconds, one line each (`p50`, `p90`, ...).
+
+    `bucket` is the `sum by (le) (rate(<metric>_bucket[...]))` expression the quantiles read.
+    """
+    panel = timeseries_panel(title).description(description).unit("s").min(0)
+    for i, q in enumerate(quantiles):
+        panel = panel.with_target(
+            query(f"histogram_quantile({q}, {bucket})", legend=f"p{round(q * 100)}", ref_id=chr(ord("A") + i))
+        )
+    return panel

@@ -19,6 +19,7 @@ from flightdeck.dashboards.common import (
     job_incident_link,
     label_variable,
     number_panels,
+    quantiles_panel,
     query,
     thresholds,
     timeseries_panel,
@@ -139,114 +140,86 @@ def oldest_unfinished_now() -> stat.Panel:
     )
 
 
+def _linked(panel: timeseries.Panel) -> timeseries.Panel:
+    """A full-width time series whose series link to the chosen job's incident page."""
+    return panel.data_links([job_incident_link(_INCIDENT)]).span(12).height(8)
+
+
+def _job_series(title: str, expr: str, legend: str) -> timeseries.Panel:
+    """A linked full-width time series of one query, from 0."""
+    return _linked(timeseries_panel(title).with_target(query(expr, legend=legend))).min(0)
+
+
 def collective_rate_by_op() -> timeseries.Panel:
     """Collectives per second by canonical op name."""
     return (
-        timeseries_panel("Collective rate by op")
-        .description("Collectives seen per second on the lowest member rank, by op.")
-        .with_target(
-            query(
-                f"sum by (op) (rate(flightdeck_job_collectives_total{{{_JOB_GROUP}}}[{RATE}]))",
-                legend="{{op}}",
-            )
+        _job_series(
+            "Collective rate by op",
+            f"sum by (op) (rate(flightdeck_job_collectives_total{{{_JOB_GROUP}}}[{RATE}]))",
+            "{{op}}",
         )
-        .data_links([job_incident_link(_INCIDENT)])
+        .description("Collectives seen per second on the lowest member rank, by op.")
         .unit("ops")
-        .min(0)
-        .span(12)
-        .height(8)
     )
 
 
 def arrival_skew_quantiles() -> timeseries.Panel:
     """p50 / p90 / p99 of the last-minus-first arrival time per collective."""
-    bucket = f"sum by (le) (rate(flightdeck_job_arrival_skew_seconds_bucket{{{_JOB_GROUP}}}[{RATE}]))"
-    panel = (
-        timeseries_panel("Arrival skew quantiles")
-        .description("Last minus first rank arrival per collective. A rising p99 means a straggler.")
-        .data_links([job_incident_link(_INCIDENT)])
-        .unit("s")
-        .min(0)
-        .span(12)
-        .height(8)
-    )
-    for ref_id, q in (("A", 0.5), ("B", 0.9), ("C", 0.99)):
-        panel = panel.with_target(
-            query(f"histogram_quantile({q}, {bucket})", legend=f"p{round(q * 100)}", ref_id=ref_id)
+    return _linked(
+        quantiles_panel(
+            "Arrival skew quantiles",
+            "Last minus first rank arrival per collective. A rising p99 means a straggler.",
+            f"sum by (le) (rate(flightdeck_job_arrival_skew_seconds_bucket{{{_JOB_GROUP}}}[{RATE}]))",
         )
-    return panel
+    )
 
 
 def oldest_unfinished_elapsed() -> timeseries.Panel:
     """Age of the oldest unfinished collective per group over time (a hang is a ramp)."""
     return (
-        timeseries_panel("Oldest unfinished collective")
-        .description("Per group; a straight upward ramp is a hang, a sawtooth is normal progress.")
-        .with_target(
-            query(
-                f"max by (group) (flightdeck_job_oldest_unfinished_elapsed_seconds{{{_JOB_GROUP}}})",
-                legend="group {{group}}",
-            )
+        _job_series(
+            "Oldest unfinished collective",
+            f"max by (group) (flightdeck_job_oldest_unfinished_elapsed_seconds{{{_JOB_GROUP}}})",
+            "group {{group}}",
         )
-        .data_links([job_incident_link(_INCIDENT)])
+        .description("Per group; a straight upward ramp is a hang, a sawtooth is normal progress.")
         .unit("s")
-        .min(0)
-        .span(12)
-        .height(8)
     )
 
 
 def findings_over_time() -> timeseries.Panel:
     """Open findings of the job by kind."""
     return (
-        timeseries_panel("Open findings by kind")
-        .with_target(query(f"sum by (kind) (flightdeck_job_findings_open{{{_JOB}}})", legend="{{kind}}"))
-        .data_links([job_incident_link(_INCIDENT)])
+        _job_series(
+            "Open findings by kind", f"sum by (kind) (flightdeck_job_findings_open{{{_JOB}}})", "{{kind}}"
+        )
         .draw_style(common_models.GraphDrawStyle.BARS)
         .stacking(common_builders.StackingConfig().mode(common_models.StackingMode.NORMAL))
         .fill_opacity(60)
-        .min(0)
         .decimals(0)
-        .span(12)
-        .height(8)
     )
 
 
 def stragglers_by_rank() -> timeseries.Panel:
     """Median arrival lag of the worst straggler ranks."""
     return (
-        timeseries_panel(f"Stragglers by rank (top {TOP_RANKS})")
-        .description("Median arrival lag of each straggler rank behind the first arrival.")
-        .with_target(
-            query(
-                f"topk({TOP_RANKS}, max by (rank) (flightdeck_job_straggler_lag_seconds{{{_JOB_RANK}}}))",
-                legend="rank {{rank}}",
-            )
+        _job_series(
+            f"Stragglers by rank (top {TOP_RANKS})",
+            f"topk({TOP_RANKS}, max by (rank) (flightdeck_job_straggler_lag_seconds{{{_JOB_RANK}}}))",
+            "rank {{rank}}",
         )
-        .data_links([job_incident_link(_INCIDENT)])
+        .description("Median arrival lag of each straggler rank behind the first arrival.")
         .unit("s")
-        .min(0)
-        .span(12)
-        .height(8)
     )
 
 
 def rank_last_seen_age() -> timeseries.Panel:
     """Seconds since the stalest ranks' last snapshot (a lost rank climbs without bound)."""
-    return (
-        timeseries_panel(f"Rank last-seen age (top {TOP_RANKS})")
-        .with_target(
-            query(
-                f"topk({TOP_RANKS}, max by (rank) (flightdeck_rank_last_seen_age_seconds{{{_JOB_RANK}}}))",
-                legend="rank {{rank}}",
-            )
-        )
-        .data_links([job_incident_link(_INCIDENT)])
-        .unit("s")
-        .min(0)
-        .span(12)
-        .height(8)
-    )
+    return _job_series(
+        f"Rank last-seen age (top {TOP_RANKS})",
+        f"topk({TOP_RANKS}, max by (rank) (flightdeck_rank_last_seen_age_seconds{{{_JOB_RANK}}}))",
+        "rank {{rank}}",
+    ).unit("s")
 
 
 def incident_link() -> dash.DashboardLink:

@@ -15,6 +15,7 @@ from flightdeck.dashboards.common import (
     base_dashboard,
     label_variable,
     number_panels,
+    quantiles_panel,
     query,
     timeseries_panel,
     with_section,
@@ -43,58 +44,40 @@ def _per_agent_rate(metric: str) -> str:
     return f"sum by (host, agent) (rate({metric}{{{_SEL}}}[{RATE}]))"
 
 
-def throughput() -> timeseries.Panel:
-    """Bytes per second written and read per host/agent."""
+def _write_read_panel(title: str, write_metric: str, read_metric: str, unit: str) -> timeseries.Panel:
+    """Per-second rates of a WRITE and a READ counter, one line each per selected host/agent."""
     return (
-        timeseries_panel("Throughput per agent")
-        .description("Bytes moved by transfers each agent initiated (WRITE = tx, READ = rx).")
-        .with_target(
-            query(_per_agent_rate("flightdeck_nixl_tx_bytes_total"), legend="{{host}}/{{agent}} write")
-        )
-        .with_target(
-            query(
-                _per_agent_rate("flightdeck_nixl_rx_bytes_total"),
-                legend="{{host}}/{{agent}} read",
-                ref_id="B",
-            )
-        )
-        .unit("Bps")
+        timeseries_panel(title)
+        .with_target(query(_per_agent_rate(write_metric), legend="{{host}}/{{agent}} write"))
+        .with_target(query(_per_agent_rate(read_metric), legend="{{host}}/{{agent}} read", ref_id="B"))
+        .unit(unit)
         .min(0)
         .span(12)
         .height(8)
     )
 
 
+def throughput() -> timeseries.Panel:
+    """Bytes per second written and read per host/agent."""
+    return _write_read_panel(
+        "Throughput per agent", "flightdeck_nixl_tx_bytes_total", "flightdeck_nixl_rx_bytes_total", "Bps"
+    ).description("Bytes moved by transfers each agent initiated (WRITE = tx, READ = rx).")
+
+
 def request_rate() -> timeseries.Panel:
     """Completed WRITE and READ requests per second per host/agent."""
-    return (
-        timeseries_panel("Request rate per agent")
-        .with_target(
-            query(_per_agent_rate("flightdeck_nixl_tx_requests_total"), legend="{{host}}/{{agent}} write")
-        )
-        .with_target(
-            query(
-                _per_agent_rate("flightdeck_nixl_rx_requests_total"),
-                legend="{{host}}/{{agent}} read",
-                ref_id="B",
-            )
-        )
-        .unit("reqps")
-        .min(0)
-        .span(12)
-        .height(8)
+    return _write_read_panel(
+        "Request rate per agent",
+        "flightdeck_nixl_tx_requests_total",
+        "flightdeck_nixl_rx_requests_total",
+        "reqps",
     )
 
 
 def _quantile_panel(title: str, metric: str, description: str) -> timeseries.Panel:
     """p50 / p90 / p99 of a NIXL latency histogram over the selected agents."""
     bucket = f"sum by (le) (rate({metric}_bucket{{{_SEL}}}[{RATE}]))"
-    panel = timeseries_panel(title).description(description).unit("s").min(0).span(12).height(8)
-    for ref_id, q in (("A", 0.5), ("B", 0.9), ("C", 0.99)):
-        panel = panel.with_target(
-            query(f"histogram_quantile({q}, {bucket})", legend=f"p{round(q * 100)}", ref_id=ref_id)
-        )
-    return panel
+    return quantiles_panel(title, description, bucket).span(12).height(8)
 
 
 def transfer_time_quantiles() -> timeseries.Panel:

@@ -20,6 +20,7 @@ from flightdeck.dashboards.common import (
     instant_table_query,
     job_incident_link,
     number_panels,
+    quantiles_panel,
     query,
     thresholds,
     timeseries_panel,
@@ -310,18 +311,16 @@ def ingest_rejects_and_errors() -> timeseries.Panel:
     )
 
 
+def _p50_p99(title: str, description: str, metric: str) -> timeseries.Panel:
+    """p50 and p99 of a server histogram (seconds), summed over the replicas."""
+    bucket = f"sum by (le) (rate({metric}_bucket[{RATE}]))"
+    return quantiles_panel(title, description, bucket, (0.5, 0.99)).span(8).height(8)
+
+
 def ingest_latency() -> timeseries.Panel:
     """Ingest latency quantiles (request received to rows committed)."""
-    bucket = f"sum by (le) (rate(flightdeck_ingest_latency_seconds_bucket[{RATE}]))"
-    return (
-        timeseries_panel("Ingest latency")
-        .description("Request received → rows committed.")
-        .with_target(query(f"histogram_quantile(0.5, {bucket})", legend="p50"))
-        .with_target(query(f"histogram_quantile(0.99, {bucket})", legend="p99", ref_id="B"))
-        .unit("s")
-        .min(0)
-        .span(8)
-        .height(8)
+    return _p50_p99(
+        "Ingest latency", "Request received → rows committed.", "flightdeck_ingest_latency_seconds"
     )
 
 
@@ -356,18 +355,10 @@ def server_versions() -> table.Panel:
 
 def diagnosis_duration() -> timeseries.Panel:
     """Live diagnosis time per job (p50, p99) and the share of a core it takes."""
-    bucket = f"sum by (le) (rate(flightdeck_diagnosis_duration_seconds_bucket[{RATE}]))"
-    return (
-        timeseries_panel("Diagnosis duration")
-        .description(
-            "One live diagnosis of one job. A p99 near the diagnosis interval means the server is behind."
-        )
-        .with_target(query(f"histogram_quantile(0.5, {bucket})", legend="p50"))
-        .with_target(query(f"histogram_quantile(0.99, {bucket})", legend="p99", ref_id="B"))
-        .unit("s")
-        .min(0)
-        .span(8)
-        .height(8)
+    return _p50_p99(
+        "Diagnosis duration",
+        "One live diagnosis of one job. A p99 near the diagnosis interval means the server is behind.",
+        "flightdeck_diagnosis_duration_seconds",
     )
 
 

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from flightdeck.server.schema import DatabaseUnreachableError, SchemaError
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -31,6 +36,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
 EXIT_SETTINGS = 2
 EXIT_DB_UNREACHABLE = 3
 EXIT_SCHEMA = 4
+
+
+def database_failure(exc: DatabaseUnreachableError | SchemaError, say: Callable[[str], None]) -> int:
+    """For the commands that only use the database (`migrate`, `token`): say why it cannot be
+    used and return the exit code for that (unreachable, or its schema not usable)."""
+    from flightdeck.server.schema import DatabaseUnreachableError
+
+    if isinstance(exc, DatabaseUnreachableError):
+        say(f"giving up: {exc}")
+        return EXIT_DB_UNREACHABLE
+    say(str(exc))
+    return EXIT_SCHEMA
 
 
 def _say(line: str) -> None:

@@ -23,7 +23,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Migrate (or check) the schema; returns the exit code (3: unreachable, 4: schema not usable)."""
-    from flightdeck.server.cmd import EXIT_DB_UNREACHABLE, EXIT_SCHEMA
+    from flightdeck.server.cmd import EXIT_SCHEMA, database_failure
     from flightdeck.server.db import connect
     from flightdeck.server.schema import (
         DatabaseUnreachableError,
@@ -51,12 +51,8 @@ def run(args: argparse.Namespace) -> int:
             print(problem[1] if problem else f"{safe_url(url)}: schema at revision {before} (current)")
             return EXIT_SCHEMA if problem else 0
         after = ensure_schema(db, migrate_if_needed=True)
-    except DatabaseUnreachableError as exc:
-        say(f"giving up: {exc}")
-        return EXIT_DB_UNREACHABLE
-    except SchemaError as exc:
-        say(str(exc))
-        return EXIT_SCHEMA
+    except (DatabaseUnreachableError, SchemaError) as exc:
+        return database_failure(exc, say)
     finally:
         db.dispose()
     print(f"{safe_url(url)}: schema at revision {after}" + ("" if before == after else f" (was {before})"))

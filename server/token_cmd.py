@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     from sqlalchemy.exc import IntegrityError
 
     from flightdeck.server import store
-    from flightdeck.server.cmd import EXIT_DB_UNREACHABLE, EXIT_SCHEMA, EXIT_SETTINGS
+    from flightdeck.server.cmd import EXIT_SETTINGS, database_failure
     from flightdeck.server.db import connect
     from flightdeck.server.ingest import hash_token, new_token
     from flightdeck.server.schema import (
@@ -77,12 +77,8 @@ def run(args: argparse.Namespace) -> int:
         try:
             wait_for_database(db, url=url, deadline_s=settings.db_startup_timeout_s, report=say)
             ensure_schema(db, migrate_if_needed=settings.effective_migrate)
-        except DatabaseUnreachableError as exc:
-            say(f"giving up: {exc}")
-            return EXIT_DB_UNREACHABLE
-        except SchemaError as exc:
-            say(str(exc))
-            return EXIT_SCHEMA
+        except (DatabaseUnreachableError, SchemaError) as exc:
+            return database_failure(exc, say)
         now = time.time_ns()
         with db.write() as session, session.begin():
             if args.action == "create":

@@ -16,6 +16,8 @@ files under tests/data/nixl.
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections.abc import Callable
+from typing import TypedDict
 
 from flightdeck.nixl_records import Histogram, NixlSample, Source
 
@@ -178,7 +180,6 @@ class Accumulator:
         ring_full_reads: int,
     ) -> NixlSample:
         """The cumulative sample for everything accounted so far."""
-        s = self.sums
         return NixlSample(
             host=host,
             agent=agent,
@@ -188,21 +189,46 @@ class Accumulator:
             read_time_ns=read_time_ns,
             run=run,
             format_version=format_version,
-            tx_bytes=s[TX_BYTES],
-            rx_bytes=s[RX_BYTES],
-            tx_requests=s[TX_REQUESTS],
-            rx_requests=s[RX_REQUESTS],
-            memory_registered_bytes=s[MEM_REG],
-            memory_deregistered_bytes=s[MEM_DEREG],
-            errors=errors_from_sums(s),
-            events_dropped=s[EVENTS_DROPPED],
-            xfer_time=self.histogram(XFER_TIME),
-            post_time=self.histogram(POST_TIME),
+            **sample_counters(self.sums, self.histogram),
             writer_alive=writer_alive,
             restarts=restarts,
             ring_full_reads=ring_full_reads,
             unknown_events=self.unknown,
         )
+
+
+class SampleCounters(TypedDict):
+    """The `NixlSample` fields that both readers take from per-event-type sums and histograms."""
+
+    tx_bytes: int
+    rx_bytes: int
+    tx_requests: int
+    rx_requests: int
+    memory_registered_bytes: int
+    memory_deregistered_bytes: int
+    errors: tuple[tuple[str, int], ...]
+    events_dropped: int
+    xfer_time: Histogram
+    post_time: Histogram
+
+
+def sample_counters(
+    sums: list[int] | tuple[int, ...], histogram: Callable[[int], Histogram]
+) -> SampleCounters:
+    """A sample's counters from per-event-id sums (EVENT_TYPES order) and a reader's
+    histogram of an event type."""
+    return SampleCounters(
+        tx_bytes=sums[TX_BYTES],
+        rx_bytes=sums[RX_BYTES],
+        tx_requests=sums[TX_REQUESTS],
+        rx_requests=sums[RX_REQUESTS],
+        memory_registered_bytes=sums[MEM_REG],
+        memory_deregistered_bytes=sums[MEM_DEREG],
+        errors=errors_from_sums(sums),
+        events_dropped=sums[EVENTS_DROPPED],
+        xfer_time=histogram(XFER_TIME),
+        post_time=histogram(POST_TIME),
+    )
 
 
 def errors_from_sums(sums: list[int] | tuple[int, ...]) -> tuple[tuple[str, int], ...]:

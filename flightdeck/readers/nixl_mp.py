@@ -25,20 +25,11 @@ from pathlib import Path
 from flightdeck.nixl_records import Histogram, NixlSample
 from flightdeck.readers.nixl import (
     EVENT_TYPES,
-    EVENTS_DROPPED,
-    MEM_DEREG,
-    MEM_REG,
-    POST_TIME,
-    RX_BYTES,
-    RX_REQUESTS,
-    TX_BYTES,
-    TX_REQUESTS,
-    XFER_TIME,
     NixlAccessError,
     NixlError,
     NixlFormatError,
-    errors_from_sums,
     parse_local_rank,
+    sample_counters,
 )
 
 MP_MAGIC = 0x3153504D4C58494E  # b"NIXLMPS1" read as a little-endian u64
@@ -98,7 +89,6 @@ class MpStore:
 
     def to_sample(self, *, host: str, read_time_ns: int) -> NixlSample:
         """The store as a `NixlSample`; `host` is the collector's host name."""
-        c = self.counters
         return NixlSample(
             host=host,
             agent=self.agent,
@@ -108,16 +98,7 @@ class MpStore:
             read_time_ns=read_time_ns,
             run=self.run,
             format_version=self.schema_version,
-            tx_bytes=c[TX_BYTES],
-            rx_bytes=c[RX_BYTES],
-            tx_requests=c[TX_REQUESTS],
-            rx_requests=c[RX_REQUESTS],
-            memory_registered_bytes=c[MEM_REG],
-            memory_deregistered_bytes=c[MEM_DEREG],
-            errors=errors_from_sums(c),
-            events_dropped=c[EVENTS_DROPPED],
-            xfer_time=self.histogram(XFER_TIME),
-            post_time=self.histogram(POST_TIME),
+            **sample_counters(self.counters, self.histogram),
             writer_alive=self.writer_alive,
         )
 

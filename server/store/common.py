@@ -1,5 +1,6 @@
-"""Helpers every part of the store shares: the dialect's INSERT, digests, chunking, and
-the driver-level read of many rows; the chunk sizes of statements and IN lists."""
+"""Helpers every part of the store shares: the dialect's INSERT, digests, chunking, the
+driver-level read of many rows, each rank's newest snapshot of a batch; the chunk sizes of
+statements and IN lists."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from typing import Any
 
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
+
+from flightdeck.wire import Snapshot
 
 #: Rows per executemany call: bounds one statement's parameter memory without costing round trips.
 _CHUNK = 10_000
@@ -53,3 +56,16 @@ def _digest(obj: object) -> str:
 def _chunks(seq: Sequence[Any], n: int) -> Iterable[Sequence[Any]]:
     for i in range(0, len(seq), n):
         yield seq[i : i + n]
+
+
+def _latest_per_rank(
+    snapshots: Iterable[Snapshot], job_ids: dict[tuple[str, int], int]
+) -> dict[tuple[int, int], Snapshot]:
+    """Each rank's newest snapshot, keyed by (job id, rank); a later one wins a tie."""
+    latest: dict[tuple[int, int], Snapshot] = {}
+    for s in snapshots:
+        key = (job_ids[(s.job, s.attempt)], s.rank)
+        old = latest.get(key)
+        if old is None or s.snapshot_time_ns >= old.snapshot_time_ns:
+            latest[key] = s
+    return latest

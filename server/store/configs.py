@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 from flightdeck.analysis.config_skew import PeerJob
 from flightdeck.records import RankConfig, config_from_dict, config_to_dict
 from flightdeck.server.models import Job, RankConfigRow
-from flightdeck.server.store.common import _IN_CHUNK, _digest, _insert
+from flightdeck.server.store.common import _IN_CHUNK, _digest, _insert, _latest_per_rank
 from flightdeck.wire import Snapshot
 
 
@@ -19,14 +19,7 @@ def _upsert_rank_configs(
     session: Session, snapshots: Sequence[Snapshot], job_ids: dict[tuple[str, int], int]
 ) -> None:
     """Store each rank's newest configuration report; an unchanged report writes nothing."""
-    latest: dict[tuple[int, int], Snapshot] = {}
-    for s in snapshots:
-        if s.config is None:
-            continue
-        key = (job_ids[(s.job, s.attempt)], s.rank)
-        old = latest.get(key)
-        if old is None or s.snapshot_time_ns >= old.snapshot_time_ns:
-            latest[key] = s
+    latest = _latest_per_rank((s for s in snapshots if s.config is not None), job_ids)
     if not latest:
         return
     rows = []

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from flightdeck.records import Signature, progress_to_dict
 from flightdeck.server.models import STATE_CODES
-from flightdeck.server.store.common import _CHUNK, _chunks
+from flightdeck.server.store.common import _CHUNK, _chunks, _latest_per_rank
 from flightdeck.server.store.ingest_pg import (
     _PG_RANK_TYPES,
     _PG_RANK_UPSERT,
@@ -145,12 +145,7 @@ def _upsert_ranks(
     stack_ids: dict[int, int],
     now_ns: int,
 ) -> None:
-    latest: dict[tuple[int, int], Snapshot] = {}
-    for s in snapshots:
-        key = (job_ids[(s.job, s.attempt)], s.rank)
-        old = latest.get(key)
-        if old is None or s.snapshot_time_ns >= old.snapshot_time_ns:
-            latest[key] = s
+    latest = _latest_per_rank(snapshots, job_ids)
     if not latest:
         return
     # Tuples in _RANK_COLUMNS order; thread_stacks as JSON text (SQL NULL when absent).

@@ -138,9 +138,9 @@ def _mismatch_at(
     ref_sig = by_rank[top_ranks[0]].sigs[top_fp]
     if tie:
         culprits = sorted(r for fp, rs in ranked for r in rs)
-        other_fp, other_ranks = ranked[1]
-        other_sig = by_rank[other_ranks[0]].sigs[other_fp]
-        kind = _kind(ref_sig, other_sig)
+        bad_fp, bad_ranks = ranked[1]
+        bad_sig = by_rank[bad_ranks[0]].sigs[bad_fp]
+        kind = _kind(ref_sig, bad_sig)
         sides = "; ".join(
             f"{_fmt_ranks(rs)} recorded {_describe(by_rank[rs[0]].sigs[fp])}" for fp, rs in ranked
         )
@@ -149,35 +149,24 @@ def _mismatch_at(
             "The ranks split evenly, so which side diverged cannot be told from the dumps alone; "
             "compare the call sites below."
         )
-        return Finding(
-            kind=kind,
-            detail=detail,
-            process_group=g.name,
-            process_group_desc=g.desc,
-            collective_seq_id=seq,
-            op=ref_sig[0],
-            culprit_ranks=culprits,
-            culprits=_refs(culprits, by_rank),
-            expected=_sig_view(ref_sig),
-            actual=_sig_view(other_sig),
-            culprit_frames=by_rank[other_ranks[0]].sig_frames.get(other_fp, ()),
-            waiting_frames=by_rank[top_ranks[0]].sig_frames.get(top_fp, ()),
+    else:
+        culprits = sorted(r for fp, rs in ranked[1:] for r in rs)
+        # The worst disagreement names the finding: a different op explains any size difference.
+        kinds = sorted(
+            ((_kind(ref_sig, by_rank[rs[0]].sigs[fp]), fp, rs) for fp, rs in ranked[1:]),
+            key=lambda x: ("collective_type_mismatch", "size_mismatch", "dtype_mismatch").index(x[0]),
         )
-    culprits = sorted(r for fp, rs in ranked[1:] for r in rs)
-    # The worst disagreement names the finding: a different op explains any size difference.
-    kinds = sorted(
-        ((_kind(ref_sig, by_rank[rs[0]].sigs[fp]), fp, rs) for fp, rs in ranked[1:]),
-        key=lambda x: ("collective_type_mismatch", "size_mismatch", "dtype_mismatch").index(x[0]),
-    )
-    kind, bad_fp, bad_ranks = kinds[0]
-    bad_sig = by_rank[bad_ranks[0]].sigs[bad_fp]
-    detail = (
-        f"{_kind_words(kind).capitalize()} in {_group_label(g)} at collective_seq_id {seq}: "
-        f"{_fmt_ranks(culprits, by_rank)} recorded {_describe(bad_sig)} where the other "
-        f"{len(top_ranks)} rank{'s' if len(top_ranks) != 1 else ''} recorded {_describe(ref_sig)}."
-    )
-    if kind == "dtype_mismatch" and _nbytes_equal(ref_sig, bad_sig):
-        detail += " The element sizes are equal, so gloo completes the collective silently with wrong data."
+        kind, bad_fp, bad_ranks = kinds[0]
+        bad_sig = by_rank[bad_ranks[0]].sigs[bad_fp]
+        detail = (
+            f"{_kind_words(kind).capitalize()} in {_group_label(g)} at collective_seq_id {seq}: "
+            f"{_fmt_ranks(culprits, by_rank)} recorded {_describe(bad_sig)} where the other "
+            f"{len(top_ranks)} rank{'s' if len(top_ranks) != 1 else ''} recorded {_describe(ref_sig)}."
+        )
+        if kind == "dtype_mismatch" and _nbytes_equal(ref_sig, bad_sig):
+            detail += (
+                " The element sizes are equal, so gloo completes the collective silently with wrong data."
+            )
     return Finding(
         kind=kind,
         detail=detail,
