@@ -5,6 +5,10 @@ holds an in-flight slot of `admission.Admission` around it: a flood of pushes fi
 bounded queue on the event loop (no thread, body unread) and gets 429 with Retry-After only when
 `max_queued_ingests` already wait or the wait passes `ingest_queue_timeout_s`, never an
 ever-growing pile of threads and open transactions.
+
+One module over 500 lines: one request's path, authentication to commit, whose steps share the
+batch, its budget and its error answers; admission (`admission.py`), validation
+(`validation.py`) and the SQL (`store/`) are apart.
 """
 
 from __future__ import annotations

@@ -3,6 +3,9 @@
 Ingest counters are ordinary prometheus_client metrics updated as requests happen. Everything per
 job, per collector and per NIXL agent is computed at scrape time by `StateCollector` from the
 in-memory state, so a job's series appear and vanish with the job and nothing is double-booked.
+
+One module over 500 lines: it declares every series of docs/metrics.md in one place (the docs
+test reads them), and the scrape-time collector that fills them from the same state.
 """
 
 from __future__ import annotations

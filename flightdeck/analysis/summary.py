@@ -5,6 +5,11 @@ collective's comparable signature (op, sizes, dtypes) and its enqueue time, plus
 entries in full (with frames). That is a few bytes per entry instead of a few hundred, so 1,024
 ranks x 2,000 entries fit in memory, compare fast (identical windows compare as one hash), and
 can be built next to the file (in a worker process, in the collector) and shipped as plain data.
+
+One module over 500 lines: the summary's shape and the three ways it is built (from records,
+from the reader's columns, from signature columns) and folded into (`add_entries`), which must
+agree value for value (tests/test_reader_columns.py compares them); apart, each would need the
+others' private invariants.
 """
 
 from __future__ import annotations

@@ -29,6 +29,9 @@ the fault at `--fault-at-step`:
 
 The demo prints the verdict, the time from fault to finding and the link to the incident page,
 then serves until Ctrl-C (`--exit`: stops at once).
+
+One module over 500 lines: the command's options, its scenario table and the run that starts,
+faults and watches the job; the ranks' own code is `ranks.py`.
 """
 
 from __future__ import annotations
