@@ -34,7 +34,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from flightdeck.agent import PROGRESS_SAMPLE_S, ProgressSampler  # noqa: E402
+from flightdeck.agent.progress import PROGRESS_SAMPLE_S, ProgressSampler  # noqa: E402
 from flightdeck.launch.demo.ranks import free_port  # noqa: E402
 from flightdeck.launch.local_stack import LocalStack, provision_token, sqlite_url  # noqa: E402
 from flightdeck.readers.fr.files import read_dump_file  # noqa: E402

@@ -36,101 +36,53 @@ files are all older than `spool_retention_s`, is removed at a rescan with its de
 
 Heartbeat: when nothing was queued for `heartbeat_s` and the queue is empty, an empty batch goes
 out, so the server sees an idle collector alive.
+
+The parts: this module holds `Collector` itself (its threads, the flush loop, the commit to the
+queue); the class is assembled from one part per concern, each in its module: `reading.FileReading`
+(one dirty file: read, looked at again, or quarantined), `ranks.RankTracking` (gone ranks, spool
+cleanup, heartbeats, forgetting old state), `nixl_telemetry.NixlTelemetry` (NIXL samples) and
+`batches.BatchEncoding` (batches within the size limits).
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import gzip
-import json
 import logging
 import os
-import shutil
 import sqlite3
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
-import orjson
 from prometheus_client import CollectorRegistry
 from watchdog.observers.api import BaseObserver
 
-from flightdeck import __version__
+from flightdeck.collector.batches import BatchEncoding
 from flightdeck.collector.metrics import CollectorMetrics, MetricsServer
+from flightdeck.collector.nixl_telemetry import NixlTelemetry, _strip_time
 from flightdeck.collector.processes import ProcessLookup, ProcTable
 from flightdeck.collector.pusher import Pusher
-from flightdeck.collector.queue import DurableQueue, FileSig, NewBatch, RankKey, RankRecord
+from flightdeck.collector.queue import DurableQueue, RankKey, RankRecord
+from flightdeck.collector.ranks import RankTracking
+from flightdeck.collector.reading import QUARANTINE_DIR, FileReading, Sig, _Bad
 from flightdeck.collector.settings import CollectorSettings
 from flightdeck.collector.watcher import Watcher, WatchRoot
 from flightdeck.readers.delta import RankState
 from flightdeck.readers.fr.decode import DumpBudget
-from flightdeck.readers.fr.errors import (
-    DumpBudgetError,
-    DumpError,
-    DumpTooLargeError,
-    InvalidDumpError,
-    NotADumpError,
-    NotRegularFileError,
-    TruncatedDumpError,
-    UnsafePickleError,
-    UnsupportedVersionError,
-)
-from flightdeck.readers.fr.files import FILE_KINDS, read_regular
-from flightdeck.readers.incremental import ChangedRead, IncrementalReader
-from flightdeck.readers.nixl import NixlFormatError
-from flightdeck.records import RankDump
-from flightdeck.snapshot_check import SnapshotError, check_snapshot, nixl_wire_problem
-from flightdeck.spool import is_dump_name, rank_from_name, sidecar_path
-from flightdeck.wire import MAX_GONE, Batch, GoneRank, Snapshot, encode_batch, snapshot_from_dump
+from flightdeck.readers.fr.errors import InvalidDumpError
+from flightdeck.readers.incremental import IncrementalReader
+from flightdeck.snapshot_check import SnapshotError, check_snapshot
+from flightdeck.wire import Snapshot, snapshot_from_dump
 
 log = logging.getLogger(__name__)
 
-QUARANTINE_DIR = "quarantine"
-#: How much of a too-large torch dump is copied to quarantine (enough to see what it is).
-QUARANTINE_COPY_MAX = 1024 * 1024
-#: An unchanged NIXL sample is shipped again after this long, so the server sees the agent alive.
-NIXL_HEARTBEAT_NS = 60_000_000_000
 #: A rank's process groups (names, descriptions, members) are shipped when they change and at
 #: least this often: a 4,096-rank world group in every snapshot of every rank would be most of
 #: the bytes the server parses (see docs/dev/performance-history.md, "Scale").
 GROUPS_RESEND_S = 60.0
-#: How often the shipped state of long-finished ranks is pruned.
-PRUNE_INTERVAL_NS = 3600_000_000_000
-
-_REASONS: tuple[tuple[type[DumpError], str], ...] = (
-    (UnsafePickleError, "unsafe_pickle"),
-    (TruncatedDumpError, "truncated"),
-    (UnsupportedVersionError, "unsupported_version"),
-    (DumpTooLargeError, "too_large"),
-    (DumpBudgetError, "over_budget"),
-    (InvalidDumpError, "invalid"),
-    (NotADumpError, "not_a_dump"),
-)
-
-Sig = FileSig  # device, inode, size, mtime_ns
-
-
-def error_reason(exc: DumpError) -> str:
-    """The `reason` label of a reader error."""
-    return next((r for cls, r in _REASONS if isinstance(exc, cls)), "unreadable")
-
-
-def _sig(st: os.stat_result) -> Sig:
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-
-
-@dataclass(slots=True)
-class _Bad:
-    """A file that failed to parse, waiting to be seen unchanged before it is quarantined."""
-
-    sig: Sig
-    error: DumpError
 
 
 @dataclass(slots=True)
@@ -199,7 +151,7 @@ def open_queue(
         raise StateDirError(state_dir, exc) from None
 
 
-class Collector:
+class Collector(FileReading, RankTracking, NixlTelemetry, BatchEncoding):
     """The daemon; everything that varies is injected (settings hold the paths)."""
 
     def __init__(
@@ -513,459 +465,3 @@ class Collector:
                 return 0
 
         return sorted(dirty.items(), key=mtime)
-
-    # --- reading one file -------------------------------------------------------------------------
-
-    def _read(
-        self, path: Path, root: WatchRoot, pending: dict[RankKey, RankState], result: FlushResult
-    ) -> tuple[Sig, RankKey, ChangedRead] | None:
-        """Read a dirty file when it is complete and changed: its signature, rank key and changes.
-
-        None when there is nothing to ship yet. `pending` holds the states of ranks already read in
-        this flush (a rank's stall and periodic files can both change in one flush).
-        """
-        try:
-            st = os.lstat(path)  # never follows a symlink; stat of a FIFO does not block
-        except OSError:
-            self._forget(path)
-            return None
-        sig = _sig(st)
-        if self._done.get(path) == sig:
-            return None
-        if root.kind == "torch" and self._settling.get(path) != sig:
-            # Written in place by PyTorch: wait until two looks agree before reading.
-            self._settling[path] = sig
-            self.watcher.mark(path, root)
-            return None
-        keys: list[RankKey] = []
-
-        def identify(head: RankDump) -> RankState | None:
-            if root.kind == "torch":
-                head.job = head.job or self.settings.torch_job
-            elif head.job is None:
-                self._identity_from_path(head, path, root)
-            key = (head.job or "unknown", head.attempt, head.rank)
-            keys.append(key)
-            return pending.get(key) or self.shipped.get(key)
-
-        try:
-            changed = self._reader.read(
-                path, identify=identify, max_bytes=self.settings.max_dump_bytes, budget=self._budget
-            )
-        except NotRegularFileError as exc:
-            self._skipped(path, sig, exc)
-            return None
-        except DumpError as exc:
-            self._failed(path, root, sig, exc, result)
-            return None
-        try:
-            after = _sig(path.stat())
-        except OSError:
-            after = None
-        if after != sig and root.kind == "torch":  # rewritten while we read it: torn read possible
-            self.watcher.mark(path, root)
-            return None
-        self._settling.pop(path, None)
-        self.metrics.files_seen.inc()
-        result.files_read += 1
-        return sig, keys[-1], changed
-
-    def _identity_from_path(self, dump: RankDump, path: Path, root: WatchRoot) -> None:
-        """A spool file without its sidecar: job and attempt from `<spool>/<job>/<attempt>/`."""
-        rel = path.relative_to(root.directory).parts
-        if len(rel) >= 3:
-            dump.job = rel[-3]
-            if rel[-2].isdigit():
-                dump.attempt = int(rel[-2])
-
-    def _skipped(self, path: Path, sig: Sig, exc: NotRegularFileError) -> None:
-        """A FIFO, socket, device, directory or symlink where a dump belongs: never opened, never
-        moved; counted and logged once per version of the path (a regular file put there later is
-        read as usual)."""
-        self._done[path] = sig
-        self._reader.forget(path)
-        self._settling.pop(path, None)
-        self._bad.pop(path, None)
-        kind = exc.kind if exc.kind in FILE_KINDS else "other"
-        self.metrics.files_skipped.labels(reason=kind).inc()
-        log.warning("skipped %s: %s", path, exc)
-
-    def _failed(self, path: Path, root: WatchRoot, sig: Sig, exc: DumpError, result: FlushResult) -> None:
-        """A parse failure: quarantine when the file is stable and still bad, else look again later."""
-        bad = self._bad.get(path)
-        if bad is None or bad.sig != sig:
-            # First failure of this version of the file: it may still be being written.
-            self._bad[path] = _Bad(sig, exc)
-            self.watcher.mark(path, root)
-            log.debug("%s: %s; looking again at the next flush", path, exc)
-            return
-        del self._bad[path]
-        reason = error_reason(exc)
-        self.metrics.parse_errors.labels(reason=reason).inc()
-        try:
-            dest = self._quarantine(path, root, sig, exc, reason)
-        except OSError as qexc:
-            log.error("%s: %s; cannot quarantine it (%s)", path, exc, qexc)
-            self._done[path] = sig  # do not retry the same bad version every flush
-            return
-        self.metrics.quarantined.inc()
-        result.quarantined += 1
-        log.warning(
-            "bad dump %s: %s [%s]; %s to %s",
-            path,
-            exc,
-            reason,
-            "copied" if root.kind == "torch" else "moved",
-            dest,
-        )
-
-    def _quarantine(self, path: Path, root: WatchRoot, sig: Sig, exc: DumpError, reason: str) -> Path:
-        """Move (spool) or copy (torch's own paths) a bad file into quarantine, with a .reason file."""
-        try:
-            rel = "_".join(path.relative_to(root.directory).parts)
-        except ValueError:
-            rel = path.name
-        dest = self.quarantine_dir / f"{self.clock()}-{rel}"
-        truncated = False
-        if root.kind == "torch":
-            # Never move PyTorch's file: the job may write it again. Copy (the head of a huge one).
-            try:
-                data, _st = read_regular(path, max_bytes=QUARANTINE_COPY_MAX, head=True)
-            except NotRegularFileError as nexc:
-                raise OSError(str(nexc)) from None
-            truncated = len(data) > QUARANTINE_COPY_MAX
-            with open(dest, "wb") as out:
-                out.write(data[:QUARANTINE_COPY_MAX])
-            self._done[path] = sig
-        else:
-            shutil.move(path, dest)
-            meta = sidecar_path(path)
-            if meta.exists():
-                shutil.move(meta, sidecar_path(dest))
-            self._forget(path)
-        doc = {
-            "path": str(path),
-            "reason": reason,
-            "error": f"{type(exc).__name__}: {exc}",
-            "size": sig[2],
-            "mtime_ns": sig[3],
-            "quarantined_ns": self.clock(),
-            "action": "copied" if root.kind == "torch" else "moved",
-            "copy_truncated_to": QUARANTINE_COPY_MAX if truncated else None,
-        }
-        dest.with_name(dest.name + ".reason").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
-        return dest
-
-    def _forget(self, path: Path) -> None:
-        self._reader.forget(path)
-        self._done.pop(path, None)
-        self._settling.pop(path, None)
-        self._bad.pop(path, None)
-
-    def _prune(self) -> None:
-        """Forget the shipped state of ranks that sent nothing for state_retention_s."""
-        now = self.clock()
-        if now - self._last_prune < PRUNE_INTERVAL_NS:
-            return
-        self._last_prune = now
-        forgotten = self.queue.forget_shipped(now - int(self.settings.state_retention_s * 1e9))
-        for key in forgotten:
-            self.shipped.pop(key, None)
-            self._groups_shipped.pop(key, None)
-            self._ranks.pop(key, None)
-        if forgotten:
-            self.queue.forget_ranks(forgotten)
-        missing = [p for p in self._done if not p.exists()]
-        for path in missing:
-            self._forget(path)
-        if missing:
-            self.queue.forget_files(str(p) for p in missing)
-
-    # --- ranks: gone processes, ended spool directories, heartbeats -----------------------------
-
-    def _rank_record(self, key: RankKey, path: Path, snap: Snapshot, prev: RankRecord | None) -> RankRecord:
-        """The rank's record once this snapshot is shipped."""
-        prev = prev or self._ranks.get(key)
-        t = snap.snapshot_time_ns
-        # Only a pid of this host means anything to this host's process table.
-        pid = snap.pid if snap.pid is not None and snap.host == self.host else None
-        directory = str(path.parent)
-        if prev is None or (t > prev.last_ns and pid != prev.pid):
-            # New, or a new process for the same rank (a job re-run under the same name).
-            return RankRecord(directory, pid, t, t, snap.kind == "final")
-        if t >= prev.last_ns:
-            return dataclasses.replace(prev, directory=directory, last_ns=t, final=snap.kind == "final")
-        return dataclasses.replace(prev, first_ns=min(prev.first_ns, t))
-
-    def _gone_candidates(self) -> list[RankKey]:
-        """Ranks of this host whose latest snapshot is not final and whose process is gone."""
-        out = []
-        for key, rec in self._ranks.items():
-            if rec.pid is None or rec.ended:
-                continue
-            try:
-                running = self.processes.running(rec.pid, started_by_ns=rec.first_ns)
-            except Exception:
-                log.exception("process lookup of pid %d failed", rec.pid)
-                continue
-            if running:
-                self._gone_since.pop(key, None)
-            else:
-                self._gone_since.setdefault(key, self.clock())
-                out.append(key)
-        return out
-
-    def _unshipped_files(self, key: RankKey, rec: RankRecord) -> bool:
-        """Whether the rank has a file on disk not yet shipped (marked for the next flush)."""
-        directory = Path(rec.directory)
-        try:
-            names = os.listdir(directory)
-        except OSError:
-            return False  # its directory is gone: nothing left to ship
-        root = self._spool_root(directory)
-        found = False
-        for name in names:
-            if not is_dump_name(name) or rank_from_name(name) != key[2]:
-                continue
-            path = directory / name
-            try:
-                sig = _sig(os.lstat(path))
-            except OSError:
-                continue
-            if self._done.get(path) != sig:
-                found = True
-                if root is not None:
-                    self.watcher.mark(path, root)
-        return found
-
-    def _report_gone(self, candidates: list[RankKey], result: FlushResult) -> None:
-        """Queue one report of the ranks whose process is gone (with their records: once)."""
-        now = self.clock()
-        gone: list[GoneRank] = []
-        records: dict[RankKey, RankRecord] = {}
-        for key in candidates:
-            rec = self._ranks.get(key)
-            if rec is None or rec.ended or rec.pid is None:
-                self._gone_since.pop(key, None)
-                continue  # its final snapshot came in this flush
-            if self._unshipped_files(key, rec):
-                continue  # its snapshots go first; looked at again at the next flush
-            since = self._gone_since.get(key, now)
-            gone.append(GoneRank(key[0], key[1], key[2], rec.pid, since))
-            records[key] = dataclasses.replace(rec, gone_ns=since)
-        if not gone:
-            return
-        batches = [
-            self._control_batch(gone=gone[i : i + MAX_GONE], kind="gone")
-            for i in range(0, len(gone), MAX_GONE)
-        ]
-        if not self.queue.enqueue(batches, ranks=records):
-            return  # the queue is full: they are found gone again at a later flush
-        self._last_enqueue = self.monotonic()
-        self._ranks.update(records)
-        for key in records:
-            self._gone_since.pop(key, None)
-        result.gone += len(gone)
-        result.batches += len(batches)
-        self.metrics.batches_enqueued.inc(len(batches))
-        self.metrics.gone_ranks.inc(len(gone))
-        for g in gone:
-            log.info("rank %d of %s (attempt %d): process %d is gone", g.rank, g.job, g.attempt, g.pid)
-
-    def _heartbeat(self, result: FlushResult) -> None:
-        """An empty batch when nothing was queued for heartbeat_s and nothing waits to be sent."""
-        every = self.settings.heartbeat_s
-        if every <= 0 or self.monotonic() - self._last_enqueue < every:
-            return
-        if self.queue.stats().depth:
-            return  # the pusher has something to send (or keeps trying): that says enough
-        if self.queue.enqueue([self._control_batch(kind="heartbeat")]):
-            self._last_enqueue = self.monotonic()
-            result.heartbeat = True
-            result.batches += 1
-            self.metrics.batches_enqueued.inc()
-            self.metrics.heartbeats.inc()
-
-    def _control_batch(self, *, kind: str, gone: list[GoneRank] | None = None) -> NewBatch:
-        """A batch without snapshots or samples: gone ranks, or nothing (a heartbeat)."""
-        batch_id = str(uuid.uuid4())
-        doc = encode_batch(
-            Batch(batch_id, self.host, __version__, self.clock(), snapshots=[], gone=gone or [])
-        )
-        return NewBatch(batch_id, kind, 0, gzip.compress(orjson.dumps(doc), compresslevel=3))
-
-    def _spool_root(self, directory: Path) -> WatchRoot | None:
-        for root in self._spool_roots:
-            if directory == root.directory or root.directory in directory.parents:
-                return root
-        return None
-
-    def _clean_spool(self, result: FlushResult) -> None:
-        """Remove `<spool>/<job>/<attempt>/` directories whose ranks all ended (final or gone) and
-        whose files are all older than spool_retention_s, with their delivery records."""
-        keep_s = self.settings.spool_retention_s
-        if keep_s <= 0:
-            return
-        cutoff = self.clock() - int(keep_s * 1e9)
-        by_dir: dict[str, list[RankKey]] = {}
-        ended: dict[str, bool] = {}
-        for key, rec in self._ranks.items():
-            by_dir.setdefault(rec.directory, []).append(key)
-            ended[rec.directory] = ended.get(rec.directory, True) and rec.ended
-        for directory, keys in by_dir.items():
-            if not ended[directory] or directory in self._cleanup_failed:
-                continue
-            path = Path(directory)
-            root = self._spool_root(path)
-            if root is None or len(path.relative_to(root.directory).parts) != 2:
-                continue  # only a job's attempt directory in a spool root
-            if path.exists() and not self._removable(path, {k[2] for k in keys}, cutoff):
-                continue
-            try:
-                shutil.rmtree(path)
-            except FileNotFoundError:
-                pass
-            except OSError as exc:
-                self._cleanup_failed.add(directory)
-                log.warning("cannot remove the spool directory %s of an ended job: %s", directory, exc)
-                continue
-            with contextlib.suppress(OSError):
-                path.parent.rmdir()  # the job's directory, once its last attempt is gone
-            self.queue.forget_directory(directory)
-            for key in keys:
-                self._ranks.pop(key, None)
-            for p in [p for p in self._done if p.parent == path]:
-                self._forget(p)
-            result.removed_dirs += 1
-            self.metrics.spool_dirs_removed.inc()
-            log.info("removed the spool directory %s: its ranks ended", directory)
-
-    def _removable(self, path: Path, ranks: set[int], cutoff_ns: int) -> bool:
-        """Every file older than the cutoff, and every dump one of the ended ranks'."""
-        try:
-            with os.scandir(path) as it:
-                for entry in it:
-                    st = entry.stat(follow_symlinks=False)
-                    if st.st_mtime_ns > cutoff_ns or entry.is_dir(follow_symlinks=False):
-                        return False
-                    if is_dump_name(entry.name) and rank_from_name(entry.name) not in ranks:
-                        return False  # a rank this collector knows nothing of (yet)
-        except OSError:
-            return False
-        return True
-
-    # --- NIXL -----------------------------------------------------------------------------------
-
-    def _read_nixl(self) -> list[dict[str, Any]]:
-        """Wire samples of every NIXL agent on the host (rings consumed, mp stores only read)."""
-        out: list[dict[str, Any]] = []
-        failures: list[Exception] = []
-        if self._nixl_rings is not None:
-            rings = self._nixl_rings
-            full, unknown = rings.ring_full_reads, rings.unknown_events
-            try:
-                samples, errs = rings.poll()
-                out += [s.to_wire() for s in samples]
-                failures += errs
-            except Exception:
-                log.exception("reading NIXL ring files failed")
-                self.metrics.loop_errors.labels(loop="nixl").inc()
-            # Silent loss made visible: a full ring means NIXL was discarding events.
-            self.metrics.nixl_ring_full_reads.inc(rings.ring_full_reads - full)
-            self.metrics.nixl_unknown_events.inc(rings.unknown_events - unknown)
-        if self.settings.nixl_multiproc_dir is not None:
-            from flightdeck.readers.nixl_mp import read_mp_dir
-
-            try:
-                samples, errs = read_mp_dir(
-                    Path(os.path.expanduser(self.settings.nixl_multiproc_dir)),
-                    host=self.host,
-                    clock=self.clock,
-                )
-                out += [s.to_wire() for s in samples]
-                failures += errs
-            except Exception:
-                log.exception("reading NIXL store files failed")
-                self.metrics.loop_errors.labels(loop="nixl").inc()
-        checked = []
-        for w in out:
-            problem = nixl_wire_problem(w)
-            if problem is None:
-                checked.append(w)
-            else:  # the server would refuse it (and, an older server, the whole batch with it)
-                failures.append(
-                    NixlFormatError(f"NIXL sample of {str(w.get('agent'))[:64]!r} refused: {problem}")
-                )
-        out = checked
-        for err in failures:
-            msg = str(err)
-            if msg not in self._nixl_errors_logged:  # once per distinct problem, not every flush
-                self._nixl_errors_logged.add(msg)
-                self.metrics.parse_errors.labels(reason="nixl_format").inc()
-                log.warning("NIXL telemetry file skipped: %s", msg)
-        return out
-
-    def _changed_nixl(self, wires: list[dict[str, Any]]) -> list[tuple[dict[str, Any], tuple[Any, ...]]]:
-        """Samples that changed since shipped, or were last shipped a heartbeat ago."""
-        now = self.clock()
-        out = []
-        for w in wires:
-            ident = (w["host"], w["agent"], w["source"], w["run"], w["pid"])
-            last = self._nixl_shipped.get(ident)
-            if last is None or last[0] != _strip_time(w) or now - last[1] >= NIXL_HEARTBEAT_NS:
-                out.append((w, ident))
-        return out
-
-    # --- batches --------------------------------------------------------------------------------
-
-    def _batches(self, snapshots: list[Snapshot], nixl: list[dict[str, Any]]) -> list[NewBatch]:
-        """Encode into batches within max_batch_entries and max_batch_bytes."""
-        limit = self.settings.max_batch_entries
-        groups: list[list[Snapshot]] = [[]]
-        count = 0
-        for snap in snapshots:
-            entries = snap.entries
-            for i in range(0, max(len(entries), 1), limit):
-                part = dataclasses.replace(snap, entries=entries[i : i + limit])
-                if count + len(part.entries) > limit and groups[-1]:
-                    groups.append([])
-                    count = 0
-                groups[-1].append(part)
-                count += len(part.entries)
-        out: list[NewBatch] = []
-        for i, group in enumerate(groups):
-            self._encode(group, nixl if i == 0 else [], out)
-        return out
-
-    def _encode(self, snaps: list[Snapshot], nixl: list[dict[str, Any]], out: list[NewBatch]) -> None:
-        """Encode one batch; halve it while it is over max_batch_bytes and can still be split."""
-        batch_id = str(uuid.uuid4())
-        doc = encode_batch(Batch(batch_id, self.host, __version__, self.clock(), snapshots=snaps, nixl=nixl))
-        # orjson: ~5x faster than the standard library on thousands of small objects, and this
-        # encoding was the collector's largest cost per shipped entry after normalizing it.
-        data = orjson.dumps(doc)
-        if len(data) > self.settings.max_batch_bytes:
-            if len(snaps) > 1:
-                half = len(snaps) // 2
-                self._encode(snaps[:half], nixl, out)
-                self._encode(snaps[half:], [], out)
-                return
-            if snaps and len(snaps[0].entries) > 1:
-                s, half = snaps[0], len(snaps[0].entries) // 2
-                self._encode([dataclasses.replace(s, entries=s.entries[:half])], nixl, out)
-                self._encode([dataclasses.replace(s, entries=s.entries[half:])], [], out)
-                return
-            if len(nixl) > 1:
-                self._encode(snaps, nixl[: len(nixl) // 2], out)
-                self._encode([], nixl[len(nixl) // 2 :], out)
-                return
-            log.warning(
-                "batch %s is %d bytes, over max_batch_bytes, and cannot be split", batch_id, len(data)
-            )
-        entries = sum(len(s.entries) for s in snaps)
-        kind = "fr" if snaps else "nixl"
-        out.append(NewBatch(batch_id, kind, entries, gzip.compress(data, compresslevel=3)))
-
-
-def _strip_time(wire: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in wire.items() if k != "read_time_ns"}

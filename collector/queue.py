@@ -35,6 +35,11 @@ with as much free beside it (`has_room` looks each time it is asked), so
 the space released serves the acknowledgements only. Should an acknowledgement fail even so, the
 batch is remembered as delivered in memory, never sent again by this process, and deleted as soon
 as a write succeeds (after a crash it is sent once more: the server answers "duplicate").
+
+Why one module of over 500 lines: its tables are one database behind one connection and one lock,
+and what binds them is the transaction above (a batch with the shipped state it describes) and the
+reserve every write goes through; split by table, each part would need the others' connection,
+lock and reserve, and the one transaction would span modules.
 """
 
 from __future__ import annotations

@@ -253,7 +253,7 @@ def render() -> str:
         _section(
             "In-job agent (`flightdeck.agent`)",
             "Read by `flightdeck.agent.start()` and `python -m flightdeck.agent` in every rank "
-            "(`AgentConfig` in `flightdeck/agent.py`); keyword arguments of `start()` win over the "
+            "(`AgentConfig` in `flightdeck/agent/settings.py`); keyword arguments of `start()` win over the "
             "environment.",
             _agent_settings(),
         ),

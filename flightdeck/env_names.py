@@ -2,7 +2,7 @@
 
     flightdeck server       FLIGHTDECK_SERVER_<SETTING>      (server/settings.py)
     flightdeck collector    FLIGHTDECK_COLLECTOR_<SETTING>   (collector/settings.py)
-    the in-job agent        FLIGHTDECK_AGENT_<SETTING>       (flightdeck/agent.py)
+    the in-job agent        FLIGHTDECK_AGENT_<SETTING>       (flightdeck/agent/settings.py)
     flightdeck up           FLIGHTDECK_UP_<SETTING>          (flightdeck/launch/up.py)
 
 The three processes used to read `FLIGHTDECK_<SETTING>` alike, so one name meant two things:

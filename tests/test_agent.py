@@ -14,7 +14,9 @@ from typing import Any
 import pytest
 
 from flightdeck import agent as agent_mod
-from flightdeck.agent import AgentConfig, ProgressSampler, progress_of
+from flightdeck.agent import AgentConfig
+from flightdeck.agent import settings as agent_settings
+from flightdeck.agent.progress import STACKS_AFTER_S, ProgressSampler, progress_of
 from flightdeck.env_names import LegacyEnvWarning
 from tests.fr_jobs.dumps import load_dump, load_sidecar
 from tests.fr_jobs.runner import JobResult, run_job
@@ -139,7 +141,7 @@ def test_agent_stall_after_is_deprecated_and_ignored(caplog: pytest.LogCaptureFi
     """The server owns the threshold: the agent accepts its old variable, says so once, and
     writes its stack snapshot after the fixed STACKS_AFTER_S whatever it says."""
     monkey = pytest.MonkeyPatch()
-    monkey.setattr(agent_mod, "_deprecation_logged", False)
+    monkey.setattr(agent_settings, "_deprecation_logged", False)
     try:
         with caplog.at_level(logging.WARNING, logger="flightdeck.agent"):
             cfg = AgentConfig.from_env({"FLIGHTDECK_STALL_AFTER_S": "120", "FLIGHTDECK_INTERVAL_S": "5"})
@@ -149,7 +151,7 @@ def test_agent_stall_after_is_deprecated_and_ignored(caplog: pytest.LogCaptureFi
     assert cfg.interval_s == 5.0  # no longer checked against the interval
     said = [r.getMessage() for r in caplog.records if "FLIGHTDECK_STALL_AFTER_S" in r.getMessage()]
     assert len(said) == 1 and "deprecated and ignored" in said[0], said
-    assert agent_mod.STACKS_AFTER_S == 2.0
+    assert STACKS_AFTER_S == 2.0
 
 
 @pytest.mark.slow

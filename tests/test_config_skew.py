@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from flightdeck.agent import fr_settings, looks_secret, reported_env, static_versions
+from flightdeck.agent.config_report import fr_settings, looks_secret, reported_env, static_versions
 from flightdeck.analysis import Options, diagnose
 from flightdeck.analysis.config_skew import PeerJob, RankConfigRef, config_findings, looks_like_bytes
 from flightdeck.analysis.findings import Finding, finding_key

@@ -194,6 +194,7 @@ def test_the_user_frame_rule_skips_torch_the_stdlib_and_the_agent() -> None:
     assert innermost_user_frame(SAVE) == SAVE[2]
     assert innermost_user_frame(QUEUE) == QUEUE[2]
     assert not is_user_frame(Frame("run", "/work/flightdeck/agent.py", 1))
+    assert not is_user_frame(Frame("_run", "/work/flightdeck/agent/core.py", 1))
     assert not is_user_frame(Frame("_run_code", "<frozen runpy>", 88))
     # The user's own package installed into site-packages is the user's code.
     assert is_user_frame(Frame("step", "/venv/lib/python3.11/site-packages/mytrainer/loop.py", 5))
