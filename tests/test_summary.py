@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from flightdeck.analysis.summary import add_entries, summarize
+from flightdeck.analysis.summary import RankSummary, add_entries, summarize
 from flightdeck.readers.frdump import merge
+from flightdeck.records import META_FIELDS, RankDump, meta_of
+from flightdeck.wire import Snapshot, snapshot_from_dump
 from tests.support.server_batches import scenario_dumps
 
 
@@ -25,3 +27,14 @@ def test_a_later_snapshot_without_frames_takes_no_frames_away(scenario: str) -> 
             want = [(e.collective_seq_id, e.state, e.frames) for e in track.tail]
             got = [(e.collective_seq_id, e.state, e.frames) for e in folded.tracks[g].tail]
             assert got == want, (scenario, rank, g)
+
+
+def test_every_shape_of_a_rank_carries_all_of_its_metadata() -> None:
+    # A file's dump, the wire's snapshot and the diagnosis's summary each hold `RankMeta`'s
+    # fields, and a copy from one to the next keeps every one.
+    for cls in (RankDump, Snapshot, RankSummary):
+        assert set(META_FIELDS) <= set(cls.__dataclass_fields__), cls
+    for dumps in scenario_dumps("kill_in_subgroup").values():
+        for d in dumps:
+            assert meta_of(summarize(d)) == meta_of(d)
+            assert meta_of(snapshot_from_dump(d)) == meta_of(d)

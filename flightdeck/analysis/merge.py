@@ -40,7 +40,7 @@ from dataclasses import replace
 from typing import TypeVar
 
 from flightdeck.analysis.summary import RankSummary, add_entries, fingerprint, signature_of
-from flightdeck.records import Entry, GroupInfo
+from flightdeck.records import Entry, GroupInfo, MetaHolder, RankMeta, set_meta
 from flightdeck.wire import Snapshot
 
 T = TypeVar("T")
@@ -89,22 +89,35 @@ def with_frames_kept(new: Entry, old: Entry | None) -> Entry:
     return new
 
 
+def merged_meta(held: MetaHolder, new: MetaHolder) -> RankMeta:
+    """A rank's metadata once a newer snapshot's (`new`) is taken: who the rank is and what this
+    snapshot is as it says; what it leaves empty keeps the value held (`newer_value`; its local
+    rank only when None, 0 being one)."""
+    return RankMeta(
+        job=newer_value(held.job, new.job),
+        attempt=new.attempt,
+        rank=new.rank,
+        world_size=newer_value(held.world_size, new.world_size),
+        local_rank=held.local_rank if new.local_rank is None else new.local_rank,
+        host=newer_value(held.host, new.host),
+        pid=newer_value(held.pid, new.pid),
+        torch_version=newer_value(held.torch_version, new.torch_version),
+        backend=newer_value(held.backend, new.backend),
+        version=newer_value(held.version, new.version),
+        source=newer_value(held.source, new.source),
+        snapshot_time_ns=new.snapshot_time_ns,
+        kind=new.kind,
+        interval_s=newer_value(held.interval_s, new.interval_s),
+        exception=newer_value(held.exception, new.exception),
+    )
+
+
 def fold_metadata(s: RankSummary, snap: Snapshot) -> bool:
     """Take a snapshot's metadata into its rank's summary if it is not older than the summary's
-    (what it leaves out keeps the value held: `newer_value`); returns whether it was taken."""
+    (`merged_meta`: what it leaves out keeps the value held); returns whether it was taken."""
     if snap.snapshot_time_ns < (s.snapshot_time_ns or 0):
         return False
-    s.attempt = snap.attempt
-    s.source = newer_value(s.source, snap.source)
-    s.world_size = newer_value(s.world_size, snap.world_size)
-    s.host = newer_value(s.host, snap.host)
-    s.pid = newer_value(s.pid, snap.pid)
-    s.backend = newer_value(s.backend, snap.backend)
-    s.version = newer_value(s.version, snap.version)
-    s.snapshot_time_ns = snap.snapshot_time_ns
-    s.kind = snap.kind
-    s.interval_s = newer_value(s.interval_s, snap.interval_s)
-    s.exception = newer_value(s.exception, snap.exception)
+    set_meta(s, merged_meta(s, snap))
     s.wrapped = snap.wrapped
     s.thread_stacks = newer_value(s.thread_stacks, snap.thread_stacks)
     s.config = newer_value(s.config, snap.config)

@@ -28,6 +28,7 @@ from flightdeck.records import (
     RankDump,
     Stack,
     ThreadStack,
+    meta_kwargs,
     with_progress_of,
 )
 
@@ -137,15 +138,19 @@ class GroupTrack:
 
 @dataclass(slots=True)
 class RankSummary:
-    """Everything the diagnosis needs from one rank."""
+    """Everything the diagnosis needs from one rank: its metadata (the fields of
+    `flightdeck.records.RankMeta`, copied in and out with `meta_kwargs`, `meta_of` and
+    `set_meta`), its groups, and per group the track of what it recorded."""
 
     rank: int
     source: str
     job: str | None = None
     attempt: int = 0
     world_size: int | None = None
+    local_rank: int | None = None
     host: str | None = None
     pid: int | None = None
+    torch_version: str | None = None
     backend: str | None = None
     version: str = ""
     snapshot_time_ns: int | None = None
@@ -268,20 +273,8 @@ def summarize(
     """Build the summary of one rank's (merged) dump; with `columns` or `signatures`, of the dump
     whose entries are those columns (`dump.entries` is then not read)."""
     s = RankSummary(
-        rank=dump.rank,
-        source=dump.source,
-        job=dump.job,
-        attempt=dump.attempt,
-        world_size=dump.world_size,
-        host=dump.host,
-        pid=dump.pid,
-        backend=dump.backend,
-        version=dump.version,
-        snapshot_time_ns=dump.snapshot_time_ns,
+        **meta_kwargs(dump),
         snapshot_time_from_file=dump.snapshot_time_from_file,
-        kind=dump.kind,
-        interval_s=dump.interval_s,
-        exception=dump.exception,
         wrapped=dump.wrapped,
         groups=dict(dump.groups),
         thread_stacks=dump.thread_stacks,
