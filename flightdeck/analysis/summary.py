@@ -494,8 +494,7 @@ def add_entries(s: RankSummary, entries: Sequence[Entry], fps: Iterable[int] | N
             # unless the copy held is further along (an older snapshot that arrived late).
             for k in range(len(track.p2p) - 1, -1, -1):
                 if track.p2p[k].record_id == e.record_id:
-                    if not behind(e, track.p2p[k]):
-                        track.p2p[k] = e
+                    track.p2p[k] = merged_entry(track.p2p[k], e)
                     break
             else:
                 track.p2p.append(e)
@@ -581,11 +580,20 @@ def behind(new: Entry, held: Entry) -> bool:
     return a < b or (a == b and held.retired and not new.retired)
 
 
+def merged_entry(held: Entry, new: Entry) -> Entry:
+    """The copy of an entry kept when a snapshot brings `new` of the entry `held`: the one further
+    along (`new`, unless it is `behind`: a re-sent older view changes nothing), with the other's
+    frames when it has none (frames are never taken away)."""
+    keep, other = (held, new) if behind(new, held) else (new, held)
+    if not keep.frames and other.frames:
+        return replace(keep, frames=other.frames)
+    return keep
+
+
 def _replace_tail(track: GroupTrack, e: Entry) -> None:
     for i, old in enumerate(track.tail):
         if old.collective_seq_id == e.collective_seq_id:
-            if not behind(e, old):
-                track.tail[i] = e
+            track.tail[i] = merged_entry(old, e)
             return
 
 
