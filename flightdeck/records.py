@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, Protocol
 
 State = Literal["scheduled", "started", "completed"]
 SnapshotKind = Literal["periodic", "stall", "final", "dump"]
@@ -253,6 +253,108 @@ def progress_from_dict(d: object, frames: Stack | None = None) -> Progress | Non
         stack_fp=fp[:64] if isinstance(fp, str) else "",
         frames=frames,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class RankMeta:
+    """What a snapshot says about its rank and itself, besides what the rank recorded: who the
+    rank is (job, attempt, rank, host, pid, ...), what it runs (torch, backend, dump format), and
+    what snapshot this is (when, which kind, how often they come, the exception it died with).
+
+    One definition for the three shapes that carry a rank's metadata: a file's `RankDump`, the
+    wire's `flightdeck.wire.Snapshot` and the diagnosis's `flightdeck.analysis.summary.RankSummary`.
+    Each keeps these fields as its own attributes (the diagnosis, the web pages and the store read
+    `summary.host`, `snap.pid` in hundreds of places; a nested `meta` would change every one of
+    them and add an attribute lookup to each), and whatever copies them from one to the other goes
+    through `meta_kwargs` (build one of the three with another's), `meta_of` (read them as a
+    `RankMeta`) or `set_meta` (overwrite them with a `RankMeta`'s), so the list of fields is
+    written here only (and in `MetaHolder`, against which mypy checks the three). A copy costs an
+    `attrgetter` call per snapshot (about a microsecond), nothing per entry.
+
+    Not here, although two of the shapes share them: what a snapshot holds of the rank's state
+    (its groups, entries, thread stacks, configuration report, progress, whether its ring wrapped),
+    which each merge rule treats on its own (`flightdeck.analysis.merge`), and what only the files
+    know (`snapshot_time_from_file`, `comm_lib_version`, `pg_status`, the reader's warnings).
+    """
+
+    job: str | None = None
+    attempt: int = 0
+    rank: int = 0
+    world_size: int | None = None
+    local_rank: int | None = None
+    host: str | None = None
+    pid: int | None = None
+    torch_version: str | None = None
+    backend: str | None = None
+    #: The flight recorder's dump format version ("" when unknown).
+    version: str = ""
+    #: Where the snapshot came from (a file's path, "wire", "db").
+    source: str = ""
+    #: When the snapshot was taken (epoch ns); None: unknown (a `RankDump` without a time).
+    snapshot_time_ns: int | None = None
+    #: A `SnapshotKind`; a str, as `Snapshot` and `RankSummary` hold it.
+    kind: str = "dump"
+    #: Seconds between periodic snapshots, when an agent took them.
+    interval_s: float | None = None
+    #: The exception a rank died with, when its final snapshot recorded one.
+    exception: str | None = None
+
+
+#: `RankMeta`'s fields, in order.
+META_FIELDS: tuple[str, ...] = tuple(RankMeta.__dataclass_fields__)
+_meta_values = attrgetter(*META_FIELDS)
+
+
+class MetaHolder(Protocol):
+    """What holds a rank's metadata: a `RankMeta`, `RankDump`, `Snapshot` or `RankSummary`."""
+
+    @property
+    def job(self) -> str | None: ...
+    @property
+    def attempt(self) -> int: ...
+    @property
+    def rank(self) -> int: ...
+    @property
+    def world_size(self) -> int | None: ...
+    @property
+    def local_rank(self) -> int | None: ...
+    @property
+    def host(self) -> str | None: ...
+    @property
+    def pid(self) -> int | None: ...
+    @property
+    def torch_version(self) -> str | None: ...
+    @property
+    def backend(self) -> str | None: ...
+    @property
+    def version(self) -> str: ...
+    @property
+    def source(self) -> str: ...
+    @property
+    def snapshot_time_ns(self) -> int | None: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def interval_s(self) -> float | None: ...
+    @property
+    def exception(self) -> str | None: ...
+
+
+def meta_kwargs(holder: MetaHolder) -> dict[str, Any]:
+    """The metadata a `RankMeta`, `RankDump`, `Snapshot` or `RankSummary` holds, by field name: to
+    build one of the others with (`Snapshot(**meta_kwargs(dump), ...)`)."""
+    return dict(zip(META_FIELDS, _meta_values(holder), strict=True))
+
+
+def meta_of(holder: MetaHolder) -> RankMeta:
+    """The metadata a `RankDump`, `Snapshot` or `RankSummary` holds."""
+    return RankMeta(*_meta_values(holder))
+
+
+def set_meta(holder: object, meta: RankMeta) -> None:
+    """Overwrite the metadata of a `RankDump`, `Snapshot` or `RankSummary` with `meta`'s."""
+    for name, value in zip(META_FIELDS, _meta_values(meta), strict=True):
+        setattr(holder, name, value)
 
 
 @dataclass(slots=True)

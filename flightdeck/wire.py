@@ -60,6 +60,7 @@ from flightdeck.records import (
     entries_from_columns,
     frames_from_wire,
     frames_to_wire,
+    meta_kwargs,
     progress_from_dict,
     progress_to_dict,
     signature_fields,
@@ -109,7 +110,8 @@ SnapshotChecks = Callable[[list["Stack"], list[Any] | None], Callable[["Snapshot
 
 @dataclass(slots=True)
 class Snapshot:
-    """One rank's snapshot as shipped: identity, metadata and the changed entries."""
+    """One rank's snapshot as shipped: identity and metadata (the fields of
+    `flightdeck.records.RankMeta`), and the changed entries."""
 
     job: str
     attempt: int
@@ -751,27 +753,16 @@ def snapshot_from_dump(
     dump: RankDump, *, entries: list[Entry] | None = None, job: str | None = None
 ) -> Snapshot:
     """A snapshot of a parsed dump; `entries` narrows it to the changed ones (default: all)."""
+    meta = meta_kwargs(dump)
+    meta["job"] = job or dump.job or "unknown"
+    meta["snapshot_time_ns"] = dump.snapshot_time_ns or 0
     return Snapshot(
-        job=job or dump.job or "unknown",
-        attempt=dump.attempt,
-        rank=dump.rank,
-        snapshot_time_ns=dump.snapshot_time_ns or 0,
-        kind=dump.kind,
-        world_size=dump.world_size,
-        local_rank=dump.local_rank,
-        host=dump.host,
-        pid=dump.pid,
-        torch_version=dump.torch_version,
-        backend=dump.backend,
-        version=dump.version,
-        interval_s=dump.interval_s,
-        exception=dump.exception,
+        **meta,
         wrapped=dump.wrapped,
         oldest_record_id=dump.entries[0].record_id if dump.entries else None,
         groups=dict(dump.groups),
         thread_stacks=dump.thread_stacks,
         entries=list(dump.entries if entries is None else entries),
-        source=dump.source,
         config=dump.config,
         progress=dump.progress,
     )

@@ -2,7 +2,7 @@
 
 Three paths merge a rank's snapshots, each for its own input:
 
-- `flightdeck.collector.frdump.merge` (`flightdeck analyze`, the web pages over dump files): all of
+- `flightdeck.readers.frdump.merge` (`flightdeck analyze`, the web pages over dump files): all of
   a rank's snapshots at once, as `RankDump`s, into one `RankDump`.
 - the live server's fold (`flightdeck.server.live.fold.fold_snapshot`): each snapshot as it
   arrives into the rank's `RankSummary` (`fold_metadata`, `fold_groups`, `fold_entries` here).
@@ -14,36 +14,57 @@ What they share, one function each here (the store's SQL spells the same rules o
 
 - which snapshot is newer: `snapshot_order`, by snapshot time, then kind (`KIND_RANK`: a final
   snapshot outranks a stall one, which outranks a periodic one, taken at the same time);
-- what a snapshot leaves out keeps the value held (`newer_value`, `newest_of`): its thread stacks, its
-  exception, its configuration report (not every snapshot carries them), and in the live fold
-  every field a snapshot may leave empty (host, pid, ...), much as the store's `COALESCE` does;
+- the rank's metadata (`flightdeck.records.RankMeta`) is the newest snapshot's, but what a
+  snapshot leaves empty keeps the value held (`merged_meta`, `newer_value`), much as the
+  store's `COALESCE` does; so are its thread stacks and configuration report (`newest_of`: not
+  every snapshot carries them);
+- its progress is the sample taken last, by the sample's own time (`later_progress`): a
+  snapshot may carry a sample older than one a snapshot before it carried;
 - a process group's description and members come from the newest snapshot that has them
   (`merged_group`);
-- an entry's frames are never taken away: a newer copy without them keeps the older copy's
-  (`with_frames_kept`; the store keeps the row's stack, the summary a stack per signature).
+- an entry's state only moves forward: a copy of it `behind` the one held (a re-sent older
+  view: a retried batch, a stall snapshot written after the final one) changes nothing, and its
+  frames are never taken away (`merged_entry`; the store's `_FORWARD`, which keeps a row's stack).
 
-Where the live fold differs, and why. It cannot hold a rank's snapshots, nor even their entries
-(a summary keeps a few bytes per collective: `flightdeck.analysis.summary`), so it folds each one
-in as it comes, in arrival order, which is not snapshot order (a retried batch arrives after newer
-ones): an entry's copy replaces the one held only if it is not behind it (`summary.behind`; the
-store's `_FORWARD`) where the files' merge, sorted first, takes each entry from the newest
-snapshot; and the metadata of a snapshot older than the one held is not taken at all, where the
-files' merge sees the newest first. Two rules differ besides, and are kept as they were: the files'
-merge takes the newest snapshot's metadata as it is but for the fields above, and the progress
-sampled last (`sampled_ns`), where the live fold takes the newest snapshot's progress.
+Folded snapshot by snapshot in snapshot order, the live fold gives the summary of the files'
+merge (tests/test_summary.py checks it on every committed scenario). It folds in arrival order,
+though, which is not snapshot order (a retried batch arrives after newer ones): an entry's state
+and the progress do not depend on that order (forward only, the latest sample), but the metadata
+of a snapshot older than the one held is not taken at all (not even a field the held one left
+empty). Neither is on the wire what only the files hold (NCCL's `pg_status`, whether a time is
+only a file's mtime).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import replace
 from typing import TypeVar
 
-from flightdeck.analysis.summary import RankSummary, add_entries, fingerprint, signature_of
-from flightdeck.records import Entry, GroupInfo
+from flightdeck.analysis.summary import (
+    RankSummary,
+    add_entries,
+    fingerprint,
+    merged_entry,
+    signature_of,
+)
+from flightdeck.records import GroupInfo, MetaHolder, Progress, RankMeta, set_meta
 from flightdeck.wire import Snapshot
 
 T = TypeVar("T")
+
+__all__ = [
+    "KIND_RANK",
+    "fold_entries",
+    "fold_groups",
+    "fold_metadata",
+    "later_progress",
+    "merged_entry",
+    "merged_group",
+    "merged_meta",
+    "newer_value",
+    "newest_of",
+    "snapshot_order",
+]
 
 #: Snapshots of one rank taken at the same time, oldest first: a final one is the rank's last word.
 KIND_RANK: dict[str, int] = {"dump": 0, "periodic": 1, "stall": 2, "final": 3}
@@ -82,33 +103,48 @@ def merged_group(
     return type(new)(name, new.desc or (old.desc if old else ""), ranks)
 
 
-def with_frames_kept(new: Entry, old: Entry | None) -> Entry:
-    """A newer copy of an entry, with the frames of the copy `old` when it has none."""
-    if old is not None and not new.frames and old.frames:
-        return replace(new, frames=old.frames)
+def later_progress(held: Progress | None, new: Progress | None) -> Progress | None:
+    """Of two progress samples, the one taken last (`sampled_ns`; `new` when they tie); a
+    missing one keeps the other."""
+    if new is None or (held is not None and new.sampled_ns < held.sampled_ns):
+        return held
     return new
+
+
+def merged_meta(held: MetaHolder, new: MetaHolder) -> RankMeta:
+    """A rank's metadata once a newer snapshot's (`new`) is taken: who the rank is and what this
+    snapshot is as it says; what it leaves empty keeps the value held (`newer_value`; its local
+    rank only when None, 0 being one)."""
+    return RankMeta(
+        job=newer_value(held.job, new.job),
+        attempt=new.attempt,
+        rank=new.rank,
+        world_size=newer_value(held.world_size, new.world_size),
+        local_rank=held.local_rank if new.local_rank is None else new.local_rank,
+        host=newer_value(held.host, new.host),
+        pid=newer_value(held.pid, new.pid),
+        torch_version=newer_value(held.torch_version, new.torch_version),
+        backend=newer_value(held.backend, new.backend),
+        version=newer_value(held.version, new.version),
+        source=newer_value(held.source, new.source),
+        snapshot_time_ns=new.snapshot_time_ns,
+        kind=new.kind,
+        interval_s=newer_value(held.interval_s, new.interval_s),
+        exception=newer_value(held.exception, new.exception),
+    )
 
 
 def fold_metadata(s: RankSummary, snap: Snapshot) -> bool:
     """Take a snapshot's metadata into its rank's summary if it is not older than the summary's
-    (what it leaves out keeps the value held: `newer_value`); returns whether it was taken."""
+    (`merged_meta`: what it leaves out keeps the value held), and its progress if sampled later
+    (`later_progress`); returns whether the metadata was taken."""
+    s.progress = later_progress(s.progress, snap.progress)  # by its own time, whatever the order
     if snap.snapshot_time_ns < (s.snapshot_time_ns or 0):
         return False
-    s.attempt = snap.attempt
-    s.source = newer_value(s.source, snap.source)
-    s.world_size = newer_value(s.world_size, snap.world_size)
-    s.host = newer_value(s.host, snap.host)
-    s.pid = newer_value(s.pid, snap.pid)
-    s.backend = newer_value(s.backend, snap.backend)
-    s.version = newer_value(s.version, snap.version)
-    s.snapshot_time_ns = snap.snapshot_time_ns
-    s.kind = snap.kind
-    s.interval_s = newer_value(s.interval_s, snap.interval_s)
-    s.exception = newer_value(s.exception, snap.exception)
+    set_meta(s, merged_meta(s, snap))
     s.wrapped = snap.wrapped
     s.thread_stacks = newer_value(s.thread_stacks, snap.thread_stacks)
     s.config = newer_value(s.config, snap.config)
-    s.progress = newer_value(s.progress, snap.progress)
     return True
 
 

@@ -33,6 +33,7 @@ from flightdeck.records import (
     RankDump,
     Stack,
     ThreadStack,
+    meta_kwargs,
     with_progress_of,
 )
 
@@ -142,15 +143,19 @@ class GroupTrack:
 
 @dataclass(slots=True)
 class RankSummary:
-    """Everything the diagnosis needs from one rank."""
+    """Everything the diagnosis needs from one rank: its metadata (the fields of
+    `flightdeck.records.RankMeta`, copied in and out with `meta_kwargs`, `meta_of` and
+    `set_meta`), its groups, and per group the track of what it recorded."""
 
     rank: int
     source: str
     job: str | None = None
     attempt: int = 0
     world_size: int | None = None
+    local_rank: int | None = None
     host: str | None = None
     pid: int | None = None
+    torch_version: str | None = None
     backend: str | None = None
     version: str = ""
     snapshot_time_ns: int | None = None
@@ -273,20 +278,8 @@ def summarize(
     """Build the summary of one rank's (merged) dump; with `columns` or `signatures`, of the dump
     whose entries are those columns (`dump.entries` is then not read)."""
     s = RankSummary(
-        rank=dump.rank,
-        source=dump.source,
-        job=dump.job,
-        attempt=dump.attempt,
-        world_size=dump.world_size,
-        host=dump.host,
-        pid=dump.pid,
-        backend=dump.backend,
-        version=dump.version,
-        snapshot_time_ns=dump.snapshot_time_ns,
+        **meta_kwargs(dump),
         snapshot_time_from_file=dump.snapshot_time_from_file,
-        kind=dump.kind,
-        interval_s=dump.interval_s,
-        exception=dump.exception,
         wrapped=dump.wrapped,
         groups=dict(dump.groups),
         thread_stacks=dump.thread_stacks,
@@ -506,8 +499,7 @@ def add_entries(s: RankSummary, entries: Sequence[Entry], fps: Iterable[int] | N
             # unless the copy held is further along (an older snapshot that arrived late).
             for k in range(len(track.p2p) - 1, -1, -1):
                 if track.p2p[k].record_id == e.record_id:
-                    if not behind(e, track.p2p[k]):
-                        track.p2p[k] = e
+                    track.p2p[k] = merged_entry(track.p2p[k], e)
                     break
             else:
                 track.p2p.append(e)
@@ -593,11 +585,20 @@ def behind(new: Entry, held: Entry) -> bool:
     return a < b or (a == b and held.retired and not new.retired)
 
 
+def merged_entry(held: Entry, new: Entry) -> Entry:
+    """The copy of an entry kept when a snapshot brings `new` of the entry `held`: the one further
+    along (`new`, unless it is `behind`: a re-sent older view changes nothing), with the other's
+    frames when it has none (frames are never taken away)."""
+    keep, other = (held, new) if behind(new, held) else (new, held)
+    if not keep.frames and other.frames:
+        return replace(keep, frames=other.frames)
+    return keep
+
+
 def _replace_tail(track: GroupTrack, e: Entry) -> None:
     for i, old in enumerate(track.tail):
         if old.collective_seq_id == e.collective_seq_id:
-            if not behind(e, old):
-                track.tail[i] = e
+            track.tail[i] = merged_entry(old, e)
             return
 
 
