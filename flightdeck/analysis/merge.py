@@ -2,7 +2,7 @@
 
 Three paths merge a rank's snapshots, each for its own input:
 
-- `flightdeck.readers.frdump.merge` (`flightdeck analyze`, the web pages over dump files): all of
+- `flightdeck.readers.fr.merge.merge` (`flightdeck analyze`, the web pages over dump files): all of
   a rank's snapshots at once, as `RankDump`s, into one `RankDump`.
 - the live server's fold (`flightdeck.server.live.fold.fold_snapshot`): each snapshot as it
   arrives into the rank's `RankSummary` (`fold_metadata`, `fold_groups`, `fold_entries` here).
@@ -32,7 +32,9 @@ though, which is not snapshot order (a retried batch arrives after newer ones): 
 and the progress do not depend on that order (forward only, the latest sample), but the metadata
 of a snapshot older than the one held is not taken at all (not even a field the held one left
 empty). Neither is on the wire what only the files hold (NCCL's `pg_status`, whether a time is
-only a file's mtime).
+only a file's mtime). The store keeps the newest snapshot's progress, not the latest sample: a job
+rebuilt from it after a snapshot that carried an older sample than the one before it holds that
+older sample until the next one.
 """
 
 from __future__ import annotations
