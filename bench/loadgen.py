@@ -281,17 +281,25 @@ class Sim:
                 idx.append(i)
                 created.append(c)
                 fin.append(end)
+        dur: list[float | None] = [(e - c) / 1e6 for c, e in zip(created, fin, strict=True) if e is not None]
         last = self.last_index(r, now_ns)
         new = range(r.next_i, last + 1)
         r.next_i = max(r.next_i, last + 1)
         if not any(new.start <= f.index < new.stop for f in self.faults):
             base, rate = self.t0_ns + r.jitter_ns + self._shift_ns(new.start), self.rate
             new_created = [base + int(i * NS / rate) for i in new]
-            new_fin: list[int | None] = [c + DURATION_NS if c <= done_by else None for c in new_created]
+            # Created in order: the first k have finished, the rest are in flight.
+            k = bisect.bisect_right(new_created, done_by)
+            left = len(new_created) - k
+            new_fin: list[int | None] = [c + DURATION_NS for c in new_created[:k]]
+            new_fin += [None] * left
+            dur += [DURATION_NS / 1e6] * k
+            dur += [None] * left
         else:
             times = [self._times(r, i) for i in new]
             new_created = [c for c, _ in times]
             new_fin = [e if e is not None and e <= now_ns else None for _, e in times]
+            dur += [None if e is None else (e - c) / 1e6 for c, e in zip(new_created, new_fin, strict=True)]
         for i, e in zip(new, new_fin, strict=True):
             if e is None:
                 r.in_flight[i] = None
@@ -302,10 +310,12 @@ class Sim:
         kinds = self.topo.kinds
         member = self.topo.member[r.rank]
         bad = self._bad.get(r.rank)  # where its entries' sizes differ from its peers'
+        names = [m[0] for m in member]
+        mods = [i % kinds for i in idx]
         cols: dict[str, Any] = {
             "n": len(idx),
             "rid": idx,
-            "g": [member[i % kinds][0] for i in idx],
+            "g": [names[k] for k in mods],
             "seq": [i // kinds + 1 for i in idx],
             "p2p": [0] * len(idx),
             "opid": [i + 1 for i in idx],
@@ -317,14 +327,15 @@ class Sim:
         optional: dict[str, list[Any]] = {
             "ts": [c + 10_000 for c in created],
             "td": fin,
-            "dur": [None if e is None else (e - c) / 1e6 for c, e in zip(created, fin, strict=True)],
+            "dur": dur,
             "to": [600_000] * len(idx),
         }
         cols |= {k: v for k, v in optional.items() if any(x is not None for x in v)}
         if bad:
-            cols["sig"] = [sigs.ref(i % kinds % len(OPS), i in bad) for i in idx]
-        else:
-            cols["sig"] = [sigs.ref(i % kinds % len(OPS), False) for i in idx]
+            cols["sig"] = [sigs.ref(k % len(OPS), i in bad) for i, k in zip(idx, mods, strict=True)]
+        else:  # one lookup per kind, in order of first use (as `encode_batch` numbers them)
+            refs = {k: sigs.ref(k % len(OPS), False) for k in dict.fromkeys(mods)}
+            cols["sig"] = [refs[k] for k in mods]
         groups: dict[str, Any] = {}
         if not r.groups_sent_ns or now_ns - r.groups_sent_ns >= self.groups_resend_s * NS:
             groups = {n: self.topo.wire[n] for n, _, _ in member}

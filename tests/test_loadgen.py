@@ -18,6 +18,7 @@ from bench.loadgen import (
     NS,
     Fault,
     RankSim,
+    Sample,
     Sim,
     Stats,
     Topology,
@@ -121,7 +122,7 @@ def test_several_faults_in_one_run_each_where_the_command_line_puts_it() -> None
     # in it that long, and everything after it came that much later.
     assert last[(5, stall.index)].time_created_ns >= stall.at_ns + 3 * NS
     assert last[(4, stall.index)].time_created_ns < stall.at_ns + NS
-    assert all(last[(r, stall.index)].time_completed_ns >= stall.at_ns + 3 * NS for r in range(32))
+    assert all((last[(r, stall.index)].time_completed_ns or 0) >= stall.at_ns + 3 * NS for r in range(32))
     assert seen[(4, stall.index)][0] == "started" and seen[(4, stall.index)][-1] == "completed"
     nxt = last[(4, stall.index + 1)].time_created_ns
     assert stall.at_ns + 3 * NS <= nxt < stall.at_ns + 4 * NS
@@ -179,11 +180,7 @@ def test_windows_give_rates_latency_and_bytes_per_window() -> None:
     stats.throttled = [40.0, 41.0]
     out = windows(stats, ranks=10, end_s=60.0, window_s=30.0)
     assert [w["t_s"] for w in out] == [60.0]  # no samples: one window to the end
-    stats.samples = []
-    from bench.loadgen import Sample
-
-    for t in (0.0, 30.0, 60.0):
-        stats.samples.append(Sample(t, [t / 10], [2**20], [2**20], t / 100))
+    stats.samples = [Sample(s, [s / 10], [2**20], [2**20], s / 100) for s in (0.0, 30.0, 60.0)]
     out = windows(stats, ranks=10, end_s=60.0, window_s=30.0)
     assert [w["t_s"] for w in out] == [30.0, 60.0]
     assert [w["entries_per_s"] for w in out] == [100, 100]
