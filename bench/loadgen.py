@@ -9,19 +9,30 @@ is shipped when it appears, and again when it completes if it was in flight at t
 request in flight per host, retried on 429/503 after `Retry-After` like `collector/pusher.py`.
 
 Each rank runs `--rate` collectives per second, round-robin over `--groups` kinds of process
-groups (the world, per-host blocks, same-local-rank stripes, two-host blocks, ...). At `--fault-at`
-seconds one rank stops (`--fault hang`: every other rank waits in the next world collective) or
-enters that collective with other sizes (`--fault mismatch`); the generator polls
-`GET /api/v1/jobs/{job}/findings` until the finding appears.
+groups (the world, per-host blocks, same-local-rank stripes, two-host blocks, ...). Faults, as many
+as wanted, each `--fault KIND@SECONDS[:rank=R][:for=S]`: at the first world collective from that
+moment rank R (5 unless given) stops before it (`hang`: every other rank waits in it) or enters it
+with other sizes (`mismatch`); with `for=S` the collective completes S seconds later on every rank
+and the job goes on (a stall that clears; `mismatch@T:for=0` is a silent one), else the job stops
+there, so a fault after it is refused. The old single form, `--fault hang|mismatch|none
+--fault-at S --fault-rank R`, still works. The generator polls `GET /api/v1/jobs/{job}/findings`
+until each fault's finding appears, and at the end matches every finding episode to the fault
+that explains it (its own finding, or one at its collective or naming its rank after it); the
+others are `false_findings`.
 
-Reports delivered entries/s, per-request and delivery latency percentiles (early vs late half of
-the run, to show growth), the delivery lag behind the snapshot time, fault -> finding, server CPU
-and peak RSS (from /proc), machine CPU, and the database size. Traffic goes to 127.0.0.1 only.
+Reports delivered entries/s, per-request and delivery latency percentiles, the delivery lag behind
+the snapshot time, wire bytes per rank-second, each fault -> finding, false findings, server CPU
+and RSS, the generator's own CPU, PostgreSQL backends' CPU and memory (PSS from /proc), the
+database's size at the start and end (MiB per hour, extrapolated), machine CPU; and all of these
+per `--window-s` window, to show how they move over the run. Traffic goes to 127.0.0.1 only.
 
     # spawn the servers on a fresh database (dropped afterwards) and run 60 s:
     python -m bench.loadgen --spawn postgresql --servers 1 --ranks 1024 --hosts 128 --duration 60
     # against running servers:
     python -m bench.loadgen --url http://127.0.0.1:8470 --token fdk_... --server-pid 1234 ...
+    # issue #25's job: a silent mismatch at 60 s, a hang for good at 120 s, figures every 30 s:
+    python -m bench.loadgen --spawn postgresql --ranks 16384 --hosts 2048 --groups 4
+        --duration 150 --fault mismatch@60:rank=9000:for=0 --fault hang@120:rank=5 --window-s 30
 """
 
 from __future__ import annotations
@@ -931,10 +942,13 @@ async def drive(
     early = [s for t, s in request_s if t < half]
     late = [s for t, s in request_s if half <= t <= gen_wall]
     offered = args.ranks * args.rate
-    # Steady state: from 10 s in to the first fault (it stops the simulated job, for a while or
-    # for good).
-    t_end = (faults[0].at_ns - t0) / NS if faults else gen_wall
-    steady = sum(r[4] for r in stats.delivered if 10.0 <= r[0] < t_end) / max(1e-9, t_end - 10.0)
+    # Steady state: from 10 s in to the first fault that stops the simulated job (for a while or
+    # for good; a mismatch held 0 s does not); None when that comes before 11 s.
+    stops = [(f.at_ns - t0) / NS for f in faults if f.hold_s != 0.0]
+    t_end = min([gen_wall, *stops])
+    steady = None
+    if t_end >= 11.0:
+        steady = round(sum(r[4] for r in stats.delivered if 10.0 <= r[0] < t_end) / (t_end - 10.0))
     by_fault: dict[int, list[str]] = {f.index: [] for f in faults}
     false: list[dict[str, Any]] = []
     for x in stats.findings:
@@ -978,7 +992,7 @@ async def drive(
         "wall_s": round(wall, 1),
         "offered_collectives_per_s": offered,
         "entries_per_s": round(stats.entries / wall),
-        "steady_entries_per_s": round(steady),
+        "steady_entries_per_s": steady,
         "batches_per_s": round(stats.batches / wall, 1),
         "entries": stats.entries,
         "kib_per_batch": round(stats.bytes_sent / max(1, stats.batches) / 1024, 1),

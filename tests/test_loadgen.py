@@ -191,7 +191,9 @@ def test_windows_give_rates_latency_and_bytes_per_window() -> None:
     assert [w["server_rss_mib"] for w in out] == [[1], [1]]
 
 
+@pytest.mark.slow
 def test_a_short_run_against_a_real_server_reports_each_fault_and_no_false_finding() -> None:
+    # 32 ranks, a silent mismatch then a hang for good, against a spawned server on SQLite.
     out = subprocess.run(
         [
             sys.executable,
@@ -220,8 +222,9 @@ def test_a_short_run_against_a_real_server_reports_each_fault_and_no_false_findi
         capture_output=True,
         text=True,
         timeout=180,
-        check=True,
+        check=False,
     )
+    assert out.returncode == 0, out.stderr[-2000:]
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert report["drained"] and report["errors"] == 0
     assert [f["fault"] for f in report["faults"]] == ["mismatch@3:rank=9:for=0", "hang@7:rank=5"]
