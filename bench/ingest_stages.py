@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
     topo.build()
     t0 = time.time_ns() - 60 * NS
     rng = random.Random(1)
-    sim = Sim("bench-stages", topo, 10.0, 2.0, t0, "none", 0, None, 60.0)
+    sim = Sim("bench-stages", topo, 10.0, 2.0, t0, 60.0)
     sim.ranks = [RankSim(r, rng.randrange(2_000_000)) for r in range(args.ranks)]
     rounds = [
         [sim.host_batch(h, t0 + (k + 1) * 2 * NS)[1] for h in range(args.hosts)]

@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
     topo.build()
     t0 = time.time_ns() - int((args.history + 2) * NS)
     rng = random.Random(1)
-    sim = Sim("bench-live", topo, 10.0, 2.0, t0, "none", 0, None, 60.0)
+    sim = Sim("bench-live", topo, 10.0, 2.0, t0, 60.0)
     sim.ranks = [RankSim(r, rng.randrange(2_000_000)) for r in range(args.ranks)]
     built = time.perf_counter()
     snaps = rounds(sim, t0, args.history)
