@@ -76,8 +76,8 @@ def run_round(agent: bool, round_s: float, interval_s: float, spool: Path) -> li
         MASTER_PORT=str(port),
         WORLD_SIZE=str(WORLD),
         OMP_NUM_THREADS="1",
-        FLIGHTDECK_SPOOL_DIR=str(spool),
-        FLIGHTDECK_JOB=f"bench-{port}",
+        FLIGHTDECK_AGENT_SPOOL_DIR=str(spool),
+        FLIGHTDECK_AGENT_JOB=f"bench-{port}",
         PYTHONPATH=str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
     )
     cmd = [

@@ -18,21 +18,17 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-from flightdeck.launch.demo.ranks import free_port
-from flightdeck.server import store
-from flightdeck.server.db import connect
-from tests.support.hostile_corpus import Choice, Corpus, Request, Tally, entries_lost, send
+from tests.support.hostile_corpus import Choice, Corpus, Request, Tally, entries_lost, send, stored_entries
+from tests.support.server_process import ServerProcess
 
 
 def _peak_rss_mb(pid: int) -> float:
@@ -61,32 +57,23 @@ def main(argv: list[str] | None = None) -> None:
         with psycopg.connect(url.replace("+psycopg", ""), autocommit=True) as conn:
             conn.execute(f'CREATE SCHEMA "{schema}"')  # a fresh hex name, not input
         url = f"{url}?options=-csearch_path%3D{schema}"
-    port = free_port()
     env = {
         **os.environ,
         "FLIGHTDECK_SERVER_DATABASE_URL": url,
-        "FLIGHTDECK_SERVER_HOST": "127.0.0.1",
-        "FLIGHTDECK_SERVER_PORT": str(port),
         "FLIGHTDECK_SERVER_ALLOW_UNAUTHENTICATED_INGEST": "true",
         "FLIGHTDECK_SERVER_MIGRATE": "true",  # a fresh PostgreSQL schema is migrated only when told
         "FLIGHTDECK_SERVER_DIAGNOSIS_INTERVAL_S": "1",
     }
     log = tmp / "server.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "flightdeck", "server"], env=env, stdout=out, stderr=subprocess.STDOUT
-        )
-    base = f"http://127.0.0.1:{port}"
+    server = ServerProcess(env, log)
+    base = server.url
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"the server did not come up:\n{log.read_text(errors='replace')[-3000:]}")
-            try:
-                if httpx.get(base + "/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.2)
+        try:
+            server.start()
+        except AssertionError as exc:
+            raise SystemExit(
+                f"the server did not come up:\n{log.read_text(errors='replace')[-3000:]}"
+            ) from exc
         rng = random.Random(args.seed)
         tally = Tally()
         started = time.monotonic()
@@ -104,26 +91,14 @@ def main(argv: list[str] | None = None) -> None:
             for j in client.get("/api/v1/jobs").json():
                 for path in (f"/api/v1/jobs/{j['job']}", f"/jobs/{j['job']}"):
                     send(client, _get(path), tally, last)
-        rss = _peak_rss_mb(proc.pid)
-        alive = proc.poll() is None
+        rss = _peak_rss_mb(server.pid)
+        alive = server.proc is not None and server.proc.poll() is None
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        server.stop()
 
-    db = connect(url)
     try:
-
-        def stored(jobs: Sequence[str]) -> dict[str, int]:
-            out = {}
-            with db.read() as session:
-                for name in jobs:
-                    j = store.get_job(session=session, name=name)
-                    out[name] = 0 if j is None else store.count_entries(session=session, job_id=j.id)
-            return out
-
-        lost = entries_lost(tally.healthy, stored)
+        lost = entries_lost(tally.healthy, lambda jobs: stored_entries(url, jobs))
     finally:
-        db.dispose()
         if schema is not None:
             import psycopg
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import os
 import random
 import sys
 import time
@@ -31,10 +30,10 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 from bench.loadgen import NS, RankSim, Sim, Topology, pg_backend_cpu_s
+from bench.server_ingest import scratch_pg_database
 from flightdeck.analysis import RankSummary
 from flightdeck.analysis.merge import fold_entries
 from flightdeck.runtime_tuning import GC_PAUSE
@@ -42,8 +41,6 @@ from flightdeck.server import store
 from flightdeck.server.db import connect, migrate
 from flightdeck.server.validation import decode_checked
 from flightdeck.wire import Batch, decode_batch
-
-PG_ADMIN = os.environ.get("FLIGHTDECK_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
 
 
 def cpu_of(fn: Callable[[], Any]) -> tuple[float, Any]:
@@ -90,47 +87,42 @@ def main(argv: list[str] | None = None) -> None:
         cpu["decode_checked (decode + validation)"], _ = cpu_of(lambda: [decode_checked(d) for d in docs])
     n = sum(b.entry_count for b in batches)
 
-    name = "flightdeck_stages_" + uuid.uuid4().hex[:8]
-    with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
-        admin.execute(f"CREATE DATABASE {name}")  # a fresh hex name, not input
-    url = PG_ADMIN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1) + "/" + name
-    db = connect(url)
-    pg_cpu: dict[str, float] = {}
-    try:
-        migrate(db)
-        cache = store.IngestCache()
+    with scratch_pg_database("flightdeck_stages") as url:
+        db = connect(url)
+        pg_cpu: dict[str, float] = {}
+        try:
+            migrate(db)
+            cache = store.IngestCache()
 
-        def write(bs: list[Batch]) -> None:
-            for i in range(0, len(bs), args.group):
-                with db.write() as session, session.begin():
-                    _, learned = store.ingest_batches(
-                        session=session,
-                        batches=[(b, None) for b in bs[i : i + args.group]],
-                        now_ns=time.time_ns(),
-                        cache=cache,
-                    )
-                cache.learn(learned)
+            def write(bs: list[Batch]) -> None:
+                for i in range(0, len(bs), args.group):
+                    with db.write() as session, session.begin():
+                        _, learned = store.ingest_batches(
+                            session=session,
+                            batches=[(b, None) for b in bs[i : i + args.group]],
+                            now_ns=time.time_ns(),
+                            cache=cache,
+                        )
+                    cache.learn(learned)
 
-        write(warm)
-        # PostgreSQL's own CPU (its backends, from /proc): steadier than the wall clock on a
-        # shared machine, where the write's wall time mostly measures the other processes.
-        pg0 = pg_backend_cpu_s(url)
-        wall = time.perf_counter()
-        cpu["store.ingest_batches (this process)"], _ = cpu_of(lambda: write(batches))
-        wall = time.perf_counter() - wall
-        pg_cpu["write"] = pg_backend_cpu_s(url) - pg0
-        requeue_wall = None
-        if args.requeue:
-            stale = [replace(b, batch_id=uuid.uuid4().hex) for b in batches]
+            write(warm)
+            # PostgreSQL's own CPU (its backends, from /proc): steadier than the wall clock on a
+            # shared machine, where the write's wall time mostly measures the other processes.
             pg0 = pg_backend_cpu_s(url)
-            requeue_wall = time.perf_counter()
-            cpu["store.ingest_batches, requeued (process)"], _ = cpu_of(lambda: write(stale))
-            requeue_wall = time.perf_counter() - requeue_wall
-            pg_cpu["requeued write"] = pg_backend_cpu_s(url) - pg0
-    finally:
-        db.dispose()
-        with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
-            admin.execute(f"DROP DATABASE IF EXISTS {name}")
+            wall = time.perf_counter()
+            cpu["store.ingest_batches (this process)"], _ = cpu_of(lambda: write(batches))
+            wall = time.perf_counter() - wall
+            pg_cpu["write"] = pg_backend_cpu_s(url) - pg0
+            requeue_wall = None
+            if args.requeue:
+                stale = [replace(b, batch_id=uuid.uuid4().hex) for b in batches]
+                pg0 = pg_backend_cpu_s(url)
+                requeue_wall = time.perf_counter()
+                cpu["store.ingest_batches, requeued (process)"], _ = cpu_of(lambda: write(stale))
+                requeue_wall = time.perf_counter() - requeue_wall
+                pg_cpu["requeued write"] = pg_backend_cpu_s(url) - pg0
+        finally:
+            db.dispose()
 
     summaries: dict[int, RankSummary] = {}
 

@@ -114,8 +114,8 @@ def start_job(root: Path, log: Any) -> subprocess.Popen[bytes]:
     """torchrun with 4 gloo ranks under the agent; rank 0 blocks in next_batch at step 4."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLIGHTDECK_")}
     env.update(
-        FLIGHTDECK_SPOOL_DIR=str(root / "spool"),
-        FLIGHTDECK_JOB=JOB,
+        FLIGHTDECK_AGENT_SPOOL_DIR=str(root / "spool"),
+        FLIGHTDECK_AGENT_JOB=JOB,
         TORCH_FR_DUMP_TEMP_FILE=str(root / "torch" / "comm_lib_trace_rank_"),
         PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]),
     )

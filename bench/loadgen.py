@@ -1066,8 +1066,7 @@ async def drive(
 @contextmanager
 def spawned(args: argparse.Namespace) -> Iterator[tuple[list[str], str, list[int], str]]:
     """Fresh database + token + `args.servers` server processes; yields (urls, token, pids, db url)."""
-    from bench.server_ingest import make_token, start_server
-    from flightdeck.launch.demo.ranks import free_port
+    from bench.server_ingest import make_token, scratch_pg_database, start_server
 
     env = {
         "FLIGHTDECK_SERVER_STALL_AFTER_S": str(args.stall_after),
@@ -1076,38 +1075,20 @@ def spawned(args: argparse.Namespace) -> Iterator[tuple[list[str], str, list[int
         env["FLIGHTDECK_SERVER_MAX_INFLIGHT_INGESTS"] = str(args.inflight)
     if args.servers > 1:
         env["FLIGHTDECK_SERVER_CLUSTER"] = "true"
-    with tempfile.TemporaryDirectory() as tmp:
-        name = ""
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as scratch:
         if args.spawn == "sqlite":
             url = f"sqlite:///{tmp}/loadgen.db"
         else:
-            import psycopg
-
-            name = f"flightdeck_scale_{uuid.uuid4().hex[:8]}"
-            with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
-                admin.execute(f'CREATE DATABASE "{name}"')
-            base = PG_ADMIN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
-            url = f"{base}/{name}"
-        procs = []
+            url = scratch.enter_context(scratch_pg_database("flightdeck_scale"))
+        servers = []
         try:
             token = make_token(url)
             for _ in range(args.servers):
-                port = free_port()
-                procs.append((start_server(url, port, env), port))
-            yield [f"http://127.0.0.1:{p}" for _, p in procs], token, [pr.pid for pr, _ in procs], url
+                servers.append(start_server(url, env))
+            yield [s.url for s in servers], token, [s.pid for s in servers], url
         finally:
-            for pr, _ in procs:
-                pr.terminate()
-            for pr, _ in procs:
-                try:
-                    pr.wait(30)
-                except Exception:
-                    pr.kill()
-            if name:
-                import psycopg
-
-                with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
-                    admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            for server in servers:
+                server.stop()
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -1140,9 +1121,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--fault-at", type=float, default=None, help="seconds in (default: 2/3 of duration)")
     ap.add_argument("--fault-rank", type=int, default=5)
-    ap.add_argument("--stall-after", type=float, default=5.0, help="the servers' FLIGHTDECK_STALL_AFTER_S")
     ap.add_argument(
-        "--inflight", type=int, help="FLIGHTDECK_MAX_INFLIGHT_INGESTS (--spawn; default: the server's)"
+        "--stall-after", type=float, default=5.0, help="the servers' FLIGHTDECK_SERVER_STALL_AFTER_S"
+    )
+    ap.add_argument(
+        "--inflight", type=int, help="FLIGHTDECK_SERVER_MAX_INFLIGHT_INGESTS (--spawn; default: the server's)"
     )
     ap.add_argument(
         "--groups-resend-s",

@@ -100,7 +100,7 @@ def main() -> int:
             }
             env.update(
                 MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(args.ranks),
-                FLIGHTDECK_SPOOL_DIR=str(spool), FLIGHTDECK_JOB="healthy", OMP_NUM_THREADS="1",
+                FLIGHTDECK_AGENT_SPOOL_DIR=str(spool), FLIGHTDECK_AGENT_JOB="healthy", OMP_NUM_THREADS="1",
                 PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""),
             )  # fmt: skip
             cmd = [sys.executable, "-m", "flightdeck.launch.demo.worker", "--steps", str(args.steps)]

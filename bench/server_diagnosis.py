@@ -24,7 +24,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 from bench.server_ingest import make_token, scratch_pg_database, start_server
 from bench.server_synth import encode, rank_entries, snapshot, stuck_entry, template
 from flightdeck.analysis import Options, diagnose, summarize
-from flightdeck.launch.demo.ranks import free_port
 from flightdeck.records import RankDump
 
 NS = 1_000_000_000
@@ -70,15 +69,14 @@ def run(url: str, args: argparse.Namespace) -> None:
             for r in range(first, min(args.ranks, first + args.ranks_per_batch))
         ]
         bodies.append(encode(snaps))
-    port = free_port()
-    proc = start_server(url, port, {})
+    server = start_server(url, {})
     headers = {
         "Authorization": f"Bearer {token}",
         "Content-Encoding": "gzip",
         "Content-Type": "application/json",
     }
     try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=300) as client:
+        with httpx.Client(base_url=server.url, timeout=300) as client:
             t0 = time.perf_counter()
             with ThreadPoolExecutor(2) as pool:
                 list(
@@ -112,10 +110,9 @@ def run(url: str, args: argparse.Namespace) -> None:
                 time.sleep(0.01)
             t_found = time.perf_counter()
             assert hang[0]["culprit_ranks"] == [culprit], hang[0]
-            mem = rss_mib(proc.pid)
+            mem = rss_mib(server.pid)
     finally:
-        proc.terminate()
-        proc.wait(30)
+        server.stop()
     n = args.ranks * args.entries
     print(
         f"{url.split(':', 1)[0]}: {args.ranks} ranks x {args.entries} entries streamed in {stream_s:.1f} s "

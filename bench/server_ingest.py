@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,20 +26,21 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 from bench.loadgen import proc_cpu_s
 from bench.server_synth import encode, rank_entries, snapshot, template
-from flightdeck.launch.demo.ranks import free_port
 from flightdeck.server import store
 from flightdeck.server.db import connect, migrate
 from flightdeck.server.ingest import hash_token, new_token
+from tests.support.server_process import ServerProcess
 
 PG_ADMIN = os.environ.get("FLIGHTDECK_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
 
 
 @contextlib.contextmanager
-def scratch_pg_database() -> Iterator[str]:
-    """A fresh PostgreSQL database on PG_ADMIN's server (its SQLAlchemy URL), dropped afterwards."""
+def scratch_pg_database(prefix: str = "flightdeck_bench") -> Iterator[str]:
+    """A fresh PostgreSQL database `<prefix>_<hex>` on PG_ADMIN's server (its SQLAlchemy URL),
+    dropped afterwards."""
     import psycopg
 
-    name = f"flightdeck_bench_{uuid.uuid4().hex[:8]}"
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{name}"')
     try:
@@ -51,20 +51,12 @@ def scratch_pg_database() -> Iterator[str]:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-def start_server(url: str, port: int, env_extra: dict[str, str]) -> subprocess.Popen[bytes]:
-    """`flightdeck server` in its own process; returns once /healthz answers."""
-    env = {**os.environ, **env_extra}
-    cmd = [sys.executable, "-m", "flightdeck", "server", "--port", str(port), "--database-url", url]
-    proc = subprocess.Popen([*cmd, "--log-level", "warning"], env=env)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("server did not start")
+def start_server(url: str, env_extra: dict[str, str]) -> ServerProcess:
+    """`flightdeck server` on the database `url` in its own process, on a free 127.0.0.1 port (its
+    output this process's); returns it once /healthz answers."""
+    server = ServerProcess({**os.environ, **env_extra}, None, "--database-url", url, "--log-level", "warning")
+    server.start(timeout_s=30)
+    return server
 
 
 def make_token(url: str) -> str:
@@ -131,15 +123,14 @@ def run(url: str, path: Path | None, args: argparse.Namespace) -> None:
             ]
             bodies.append(encode(snaps))
     n_entries = args.ranks * args.entries
-    port = free_port()
-    proc = start_server(url, port, {"FLIGHTDECK_SERVER_MAX_INFLIGHT_INGESTS": str(args.concurrency)})
+    server = start_server(url, {"FLIGHTDECK_SERVER_MAX_INFLIGHT_INGESTS": str(args.concurrency)})
     try:
         headers = {
             "Authorization": f"Bearer {token}",
             "Content-Encoding": "gzip",
             "Content-Type": "application/json",
         }
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as client:
+        with httpx.Client(base_url=server.url, timeout=120) as client:
 
             def post(b: bytes) -> float:
                 t = time.perf_counter()
@@ -147,13 +138,12 @@ def run(url: str, path: Path | None, args: argparse.Namespace) -> None:
                 r.raise_for_status()
                 return time.perf_counter() - t
 
-            cpu0, t0 = proc_cpu_s(proc.pid), time.perf_counter()
+            cpu0, t0 = proc_cpu_s(server.pid), time.perf_counter()
             with ThreadPoolExecutor(args.concurrency) as pool:
                 lat = sorted(pool.map(post, bodies))
-            wall, cpu = time.perf_counter() - t0, proc_cpu_s(proc.pid) - cpu0
+            wall, cpu = time.perf_counter() - t0, proc_cpu_s(server.pid) - cpu0
     finally:
-        proc.terminate()
-        proc.wait(30)
+        server.stop()
     size = bytes_per_entry(url, path)
     assert size["entries"] == n_entries, size
     kib = sum(len(b) for b in bodies) / len(bodies) / 1024

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import time
 import uuid
 from dataclasses import replace
@@ -32,7 +31,6 @@ import httpx
 from bench.server_ingest import make_token, start_server
 from bench.server_synth import snapshot
 from bench.web_server import database, post_batch, post_job, rss_mib, wait_idle
-from flightdeck.launch.demo.ranks import free_port
 from flightdeck.wire import Batch
 
 ENDED = ("finished", "failed")
@@ -76,12 +74,6 @@ def load() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM and wait."""
-    proc.terminate()
-    proc.wait(60)
-
-
 def main(argv: list[str] | None = None) -> None:
     """Post the jobs, restart, end them; print the server's memory at each step."""
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
@@ -96,20 +88,19 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{args.db}, {args.jobs} job(s) of {args.ranks} ranks x {args.entries} collectives", flush=True)
     with database(args.db, None) as url:
         token = make_token(url)
-        port = free_port()
-        proc = start_server(url, port, {})
+        server = start_server(url, {})
         try:
-            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=300) as client:
-                wait_idle(proc.pid)
-                base = prev = rss_mib(proc.pid)
+            with httpx.Client(base_url=server.url, timeout=300) as client:
+                wait_idle(server.pid)
+                base = prev = rss_mib(server.pid)
                 print(f"  baseline              {base:7.0f} MiB   (load {load()})", flush=True)
                 steps = []
                 for i, job in enumerate(jobs):
                     t = time.monotonic()
                     post_job(client, token, job, args.ranks, args.entries, hang=False)
                     wait_status(client, job, ("running",), 300)
-                    wait_idle(proc.pid)
-                    rss = rss_mib(proc.pid)
+                    wait_idle(server.pid)
+                    rss = rss_mib(server.pid)
                     steps.append(rss - prev)
                     print(
                         f"  after job {i + 1:<3}         {rss:7.0f} MiB   {rss - prev:+6.1f} MiB"
@@ -126,11 +117,11 @@ def main(argv: list[str] | None = None) -> None:
                     flush=True,
                 )
                 if not args.no_restart:
-                    stop(proc)
-                    proc = start_server(url, port, {})
-                    start = rss_mib(proc.pid)
-                    wait_idle(proc.pid)
-                    rss, peak = rss_mib(proc.pid), status_mib(proc.pid, "VmHWM")
+                    server.stop()
+                    server.start(timeout_s=30)
+                    start = rss_mib(server.pid)
+                    wait_idle(server.pid)
+                    rss, peak = rss_mib(server.pid), status_mib(server.pid, "VmHWM")
                     print(
                         f"  restarted, rebuilt    {rss:7.0f} MiB   (at start {start:.0f}, peak {peak:.0f}; "
                         f"load {load()})",
@@ -142,15 +133,15 @@ def main(argv: list[str] | None = None) -> None:
                 # The server lets an ended job's memory go once no batch of it came for
                 # stall_after_s (5 s by default): the late final snapshots come within that.
                 time.sleep(args.release_wait)
-                wait_idle(proc.pid)
-                rss = rss_mib(proc.pid)
+                wait_idle(server.pid)
+                rss = rss_mib(server.pid)
                 print(
                     f"  jobs ended            {rss:7.0f} MiB   ({', '.join(sorted(set(ended.values())))};"
                     f" load {load()})",
                     flush=True,
                 )
         finally:
-            stop(proc)
+            server.stop()
 
 
 if __name__ == "__main__":

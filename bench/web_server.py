@@ -41,7 +41,6 @@ import httpx
 
 from bench.server_ingest import make_token, start_server
 from bench.server_synth import rank_entries, snapshot, stuck_entry, template
-from flightdeck.launch.demo.ranks import free_port
 from flightdeck.wire import Batch, encode_batch
 
 PG_ADMIN = os.environ.get("FLIGHTDECK_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
@@ -269,12 +268,11 @@ def main(argv: list[str] | None = None) -> None:
     reuse = args.keep is not None and _exists(args.db, args.keep)
     with database(args.db, args.keep) as url:
         token = make_token(url)
-        port = free_port()
-        proc = start_server(url, port, {})
+        server = start_server(url, {})
         try:
-            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as client:
+            with httpx.Client(base_url=server.url, timeout=120) as client:
                 t0 = time.monotonic()
-                rss0 = rss_mib(proc.pid)
+                rss0 = rss_mib(server.pid)
                 for i in range(0 if reuse else args.jobs):
                     last = i == args.jobs - 1
                     post_job(client, token, f"web-{i}", args.ranks, args.entries, hang=last)
@@ -284,33 +282,34 @@ def main(argv: list[str] | None = None) -> None:
                 seq = int(str(finding["collective_seq_id"]))
                 if args.copies and not reuse:
                     copy_job(url, job, [f"web-copy-{i}" for i in range(args.copies)])
-                wait_idle(proc.pid)
+                wait_idle(server.pid)
                 page = f"/jobs/{job}"
                 live = {"HX-Request": "true", "HX-Target": "live"}
                 rows: list[tuple[str, tuple[float, int, float]]] = [
-                    ("incident page", timed(client, page, args.repeat, pid=proc.pid)),
-                    ("live fragment", timed(client, page, args.repeat, live, pid=proc.pid)),
+                    ("incident page", timed(client, page, args.repeat, pid=server.pid)),
+                    ("live fragment", timed(client, page, args.repeat, live, pid=server.pid)),
                     (
                         "timeline fragment",
-                        timed(client, page, args.repeat, {**live, "HX-Target": "timeline"}, pid=proc.pid),
+                        timed(client, page, args.repeat, {**live, "HX-Target": "timeline"}, pid=server.pid),
                     ),
-                    ("wall-time view", timed(client, page + "?view=time", args.repeat, pid=proc.pid)),
+                    ("wall-time view", timed(client, page + "?view=time", args.repeat, pid=server.pid)),
                 ]
                 etag = client.get(page, headers=live).headers.get("ETag")
                 if etag:
                     quiet = {**live, "If-None-Match": etag}
                     rows.append(
-                        ("quiet live fragment", timed(client, page, args.repeat, quiet, pid=proc.pid))
+                        ("quiet live fragment", timed(client, page, args.repeat, quiet, pid=server.pid))
                     )
                 cell = f"{page}/cell?group=0&seq={seq}&rank=3"
-                rows.append(("cell detail", timed(client, cell, args.repeat, pid=proc.pid)))
+                rows.append(("cell detail", timed(client, cell, args.repeat, pid=server.pid)))
                 tl = f"/api/v1/jobs/{job}/timeline?group=0&seq_from={seq - 20}&seq_to={seq}&limit=10000"
-                rows.append(("JSON timeline, 21 seqs", timed(client, tl, args.repeat, pid=proc.pid)))
-                rows.append(("JSON verdict", timed(client, f"/api/v1/jobs/{job}", args.repeat, pid=proc.pid)))
-                rss = rss_mib(proc.pid)
+                rows.append(("JSON timeline, 21 seqs", timed(client, tl, args.repeat, pid=server.pid)))
+                rows.append(
+                    ("JSON verdict", timed(client, f"/api/v1/jobs/{job}", args.repeat, pid=server.pid))
+                )
+                rss = rss_mib(server.pid)
         finally:
-            proc.terminate()
-            proc.wait(30)
+            server.stop()
     load = Path("/proc/loadavg").read_text().split()[:3]
     if reuse:
         print(f"{args.db}, the jobs kept in {args.keep} (server restarted on them)")

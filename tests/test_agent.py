@@ -110,26 +110,30 @@ def test_agent_old_names_warn_and_the_new_one_wins() -> None:
 
 
 def test_config_from_env_and_overrides() -> None:
-    env = {"FLIGHTDECK_SPOOL_DIR": "/x", "FLIGHTDECK_INTERVAL_S": "0.5", "FLIGHTDECK_FULL_EVERY_S": "10"}
+    env = {
+        "FLIGHTDECK_AGENT_SPOOL_DIR": "/x",
+        "FLIGHTDECK_AGENT_INTERVAL_S": "0.5",
+        "FLIGHTDECK_AGENT_FULL_EVERY_S": "10",
+    }
     cfg = AgentConfig.from_env(env, job="j1")
     assert cfg == AgentConfig(spool_dir=Path("/x"), interval_s=0.5, full_every_s=10.0, job="j1")
     # A long interval is no error: every snapshot is then the whole ring.
-    assert AgentConfig.from_env({"FLIGHTDECK_INTERVAL_S": "60"})
+    assert AgentConfig.from_env({"FLIGHTDECK_AGENT_INTERVAL_S": "60"})
     assert AgentConfig.from_env({}) == AgentConfig()
-    assert not AgentConfig.from_env({"FLIGHTDECK_AGENT": "0"}).enabled
+    assert not AgentConfig.from_env({"FLIGHTDECK_AGENT_ENABLED": "0"}).enabled
 
 
 @pytest.mark.parametrize(
     "env",
     [
-        {"FLIGHTDECK_INTERVAL_S": "fast"},
-        {"FLIGHTDECK_INTERVAL_S": "0"},
-        {"FLIGHTDECK_INTERVAL_S": "nan"},
+        {"FLIGHTDECK_AGENT_INTERVAL_S": "fast"},
+        {"FLIGHTDECK_AGENT_INTERVAL_S": "0"},
+        {"FLIGHTDECK_AGENT_INTERVAL_S": "nan"},
         {"FLIGHTDECK_STALL_AFTER_S": "soon"},
-        {"FLIGHTDECK_AGENT": "maybe"},
-        {"FLIGHTDECK_FULL_EVERY_S": "-1"},
-        {"FLIGHTDECK_FULL_EVERY_S": "nan"},
-        {"FLIGHTDECK_JOB": "///"},
+        {"FLIGHTDECK_AGENT_ENABLED": "maybe"},
+        {"FLIGHTDECK_AGENT_FULL_EVERY_S": "-1"},
+        {"FLIGHTDECK_AGENT_FULL_EVERY_S": "nan"},
+        {"FLIGHTDECK_AGENT_JOB": "///"},
     ],
 )
 def test_config_rejects_bad_values(env: dict[str, str]) -> None:
@@ -144,7 +148,9 @@ def test_agent_stall_after_is_deprecated_and_ignored(caplog: pytest.LogCaptureFi
     monkey.setattr(agent_settings, "_deprecation_logged", False)
     try:
         with caplog.at_level(logging.WARNING, logger="flightdeck.agent"):
-            cfg = AgentConfig.from_env({"FLIGHTDECK_STALL_AFTER_S": "120", "FLIGHTDECK_INTERVAL_S": "5"})
+            cfg = AgentConfig.from_env(
+                {"FLIGHTDECK_STALL_AFTER_S": "120", "FLIGHTDECK_AGENT_INTERVAL_S": "5"}
+            )
             AgentConfig.from_env({"FLIGHTDECK_STALL_AFTER_S": "1"})
     finally:
         monkey.undo()

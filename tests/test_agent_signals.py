@@ -85,10 +85,10 @@ def _env(spool: Path, job: str, *, agent: bool) -> dict[str, str]:
         if not k.startswith(("FLIGHTDECK_", "TORCHELASTIC_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_RANK"))
     }
     env.update(
-        FLIGHTDECK_SPOOL_DIR=str(spool),
-        FLIGHTDECK_JOB=job,
-        FLIGHTDECK_INTERVAL_S="0.2",
-        FLIGHTDECK_AGENT="1" if agent else "0",
+        FLIGHTDECK_AGENT_SPOOL_DIR=str(spool),
+        FLIGHTDECK_AGENT_JOB=job,
+        FLIGHTDECK_AGENT_INTERVAL_S="0.2",
+        FLIGHTDECK_AGENT_ENABLED="1" if agent else "0",
         OMP_NUM_THREADS="1",
         PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""),
     )

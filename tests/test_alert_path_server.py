@@ -30,7 +30,7 @@ pytestmark = [
 @pytest.fixture
 def server_target(tmp_path: Path) -> Iterator[HangTarget]:
     """A real server process on 127.0.0.1 with a collector token; triggering ingests the hung job."""
-    with ServerProcess(tmp_path / "data", env={"FLIGHTDECK_STALL_AFTER_S": "5"}) as server:
+    with ServerProcess(tmp_path / "data", env={"FLIGHTDECK_SERVER_STALL_AFTER_S": "5"}) as server:
         server.start()
         # Without the final snapshots: a job hung now (an ended one pages nobody).
         yield HangTarget(

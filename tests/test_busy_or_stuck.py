@@ -30,6 +30,7 @@ import pytest
 from flightdeck.launch.demo.ranks import free_port
 from tests.support.api_client import get, job_report
 from tests.support.cli import FLIGHTDECK, clean_env, collector_env, create_token
+from tests.support.server_process import ServerProcess
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -94,49 +95,35 @@ class Stack:
 @contextlib.contextmanager
 def control_plane(tmp_path: Path, **server_settings: str) -> Iterator[Stack]:
     """`flightdeck server` (shipped defaults, plus `server_settings`) and `flightdeck collector`."""
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
     env = clean_env()
     with receiver() as (hooks, url):
         server_env = {
             **env,
-            "FLIGHTDECK_DATA_DIR": str(tmp_path / "data"),
-            "FLIGHTDECK_PORT": str(port),
-            "FLIGHTDECK_WEBHOOK_URLS": json.dumps([url]),
-            **{f"FLIGHTDECK_{k.upper()}": v for k, v in server_settings.items()},
+            "FLIGHTDECK_SERVER_DATA_DIR": str(tmp_path / "data"),
+            "FLIGHTDECK_SERVER_WEBHOOK_URLS": json.dumps([url]),
+            **{f"FLIGHTDECK_SERVER_{k.upper()}": v for k, v in server_settings.items()},
         }
         (tmp_path / "data").mkdir()
-        token = create_token(server_env, "busy")
-        (tmp_path / "token").write_text(token)
-        spool = tmp_path / "spool"
-        spool.mkdir()
-        collector_vars = collector_env(env, base, tmp_path, spool)
-        procs: list[subprocess.Popen[bytes]] = []
-        logs = [open(tmp_path / f"{n}.log", "wb") for n in ("server", "collector")]  # noqa: SIM115
-        try:
-            procs.append(
-                subprocess.Popen(
-                    [*FLIGHTDECK, "server"], env=server_env, stdout=logs[0], stderr=subprocess.STDOUT
+        with ServerProcess(server_env, tmp_path / "server.log") as server:
+            token = create_token(server.env, "busy")
+            (tmp_path / "token").write_text(token)
+            spool = tmp_path / "spool"
+            spool.mkdir()
+            collector_vars = collector_env(env, server.url, tmp_path, spool)
+            server.start()
+            with open(tmp_path / "collector.log", "wb") as log:
+                collector = subprocess.Popen(
+                    [*FLIGHTDECK, "collector"], env=collector_vars, stdout=log, stderr=subprocess.STDOUT
                 )
-            )
-            wait_until(lambda: get(f"{base}/healthz")[0] == 200, 60, "the server")
-            procs.append(
-                subprocess.Popen(
-                    [*FLIGHTDECK, "collector"], env=collector_vars, stdout=logs[1], stderr=subprocess.STDOUT
-                )
-            )
-            yield Stack(base, token, spool, hooks)
-        finally:
-            for p in reversed(procs):
-                p.send_signal(signal.SIGTERM)
-            for p in reversed(procs):
+            try:
+                yield Stack(server.url, token, spool, hooks)
+            finally:
+                collector.send_signal(signal.SIGTERM)
                 try:
-                    p.wait(timeout=30)
+                    collector.wait(timeout=30)
                 except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
-            for log in logs:
-                log.close()
+                    collector.kill()
+                    collector.wait()
 
 
 @dataclass
@@ -167,8 +154,8 @@ def torchrun(stack: Stack, tmp_path: Path, job: str, *args: str) -> Iterator[Job
         if not k.startswith(("FLIGHTDECK_", "TORCHELASTIC_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_RANK"))
     }
     env.update(
-        FLIGHTDECK_SPOOL_DIR=str(stack.spool),
-        FLIGHTDECK_JOB=job,
+        FLIGHTDECK_AGENT_SPOOL_DIR=str(stack.spool),
+        FLIGHTDECK_AGENT_JOB=job,
         OMP_NUM_THREADS="1",
         PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""),
     )
@@ -270,7 +257,7 @@ def test_a_blocked_rank_is_a_hang_whose_first_finding_names_its_line(tmp_path: P
 
 
 def test_slow_past_the_ceiling_is_a_hang(tmp_path: Path) -> None:
-    """LOWERED CEILING (FLIGHTDECK_SLOW_CEILING_S=8, shipped: half the group's timeout): rank 0 busy
+    """LOWERED CEILING (FLIGHTDECK_SERVER_SLOW_CEILING_S=8, shipped: half the group's timeout): rank 0 busy
     for 20 s is slow first, then a hang once the others have waited 8 s."""
     with (
         control_plane(tmp_path, slow_ceiling_s="8") as stack,

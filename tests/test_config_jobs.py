@@ -244,7 +244,7 @@ def test_server_stores_configs_and_opens_resolves_findings(
 def test_server_flags_jobs_sharing_checkpoints_across_214_and_215(
     server: Server, uniform: dict[int, RankDump]
 ) -> None:
-    """Two jobs with one FLIGHTDECK_CHECKPOINT_DIR: a trainer on (simulated) torch 2.15 and an
+    """Two jobs with one FLIGHTDECK_AGENT_CHECKPOINT_DIR: a trainer on (simulated) torch 2.15 and an
     evaluator on 2.14.1. Both get a `checkpoint_compat` finding naming the other job."""
 
     def as_job(job: str, version: str) -> list[Any]:

@@ -32,6 +32,7 @@ import pytest
 from flightdeck.launch.demo.ranks import JobSpec, free_port, start_ranks, stop_all
 from tests.support.api_client import get, job_report
 from tests.support.cli import FLIGHTDECK, clean_env, collector_env, create_token
+from tests.support.server_process import ServerProcess
 from tests.support.waiting import wait_until
 
 #: Each test is bounded (its waits are bounded too; this is the backstop against a hung process).
@@ -349,26 +350,24 @@ def test_gloo_job_to_collector_to_server(tmp_path: Path) -> None:
     """The plain deployment: `flightdeck token create`, `flightdeck server`, `flightdeck collector`,
     and a 4-rank gloo job whose rank 1 stalls in its data loader: the API names rank 1, the group,
     the sequence id and the op of the blocked all-reduce."""
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
     env = clean_env()
-    server_env = {**env, "FLIGHTDECK_DATA_DIR": str(tmp_path / "data"), "FLIGHTDECK_PORT": str(port)}
-    server_env["FLIGHTDECK_STALL_AFTER_S"] = str(STALL_AFTER_S)
+    server_env = {**env, "FLIGHTDECK_SERVER_DATA_DIR": str(tmp_path / "data")}
+    server_env["FLIGHTDECK_SERVER_STALL_AFTER_S"] = str(STALL_AFTER_S)
     (tmp_path / "data").mkdir()
-    token = create_token(server_env, "e2e", "--host", socket.gethostname())
+    logs = {name: open(tmp_path / f"{name}.log", "wb") for name in ("server", "collector", 0, 1, 2, 3)}  # noqa: SIM115
+    server = ServerProcess(server_env, logs["server"])
+    base = server.url
+    token = create_token(server.env, "e2e", "--host", socket.gethostname())
     (tmp_path / "token").write_text(token)
     spool = tmp_path / "spool"
     spool.mkdir()
-    collector_vars = {**collector_env(env, base, tmp_path, spool), "FLIGHTDECK_PUSH_INTERVAL_S": "0.5"}
-    logs = {name: open(tmp_path / f"{name}.log", "wb") for name in ("server", "collector", 0, 1, 2, 3)}  # noqa: SIM115
+    collector_vars = {
+        **collector_env(env, base, tmp_path, spool),
+        "FLIGHTDECK_COLLECTOR_PUSH_INTERVAL_S": "0.5",
+    }
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        procs.append(
-            subprocess.Popen(
-                [*FLIGHTDECK, "server"], env=server_env, stdout=logs["server"], stderr=subprocess.STDOUT
-            )
-        )
-        wait_until(lambda: get(f"{base}/healthz")[0] == 200, 60, "the server")
+        server.start()
         procs.append(
             subprocess.Popen(
                 [*FLIGHTDECK, "collector"],
@@ -424,6 +423,7 @@ def test_gloo_job_to_collector_to_server(tmp_path: Path) -> None:
         assert "Its main thread is in load_batch (worker.py:" in f["detail"], f["detail"]
     finally:
         stop_all(reversed(procs), timeout_s=30)
+        server.stop()
         for log in logs.values():
             log.close()
 

@@ -9,10 +9,8 @@ stored (tests/support/hostile_corpus.py builds the requests; bench/hostile_input
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -20,10 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from flightdeck.launch.demo.ranks import free_port
-from flightdeck.server import store
-from flightdeck.server.db import connect
-from tests.support.hostile_corpus import Choice, Corpus, Tally, entries_lost, send
+from tests.support.hostile_corpus import Choice, Corpus, Tally, entries_lost, send, stored_entries
+from tests.support.server_process import ServerProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -39,52 +35,24 @@ choices = st.builds(
 )
 
 
-class RealServer:
-    """A `flightdeck server` process on a database, its log in a file."""
-
-    def __init__(self, database_url: str, tmp_path: Path) -> None:
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.log = tmp_path / "server.log"
-        env = {
-            **os.environ,
-            "FLIGHTDECK_DATABASE_URL": database_url,
-            "FLIGHTDECK_HOST": "127.0.0.1",
-            "FLIGHTDECK_PORT": str(self.port),
-            "FLIGHTDECK_ALLOW_UNAUTHENTICATED_INGEST": "true",
-            "FLIGHTDECK_MIGRATE": "true",  # a fresh PostgreSQL schema is migrated only when told
-        }
-        with self.log.open("wb") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "flightdeck", "server"], env=env, stdout=out, stderr=subprocess.STDOUT
-            )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, self.log.read_text(errors="replace")[-3000:]
-            try:
-                if httpx.get(self.base + "/healthz", timeout=1).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        raise AssertionError("the server did not come up")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
-
-
 @pytest.fixture
-def real_server(database_url: str, tmp_path: Path) -> Iterator[RealServer]:
-    srv = RealServer(database_url, tmp_path)
-    yield srv
-    srv.stop()
+def real_server(database_url: str, tmp_path: Path) -> Iterator[ServerProcess]:
+    """A `flightdeck server` process on `database_url`, unauthenticated ingest, its log in a file."""
+    env = {
+        **os.environ,
+        "FLIGHTDECK_SERVER_DATABASE_URL": database_url,
+        "FLIGHTDECK_SERVER_ALLOW_UNAUTHENTICATED_INGEST": "true",
+        "FLIGHTDECK_SERVER_MIGRATE": "true",  # a fresh PostgreSQL schema is migrated only when told
+    }
+    with ServerProcess(env, tmp_path / "server.log") as srv:
+        srv.start()
+        yield srv
 
 
 def test_hostile_requests_get_no_5xx_and_keep_the_connection(
-    real_server: RealServer, database_url: str
+    real_server: ServerProcess, database_url: str
 ) -> None:
-    with httpx.Client(base_url=real_server.base, timeout=30) as client:
+    with httpx.Client(base_url=real_server.url, timeout=30) as client:
         openapi = client.get("/openapi.json").json()
         corpus = Corpus(time.time_ns(), openapi=openapi)
         tally = Tally()
@@ -111,18 +79,4 @@ def test_hostile_requests_get_no_5xx_and_keep_the_connection(
     assert len(tally.by_status) > 2, tally.by_status  # the corpus reached more than one answer
     assert tally.healthy, "no healthy snapshot was applied"
     assert entries_lost(tally.healthy, lambda jobs: stored_entries(database_url, jobs)) == 0
-    assert real_server.proc.poll() is None
-
-
-def stored_entries(database_url: str, jobs: Sequence[str]) -> dict[str, int]:
-    """Entries the database holds per job name."""
-    db = connect(database_url)
-    try:
-        out = {}
-        with db.read() as session:
-            for name in jobs:
-                j = store.get_job(session=session, name=name)
-                out[name] = 0 if j is None else store.count_entries(session=session, job_id=j.id)
-        return out
-    finally:
-        db.dispose()
+    assert real_server.proc is not None and real_server.proc.poll() is None

@@ -293,7 +293,11 @@ def test_replayed_batches_move_nothing_on_a_real_server(tmp_path: Any) -> None:
     db = tmp_path / "fd.db"
     log = open(tmp_path / "server.log", "wb")  # noqa: SIM115 (closed below)
     proc, base = start_server_process(
-        {"FLIGHTDECK_DATABASE_URL": f"sqlite:///{db}", "FLIGHTDECK_ALLOW_UNAUTHENTICATED_INGEST": "1"}, log
+        {
+            "FLIGHTDECK_SERVER_DATABASE_URL": f"sqlite:///{db}",
+            "FLIGHTDECK_SERVER_ALLOW_UNAUTHENTICATED_INGEST": "1",
+        },
+        log,
     )
     try:
         dumps = scenario_dumps("skip")

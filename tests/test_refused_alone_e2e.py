@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 def server(tmp_path: Path, database_url: str) -> Iterator[Server]:
     s = Server(tmp_path / "server-data", tmp_path / "server.log")
     # A fresh PostgreSQL schema is migrated only when told.
-    s.env.update({"FLIGHTDECK_DATABASE_URL": database_url, "FLIGHTDECK_MIGRATE": "true"})
+    s.env.update({"FLIGHTDECK_SERVER_DATABASE_URL": database_url, "FLIGHTDECK_SERVER_MIGRATE": "true"})
     try:
         yield s
     finally:

@@ -1,5 +1,5 @@
 """Replicas export once (issue 20): two real server replicas on one PostgreSQL
-(FLIGHTDECK_CLUSTER=true) and a real Prometheus scraping both with the shipped configuration;
+(FLIGHTDECK_SERVER_CLUSTER=true) and a real Prometheus scraping both with the shipped configuration;
 and a failover to the other replica under the shipped alert path (one page, nothing resolved).
 Each job's series come from the replica owning the job, the cluster-wide ones (jobs by status,
 collectors, NIXL agents) from the leader, so `sum()` over both replicas equals the figures of a
@@ -51,8 +51,8 @@ def replicas(pg_database: str, tmp_path: Path) -> Iterator[list[ServerProcess]]:
     with psycopg.connect(pg_database.replace("+psycopg", ""), autocommit=True) as conn:
         conn.execute(f'CREATE SCHEMA "{schema}"')
     env = {
-        "FLIGHTDECK_DATABASE_URL": f"{pg_database}?options=-csearch_path%3D{schema}",
-        "FLIGHTDECK_CLUSTER": "true",
+        "FLIGHTDECK_SERVER_DATABASE_URL": f"{pg_database}?options=-csearch_path%3D{schema}",
+        "FLIGHTDECK_SERVER_CLUSTER": "true",
     }
     first = ServerProcess(tmp_path / "replica-0", env=env, migrate=True)
     second = ServerProcess(tmp_path / "replica-1", env=env, token=first.token)

@@ -14,7 +14,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -32,6 +31,7 @@ from flightdeck.launch.demo.ranks import free_port
 from flightdeck.server.app import create_app
 from flightdeck.server.settings import ServerSettings
 from tests.support.compose import ENV_EXAMPLE, REPO, read_env_file, real_secrets, resolved_compose
+from tests.support.server_process import ServerProcess
 
 PROMETHEUS_CONFIG = REPO / "dashboards" / "prometheus" / "prometheus.yml"
 
@@ -45,39 +45,11 @@ def base_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("FLIGHTDECK_")}
 
 
-class ServerProcess:
-    """`flightdeck server --host 127.0.0.1 --port <free>` with exactly `env` (plus ours)."""
-
-    def __init__(self, env: Mapping[str, str], log: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        command = [sys.executable, "-m", "flightdeck", "server", "--log-level", "warning"]
-        command += ["--host", "127.0.0.1", "--port", str(self.port)]
-        self.log = log
-        with open(log, "ab") as out:
-            self.proc = subprocess.Popen(command, env={**base_env(), **env}, stdout=out, stderr=out)
-        deadline = time.monotonic() + 90
-        while True:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"server exited with {self.proc.returncode}: {log.read_text()[-2000:]}")
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise AssertionError(f"server did not come up: {log.read_text()[-2000:]}")
-            time.sleep(0.2)
-
-    def stop(self) -> None:
-        """Terminate and reap the process."""
-        self.proc.terminate()
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
+def start_server(env: Mapping[str, str], log: Path) -> ServerProcess:
+    """`flightdeck server` on a free 127.0.0.1 port with exactly `env` (plus ours), once it answers."""
+    server = ServerProcess({**base_env(), **env}, log, "--log-level", "warning")
+    server.start(timeout_s=90)
+    return server
 
 
 def app_routes(tmp_path: Path) -> list[tuple[str, str]]:
@@ -128,7 +100,7 @@ def compose_server(pg_database: str, tmp_path: Path) -> Iterator[tuple[ServerPro
         host=test_db.host, port=test_db.port, database=test_db.database, username=test_db.username
     ).render_as_string(hide_password=False)
     env["FLIGHTDECK_SERVER_DATA_DIR"] = str(tmp_path / "data")
-    server = ServerProcess(env, tmp_path / "server.log")
+    server = start_server(env, tmp_path / "server.log")
     try:
         yield server, secrets
     finally:
@@ -202,7 +174,7 @@ def test_admin_token_manages_collector_tokens_over_http(tmp_path: Path) -> None:
         # Revocation is seen on the next request (no cached verdict), so the test need not wait.
         "FLIGHTDECK_SERVER_AUTH_CACHE_S": "0",
     }
-    server = ServerProcess(env, tmp_path / "server.log")
+    server = start_server(env, tmp_path / "server.log")
     admin = {"Authorization": f"Bearer {admin_token}"}
     try:
         with httpx.Client(base_url=server.url, timeout=10) as client:
@@ -241,7 +213,7 @@ def test_admin_token_manages_collector_tokens_over_http(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_admin_api_is_off_without_an_admin_token(tmp_path: Path) -> None:
     """No admin token configured: the admin API refuses everyone (403), with the reason."""
-    server = ServerProcess({"FLIGHTDECK_SERVER_DATA_DIR": str(tmp_path / "data")}, tmp_path / "server.log")
+    server = start_server({"FLIGHTDECK_SERVER_DATA_DIR": str(tmp_path / "data")}, tmp_path / "server.log")
     try:
         r = httpx.get(f"{server.url}/api/v1/admin/tokens", headers={"Authorization": "Bearer " + "x" * 40})
         assert r.status_code == 403 and "FLIGHTDECK_SERVER_ADMIN_TOKEN" in r.text

@@ -75,7 +75,11 @@ def test_two_server_processes_share_jobs_without_duplicates(pg_database: str, tm
         bases = []
         for log in logs:
             proc, base = start_server_process(
-                {"FLIGHTDECK_DATABASE_URL": url, "FLIGHTDECK_CLUSTER": "true", "FLIGHTDECK_MIGRATE": "true"},
+                {
+                    "FLIGHTDECK_SERVER_DATABASE_URL": url,
+                    "FLIGHTDECK_SERVER_CLUSTER": "true",
+                    "FLIGHTDECK_SERVER_MIGRATE": "true",
+                },
                 log,
             )
             procs.append(proc)

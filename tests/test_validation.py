@@ -14,8 +14,6 @@ import gzip
 import json
 import os
 import socket
-import subprocess
-import sys
 import time
 import tracemalloc
 from collections.abc import Callable, Iterator
@@ -26,13 +24,13 @@ import httpx
 import pytest
 from sqlalchemy import text
 
-from flightdeck.launch.demo.ranks import free_port
 from flightdeck.limits import INT64_MAX, MAX_WORLD_SIZE
 from flightdeck.server import store
 from flightdeck.wire import encode_batch
 from tests.support.clock import FakeClock
 from tests.support.server_app import AUTH, Server, make_server
 from tests.support.server_batches import make_batch, scenario_dumps, snapshots
+from tests.support.server_process import ServerProcess
 
 NS = 1_000_000_000
 
@@ -352,23 +350,16 @@ def test_unexpected_errors_are_500_with_an_id_on_a_kept_connection(database_url:
     """A real `flightdeck server`: a stored report of the wrong shape makes a read raise a
     TypeError. The answer is a 500 whose body holds an error id, the log has one line with it, and
     the next request on the same keep-alive connection is answered."""
-    port = free_port()
     log_path = tmp_path / "server.log"
     env = {
         **os.environ,
-        "FLIGHTDECK_DATABASE_URL": database_url,
-        "FLIGHTDECK_HOST": "127.0.0.1",
-        "FLIGHTDECK_PORT": str(port),
-        "FLIGHTDECK_ALLOW_UNAUTHENTICATED_INGEST": "true",
-        "FLIGHTDECK_MIGRATE": "true",  # a fresh PostgreSQL schema is migrated only when told
+        "FLIGHTDECK_SERVER_DATABASE_URL": database_url,
+        "FLIGHTDECK_SERVER_ALLOW_UNAUTHENTICATED_INGEST": "true",
+        "FLIGHTDECK_SERVER_MIGRATE": "true",  # a fresh PostgreSQL schema is migrated only when told
     }
-    with log_path.open("wb") as logf:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "flightdeck", "server"], env=env, stdout=logf, stderr=subprocess.STDOUT
-        )
-    try:
-        base = f"http://127.0.0.1:{port}"
-        _wait_up(base, proc)
+    with ServerProcess(env, log_path) as server:
+        server.start()
+        base = server.url
         clock = FakeClock(time.time_ns())
         data = gzip.compress(json.dumps(healthy_doc(clock)).encode())
         with httpx.Client(base_url=base) as c:
@@ -383,7 +374,7 @@ def test_unexpected_errors_are_500_with_an_id_on_a_kept_connection(database_url:
         finally:
             db.dispose()
         # One TCP connection, two requests: the second is answered on the same socket.
-        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
             first = _http_get(sock, "/api/v1/jobs/good")
             second = _http_get(sock, "/healthz")
         status, headers, body = first
@@ -394,22 +385,6 @@ def test_unexpected_errors_are_500_with_an_id_on_a_kept_connection(database_url:
         time.sleep(0.2)
         lines = [ln for ln in log_path.read_text(errors="replace").splitlines() if error_id in ln]
         assert len(lines) == 1 and "TypeError" in lines[0], lines
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-
-
-def _wait_up(base: str, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, "the server exited"
-        try:
-            if httpx.get(base + "/healthz", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError("the server did not come up")
 
 
 def _http_get(sock: socket.socket, path: str) -> tuple[int, dict[str, str], str]:

@@ -348,13 +348,13 @@ def _status(base: str, job: str) -> str | None:
 
 def _webhook_env(url: str, *hooks: str) -> dict[str, str]:
     return {
-        "FLIGHTDECK_DATABASE_URL": url,
-        "FLIGHTDECK_WEBHOOK_URLS": json.dumps(list(hooks)),
-        "FLIGHTDECK_WEBHOOK_BACKOFF_INITIAL_S": "0.05",
-        "FLIGHTDECK_WEBHOOK_BACKOFF_MAX_S": "0.3",
-        "FLIGHTDECK_WEBHOOK_MAX_ATTEMPTS": "100000",
-        "FLIGHTDECK_WEBHOOK_POLL_INTERVAL_S": "0.05",
-        "FLIGHTDECK_WEBHOOK_TIMEOUT_S": "2",
+        "FLIGHTDECK_SERVER_DATABASE_URL": url,
+        "FLIGHTDECK_SERVER_WEBHOOK_URLS": json.dumps(list(hooks)),
+        "FLIGHTDECK_SERVER_WEBHOOK_BACKOFF_INITIAL_S": "0.05",
+        "FLIGHTDECK_SERVER_WEBHOOK_BACKOFF_MAX_S": "0.3",
+        "FLIGHTDECK_SERVER_WEBHOOK_MAX_ATTEMPTS": "100000",
+        "FLIGHTDECK_SERVER_WEBHOOK_POLL_INTERVAL_S": "0.05",
+        "FLIGHTDECK_SERVER_WEBHOOK_TIMEOUT_S": "2",
     }
 
 
@@ -365,13 +365,15 @@ def test_event_survives_sigkill_of_the_server(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/fd.db"
     port = free_port()  # the receiver's, not listening yet: connections are refused
     hook = f"http://127.0.0.1:{port}/hook"
-    env = {**_webhook_env(url, hook), "FLIGHTDECK_DATA_DIR": str(tmp_path)}
+    env = {**_webhook_env(url, hook), "FLIGHTDECK_SERVER_DATA_DIR": str(tmp_path)}
     logs = [open(tmp_path / f"server{i}.log", "wb") for i in range(2)]  # noqa: SIM115 (closed below)
     db = connect(url)
     rcv: Receiver | None = None
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        proc, base = start_server_process({"FLIGHTDECK_ALLOW_UNAUTHENTICATED_INGEST": "true", **env}, logs[0])
+        proc, base = start_server_process(
+            {"FLIGHTDECK_SERVER_ALLOW_UNAUTHENTICATED_INGEST": "true", **env}, logs[0]
+        )
         procs.append(proc)
         _push(base, skip_stuck_view())
         _wait("the hang", lambda: _status(base, "skip") == "hung")
@@ -384,7 +386,9 @@ def test_event_survives_sigkill_of_the_server(tmp_path: Path) -> None:
         stored = {r.event_id for r in before}
         print(f"\nundelivered at SIGKILL: {len(before)} rows, attempts {[r.attempts for r in before]}")
         rcv = Receiver(port=port)
-        proc, base = start_server_process({"FLIGHTDECK_ALLOW_UNAUTHENTICATED_INGEST": "true", **env}, logs[1])
+        proc, base = start_server_process(
+            {"FLIGHTDECK_SERVER_ALLOW_UNAUTHENTICATED_INGEST": "true", **env}, logs[1]
+        )
         procs.append(proc)
         _wait("the delivery", lambda: all(r.state == "delivered" for r in _outbox(db)))
         posts = rcv.snapshot()
@@ -421,14 +425,16 @@ def test_two_server_processes_deliver_each_event_once(pg_database: str, tmp_path
     db = connect(url)
     migrate(db)  # here, so the processes do not race to
     rcv = Receiver(lambda _path, _id, n: (503, {"Retry-After": "0"}) if n == 0 else (200, {}))
-    env = {**_webhook_env(url, rcv.url()), "FLIGHTDECK_CLUSTER": "true"}
+    env = {**_webhook_env(url, rcv.url()), "FLIGHTDECK_SERVER_CLUSTER": "true"}
     logs = [open(tmp_path / f"server{i}.log", "wb") for i in range(2)]  # noqa: SIM115 (closed below)
     procs: list[subprocess.Popen[bytes]] = []
     jobs = [f"skip-{k}" for k in range(6)]
     try:
         bases = []
         for log in logs:
-            proc, base = start_server_process({"FLIGHTDECK_ALLOW_UNAUTHENTICATED_INGEST": "true", **env}, log)
+            proc, base = start_server_process(
+                {"FLIGHTDECK_SERVER_ALLOW_UNAUTHENTICATED_INGEST": "true", **env}, log
+            )
             procs.append(proc)
             bases.append(base)
         for k, job in enumerate(jobs):

@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         dist.all_reduce(t, group=mine)
         time.sleep(0.05)
     # Let the agent take a periodic snapshot with the groups still registered.
-    time.sleep(float(os.environ.get("FLIGHTDECK_INTERVAL_S", "0.3")) * 2)
+    time.sleep(float(os.environ.get("FLIGHTDECK_AGENT_INTERVAL_S", "0.3")) * 2)
     dist.barrier()
     dist.destroy_process_group()
     return 0
@@ -77,9 +77,9 @@ def run_config_job(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
         WORLD_SIZE=str(world_size),
-        FLIGHTDECK_SPOOL_DIR=str(spool_dir),
-        FLIGHTDECK_JOB=name,
-        FLIGHTDECK_INTERVAL_S=str(interval_s),
+        FLIGHTDECK_AGENT_SPOOL_DIR=str(spool_dir),
+        FLIGHTDECK_AGENT_JOB=name,
+        FLIGHTDECK_AGENT_INTERVAL_S=str(interval_s),
         PYTHONPATH=str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
         OMP_NUM_THREADS="1",
     )

@@ -39,10 +39,10 @@ def collector_env(env: Mapping[str, str], server_url: str, workdir: Path, spool:
     in `<workdir>/token`, its state in `<workdir>/state`, torch's own dumps and /metrics off."""
     return {
         **env,
-        "FLIGHTDECK_SERVER_URL": server_url,
-        "FLIGHTDECK_TOKEN_FILE": str(workdir / "token"),
-        "FLIGHTDECK_SPOOL_DIRS": json.dumps([str(spool)]),
-        "FLIGHTDECK_TORCH_DUMP_PREFIXES": "[]",
-        "FLIGHTDECK_STATE_DIR": str(workdir / "state"),
-        "FLIGHTDECK_METRICS_LISTEN": "",
+        "FLIGHTDECK_COLLECTOR_SERVER_URL": server_url,
+        "FLIGHTDECK_COLLECTOR_TOKEN_FILE": str(workdir / "token"),
+        "FLIGHTDECK_COLLECTOR_SPOOL_DIRS": json.dumps([str(spool)]),
+        "FLIGHTDECK_COLLECTOR_TORCH_DUMP_PREFIXES": "[]",
+        "FLIGHTDECK_COLLECTOR_STATE_DIR": str(workdir / "state"),
+        "FLIGHTDECK_COLLECTOR_METRICS_LISTEN": "",
     }

@@ -41,7 +41,11 @@ class Server(ServerProcess):
 
     def __init__(self, data_dir: Path, log: Path) -> None:
         data_dir.mkdir(parents=True, exist_ok=True)
-        env = {**clean_env(), "FLIGHTDECK_DATA_DIR": str(data_dir), "FLIGHTDECK_STALL_AFTER_S": "5"}
+        env = {
+            **clean_env(),
+            "FLIGHTDECK_SERVER_DATA_DIR": str(data_dir),
+            "FLIGHTDECK_SERVER_STALL_AFTER_S": "5",
+        }
         super().__init__(env, log, "--log-level", "warning")
 
     def token(self, action: str, name: str, *scope: str) -> str:

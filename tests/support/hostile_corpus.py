@@ -24,6 +24,8 @@ from urllib.parse import quote
 import httpx
 
 from flightdeck.nixl_records import Histogram, NixlSample
+from flightdeck.server import store
+from flightdeck.server.db import connect
 from flightdeck.wire import encode_batch
 from tests.support.server_batches import make_batch, scenario_dumps, snapshots
 
@@ -352,3 +354,17 @@ def entries_lost(expected: dict[str, int], stored: Callable[[Sequence[str]], dic
     """Healthy entries the server said it applied but does not hold (`stored`: job -> entries)."""
     have = stored(list(expected))
     return sum(max(0, n - have.get(job, 0)) for job, n in expected.items())
+
+
+def stored_entries(database_url: str, jobs: Sequence[str]) -> dict[str, int]:
+    """Entries the database holds per job name."""
+    db = connect(database_url)
+    try:
+        out = {}
+        with db.read() as session:
+            for name in jobs:
+                j = store.get_job(session=session, name=name)
+                out[name] = 0 if j is None else store.count_entries(session=session, job_id=j.id)
+        return out
+    finally:
+        db.dispose()

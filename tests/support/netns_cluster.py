@@ -41,6 +41,7 @@ from flightdeck.launch.demo.ranks import JobSpec, free_port, start_rank, stop_al
 from flightdeck.launch.demo.worker import busy_pg_timeout_s
 from tests.support.cli import create_token
 from tests.support.ops_stack import Delivery, WebhookReceiver
+from tests.support.server_process import ServerProcess
 
 #: Namespaces, bridges and root-side veths this module creates; the number is the owner's pid.
 _NS_RE = re.compile(r"^fd-h\d+-(\d+)$")
@@ -233,7 +234,7 @@ class NetnsCluster:
     start_timeout_s: float = 60.0
     owner: int = field(default_factory=os.getpid)
     hosts: list[Host] = field(default_factory=list)
-    server: subprocess.Popen[bytes] | None = None
+    server: ServerProcess | None = None
     subnet: str = ""
     port: int = 0
     token: str = ""
@@ -298,30 +299,16 @@ class NetnsCluster:
         return {k: v for k, v in os.environ.items() if not k.startswith(_OWN_PREFIX)}
 
     def _start_server(self) -> None:
-        self.port = free_port(self.bridge_ip)
         data = self.workdir / "server-data"
         data.mkdir(exist_ok=True)
-        env = {
-            **self._clean_env(),
-            "FLIGHTDECK_DATA_DIR": str(data),
-            "FLIGHTDECK_HOST": self.bridge_ip,
-            "FLIGHTDECK_PORT": str(self.port),
-        }
+        env = {**self._clean_env(), "FLIGHTDECK_SERVER_DATA_DIR": str(data)}
         if not self.shipped_defaults:
-            env["FLIGHTDECK_STALL_AFTER_S"] = str(self.stall_after_s)
-        cmd = [sys.executable, "-m", "flightdeck"]
+            env["FLIGHTDECK_SERVER_STALL_AFTER_S"] = str(self.stall_after_s)
+        self.server = ServerProcess(env, self.workdir / "server.log", host=self.bridge_ip)
+        self.port = self.server.port
         # The token goes into the server's database: same environment as the server.
-        self.token = create_token(env, "netns-collectors")
-        log = (self.workdir / "server.log").open("wb")
-        self.server = subprocess.Popen([*cmd, "server"], env=env, stdout=log, stderr=subprocess.STDOUT)
-        log.close()
-
-        def up() -> bool:
-            if self.server is not None and self.server.poll() is not None:
-                raise ClusterError(f"server exited:\n{self.tail('server.log')}")
-            return _get(f"{self.server_url}/healthz")[0] == 200
-
-        wait_for(up, self.start_timeout_s, f"the server at {self.server_url}", interval=0.2)
+        self.token = create_token(self.server.env, "netns-collectors")
+        self.server.start(self.start_timeout_s)
 
     def _start_collector(self, host: Host) -> None:
         host.spool_dir.mkdir(parents=True, exist_ok=True)
@@ -331,22 +318,22 @@ class NetnsCluster:
         token_file.chmod(0o600)
         env = {
             **self._clean_env(),
-            "FLIGHTDECK_SERVER_URL": self.server_url,
-            "FLIGHTDECK_TOKEN_FILE": str(token_file),
-            "FLIGHTDECK_SPOOL_DIRS": json.dumps([str(host.spool_dir)]),
-            "FLIGHTDECK_STATE_DIR": str(host.state_dir),
-            "FLIGHTDECK_TORCH_DUMP_PREFIXES": "[]",
-            "FLIGHTDECK_METRICS_LISTEN": "",
-            "FLIGHTDECK_HOST": host.name,
+            "FLIGHTDECK_COLLECTOR_SERVER_URL": self.server_url,
+            "FLIGHTDECK_COLLECTOR_TOKEN_FILE": str(token_file),
+            "FLIGHTDECK_COLLECTOR_SPOOL_DIRS": json.dumps([str(host.spool_dir)]),
+            "FLIGHTDECK_COLLECTOR_STATE_DIR": str(host.state_dir),
+            "FLIGHTDECK_COLLECTOR_TORCH_DUMP_PREFIXES": "[]",
+            "FLIGHTDECK_COLLECTOR_METRICS_LISTEN": "",
+            "FLIGHTDECK_COLLECTOR_HOST": host.name,
         }
         if not self.shipped_defaults:
             # Push often and retry soon: a partition heals in seconds here, not minutes.
             env |= {
-                "FLIGHTDECK_PUSH_INTERVAL_S": "0.5",
-                "FLIGHTDECK_RETRY_BACKOFF_S": "0.2",
-                "FLIGHTDECK_RETRY_BACKOFF_MAX_S": "1.0",
-                "FLIGHTDECK_REQUEST_TIMEOUT_S": "2.0",
-                "FLIGHTDECK_PUSH_DEADLINE_S": "5.0",
+                "FLIGHTDECK_COLLECTOR_PUSH_INTERVAL_S": "0.5",
+                "FLIGHTDECK_COLLECTOR_RETRY_BACKOFF_S": "0.2",
+                "FLIGHTDECK_COLLECTOR_RETRY_BACKOFF_MAX_S": "1.0",
+                "FLIGHTDECK_COLLECTOR_REQUEST_TIMEOUT_S": "2.0",
+                "FLIGHTDECK_COLLECTOR_PUSH_DEADLINE_S": "5.0",
             }
         log = (self.workdir / f"collector-{host.name}.log").open("wb")
         host.collector = subprocess.Popen(
@@ -366,14 +353,14 @@ class NetnsCluster:
         for proc in collectors:
             if proc.poll() is None:
                 proc.terminate()
-        if self.server is not None and self.server.poll() is None:
-            self.server.terminate()
-        for proc in [*collectors, *([self.server] if self.server else [])]:
+        for proc in collectors:
             try:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=10)
+        if self.server is not None:
+            self.server.stop()
         self.server = None
         for h in self.hosts:
             h.collector = None

@@ -77,7 +77,7 @@ def nixl_sample(
 class ServerProcess(server_process.ServerProcess):
     """A real `flightdeck server` on 127.0.0.1:`port` with default thresholds and a collector token.
 
-    `env` adds settings (a PostgreSQL URL and FLIGHTDECK_CLUSTER for replicas); without a
+    `env` adds settings (a PostgreSQL URL and FLIGHTDECK_SERVER_CLUSTER for replicas); without a
     database URL it uses SQLite in `data_dir`. The caller's FLIGHTDECK_* variables are dropped:
     they would change the defaults under test.
     """
@@ -95,7 +95,7 @@ class ServerProcess(server_process.ServerProcess):
         self.data_dir = data_dir
         data_dir.mkdir(parents=True, exist_ok=True)
         super().__init__(
-            clean_env() | {"FLIGHTDECK_DATA_DIR": str(data_dir)} | (env or {}), data_dir / "server.log"
+            clean_env() | {"FLIGHTDECK_SERVER_DATA_DIR": str(data_dir)} | (env or {}), data_dir / "server.log"
         )
         if migrate:
             flightdeck(self.env, "migrate", timeout_s=120)

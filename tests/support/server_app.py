@@ -132,9 +132,9 @@ def start_server_process(env: Mapping[str, str], log: Any) -> tuple[subprocess.P
     answers."""
     full = {
         **os.environ,
-        "FLIGHTDECK_STALL_AFTER_S": str(STALL_S),
-        "FLIGHTDECK_DIAGNOSIS_DEBOUNCE_S": "0.1",
-        "FLIGHTDECK_DIAGNOSIS_INTERVAL_S": "0.3",
+        "FLIGHTDECK_SERVER_STALL_AFTER_S": str(STALL_S),
+        "FLIGHTDECK_SERVER_DIAGNOSIS_DEBOUNCE_S": "0.1",
+        "FLIGHTDECK_SERVER_DIAGNOSIS_INTERVAL_S": "0.3",
         **env,
     }
     server = ServerProcess(full, log, "--log-level", "warning")

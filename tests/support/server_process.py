@@ -1,6 +1,6 @@
-"""A real `flightdeck server` process for the tests and benchmarks that need one: on a free
-127.0.0.1 port, started (again, on the same port and settings) and stopped, paused and resumed by
-signals. The collector, paging and server tests build their servers on it."""
+"""A real `flightdeck server` process for the tests and benchmarks that need one: on a free port
+of 127.0.0.1 (or another local address), started (again, on the same port and settings) and
+stopped, paused and resumed by signals. The tests and the benchmarks build their servers on it."""
 
 from __future__ import annotations
 
@@ -18,13 +18,18 @@ from tests.support.waiting import wait_until
 
 
 class ServerProcess:
-    """`flightdeck server [args]` with the settings in `env` (its port added), its output appended
-    to `log` (a path, opened at each start, or a file the caller holds open)."""
+    """`flightdeck server [args]` with the settings in `env` (its address and port added), its
+    output appended to `log` (a path, opened at each start, or a file the caller holds open; None:
+    this process's own output). `host` is the address it binds to and is reached at (a bridge's,
+    for servers that namespaced hosts reach)."""
 
-    def __init__(self, env: Mapping[str, str], log: Path | IO[bytes], *args: str) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.env = {**env, "FLIGHTDECK_PORT": str(self.port)}
+    def __init__(
+        self, env: Mapping[str, str], log: Path | IO[bytes] | None, *args: str, host: str = "127.0.0.1"
+    ) -> None:
+        self.host = host
+        self.port = free_port(host)
+        self.url = f"http://{host}:{self.port}"
+        self.env = {**env, "FLIGHTDECK_SERVER_HOST": host, "FLIGHTDECK_SERVER_PORT": str(self.port)}
         self.log = log
         self.args = args
         self.proc: subprocess.Popen[bytes] | None = None
@@ -40,7 +45,10 @@ class ServerProcess:
         process killed, when it exits or does not answer within `timeout_s`."""
         with open(self.log, "ab") if isinstance(self.log, Path) else contextlib.nullcontext(self.log) as out:
             self.proc = subprocess.Popen(
-                [*FLIGHTDECK, "server", *self.args], env=self.env, stdout=out, stderr=subprocess.STDOUT
+                [*FLIGHTDECK, "server", *self.args],
+                env=self.env,
+                stdout=out,
+                stderr=None if out is None else subprocess.STDOUT,
             )
         proc = self.proc
 
@@ -55,6 +63,12 @@ class ServerProcess:
         except AssertionError:
             self.kill()
             raise
+
+    @property
+    def pid(self) -> int:
+        """The process id of the running (last started) process."""
+        assert self.proc is not None, "the server was not started"
+        return self.proc.pid
 
     def healthy(self) -> bool:
         """Whether /healthz answers 200."""
