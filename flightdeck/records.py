@@ -3,6 +3,9 @@
 The reader (`flightdeck.readers.fr`) turns PyTorch's dump formats into these; the collector
 ships them (see `to_wire` / `from_wire`); the server stores them; the analysis consumes them.
 Nothing here knows about pickle, JSON dump quirks, files or databases.
+
+One module over 500 lines: the vocabulary every stage shares (reader, wire, store, analysis,
+pages), each record with its JSON form beside it; split, every stage would import from all parts.
 """
 
 from __future__ import annotations
