@@ -1,6 +1,6 @@
 """CPU per entry of each ingest stage, in process, on one large job's batches.
 
-The batches are `bench/loadgen.py`'s (N ranks on H hosts, 10 collectives/s over 3 kinds of
+The batches are `bench/loadgen/`'s (N ranks on H hosts, 10 collectives/s over 3 kinds of
 groups, one gzip batch per host every 2 s carrying new and changed entries). Each stage runs on
 all of them in turn, timed by this thread's CPU clock: gunzip, JSON parse and `decode_batch`
 (the garbage collector paused, as the server's `GcPause` has it), `decode_checked` (the same
@@ -8,7 +8,7 @@ decode plus the server's validation of every value, which is what ingest runs),
 `store.ingest_batches` on a fresh PostgreSQL database (groups of `--group` batches, one
 transaction each, as group commit makes them under load), and the fold into the live
 summaries. One warm-up round goes first (ids, caches). The server process does the same work
-under contention with its other threads, which `bench/loadgen.py` measures.
+under contention with its other threads, which `bench/loadgen/` measures.
 
     python bench/ingest_stages.py --ranks 4096 --hosts 512 --rounds 3 [--requeue] [--label L]
 
@@ -32,7 +32,8 @@ from typing import Any
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-from bench.loadgen import NS, RankSim, Sim, Topology, pg_backend_cpu_s
+from bench.loadgen.job import NS, RankSim, Sim, Topology
+from bench.loadgen.resources import pg_backend_cpu_s
 from bench.server_ingest import scratch_pg_database
 from flightdeck.analysis import RankSummary
 from flightdeck.analysis.merge import fold_entries

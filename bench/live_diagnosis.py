@@ -1,6 +1,6 @@
 """Cost of the live diagnosis of one large job, in process: fold, diagnose, gauges.
 
-The job is `bench/loadgen.py`'s simulated one (N ranks on H hosts, 10 collectives/s over 3
+The job is `bench/loadgen/`'s simulated one (N ranks on H hosts, 10 collectives/s over 3
 kinds of groups, snapshots every 2 s shipping new and changed entries), run for `--history`
 seconds and then fed, snapshot by snapshot, to the server's `LiveDiagnosis` on a scratch SQLite
 database (findings and reports are written as in the server). Prints what one 2 s round of
@@ -24,7 +24,7 @@ from pathlib import Path
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-from bench.loadgen import NS, RankSim, Sim, Topology
+from bench.loadgen.job import NS, RankSim, Sim, Topology
 from flightdeck.server import store
 from flightdeck.server.db import connect, migrate
 from flightdeck.server.decode_gate import DecodeGate

@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-from bench.loadgen import proc_cpu_s
+from bench.loadgen.resources import proc_cpu_s
 from bench.server_synth import encode, rank_entries, snapshot, template
 from flightdeck.server import store
 from flightdeck.server.db import connect, migrate

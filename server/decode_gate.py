@@ -5,7 +5,7 @@ the summaries and diagnoses the jobs, and all of them share the GIL. At 4,096 ra
 process a diagnosis took 1.6 s of wall time for 0.12-0.29 s of work, so the job was diagnosed
 every ~8 s and its hang found 30.8 s after `stall_after`; with decoding held back during the
 worker's step a diagnosis took ~0.35 s and the hang was found 4.4 s after `stall_after`
-(`bench/loadgen.py`, 4,096 ranks x 300 s: docs/dev/performance-history.md, "Eighth session"). The group-commit writers go on meanwhile: only decoding waits, and at most
+(`bench/loadgen/`, 4,096 ranks x 300 s: docs/dev/performance-history.md, "Eighth session"). The group-commit writers go on meanwhile: only decoding waits, and at most
 `DECODE_GATE_MAX_WAIT_S`, so a slow step delays ingest by a bounded amount and never stops it.
 """
 

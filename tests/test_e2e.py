@@ -4,6 +4,9 @@
 
 Times from fault to finding are printed (run with -s to see them), never asserted: this machine is
 shared and slow. Thresholds are small (`stall_after` 3 s) to keep the file short.
+
+One file past 500 lines on purpose: most tests share the module-scoped `up` fixture (one
+`flightdeck up` for all of them); split, each file would start its own.
 """
 
 from __future__ import annotations

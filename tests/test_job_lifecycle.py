@@ -6,6 +6,9 @@ that the arriving data could refute; the job list filters, searches and pages.
 Real servers over HTTP (the in-process app through its test client, with a fake clock and the
 worker stepped by hand; one real `flightdeck server` process for the replay), real SQLite and
 PostgreSQL, batches built from the committed dumps of real gloo jobs.
+
+One file past 500 lines on purpose: most of its tests share the stepped-worker `server` fixture and
+the batch, /metrics and history helpers, which a split by rule would only scatter.
 """
 
 from __future__ import annotations

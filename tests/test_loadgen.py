@@ -1,4 +1,4 @@
-"""The load generator's batches are what a collector sends (bench/loadgen.py builds them as
+"""The load generator's batches are what a collector sends (bench/loadgen/job.py builds them as
 columns, without `encode_batch`, to keep its own CPU low beside the server it measures), its
 faults happen where the command line puts them, and its report tells faults' findings from false
 ones."""
@@ -14,19 +14,10 @@ from pathlib import Path
 import orjson
 import pytest
 
-from bench.loadgen import (
-    NS,
-    Fault,
-    RankSim,
-    Sample,
-    Sim,
-    Stats,
-    Topology,
-    explained_by,
-    parse_args,
-    plan_faults,
-    windows,
-)
+from bench.loadgen.cli import parse_args
+from bench.loadgen.findings import explained_by
+from bench.loadgen.job import NS, Fault, RankSim, Sim, Topology, plan_faults
+from bench.loadgen.stats import Sample, Stats, windows
 from flightdeck.records import Entry
 from flightdeck.wire import decode_batch, encode_batch
 

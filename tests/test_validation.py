@@ -5,6 +5,9 @@ with an id on a kept connection, and nothing allocated per rank of a claimed wor
 In-process real app on real SQLite and PostgreSQL (the `database_url` fixture); the keep-alive
 test runs a real `flightdeck server` process. Batches are built from the committed real gloo dumps
 and then edited as JSON, the way a broken or hostile collector would send them.
+
+One file past 500 lines on purpose: most tests post edited copies of one healthy batch through
+the shared `server` fixture and helpers, which a split would only scatter.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A real NIXL producer for the telemetry reader tests: two agents, WRITE and READ over loopback.
 
-Run by `tests/test_nixl.py` in a subprocess with telemetry switched on through the environment
+Run by `tests/test_nixl_live.py` in a subprocess with telemetry switched on through the environment
 (`NIXL_TELEMETRY_DIR` for ring files, or `NIXL_TELEMETRY_EXPORTER=prometheus_mp` with
 `NIXL_TELEMETRY_MULTIPROC_DIR`) and `UCX_TLS=tcp,sm,self UCX_NET_DEVICES=lo`, which UCX needs to run
 without RDMA hardware.

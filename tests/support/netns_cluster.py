@@ -17,6 +17,9 @@ reaches neither the other hosts nor the server. Names carry the owning process i
 runs do not clash and leftovers of a crashed run (owner gone) are removed at the next start. The
 subnet X is one no interface uses yet. Needs root and iproute2 (`netns_unavailable()` says why
 not); every command and wait is bounded; `stop()` undoes everything, also after a failure.
+
+One module past 500 lines on purpose: the cluster, its hosts and jobs, and the faults injected
+into it share the namespace names, the bounded commands and the cleanup.
 """
 
 from __future__ import annotations
