@@ -138,10 +138,17 @@ class Job:
         return self.log.read_bytes().decode(errors="replace")
 
     def kill(self) -> None:
-        """Kill torchrun and its ranks (its whole session)."""
+        """Kill torchrun and its ranks: its session, and the ranks by their command line (torch
+        starts each rank in a session of its own, and a rank blocked in a collective outlives
+        torchrun)."""
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(timeout=30)
+        mark = f"--out\0{self.log.parent}\0".encode()
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            with contextlib.suppress(OSError):
+                if mark in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    os.kill(int(pid), signal.SIGKILL)
 
 
 @contextlib.contextmanager
@@ -169,8 +176,8 @@ def torchrun(stack: Stack, tmp_path: Path, job: str, *args: str) -> Iterator[Job
     try:
         yield running
     finally:
-        if proc.poll() is None:
-            running.kill()
+        # Even when torchrun has exited: a rank blocked in a collective outlives it, in its group.
+        running.kill()
 
 
 def _findings(stack: Stack, job: str, kind: str) -> list[dict[str, Any]]:
