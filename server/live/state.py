@@ -138,9 +138,9 @@ class DiagnosisBudget:
     """The share of a core that all jobs' diagnoses together may take (`diagnosis_max_share`).
 
     Each job's own spacing (`JobState.diagnosis_s`) keeps one large job to that share; without
-    a common budget ten of them took ten shares, a whole core: with ten open 1,024-rank jobs
-    on SQLite the incident page took 486 ms instead of 154 ms with nothing diagnosed beside it
-    (docs/performance.md). Virtual time: each diagnosis of `d` seconds moves the next allowed
+    a common budget ten of them took ten shares, a whole core: with ten open hung 1,024-rank
+    jobs on SQLite the incident page took 486 ms; with it, 130 ms (126 ms with one of them
+    diagnosed; docs/performance.md). Virtual time: each diagnosis of `d` seconds moves the next allowed
     start `d / share` on; idle time is credited up to `burst_s`, so a few small jobs due at once
     are diagnosed together.
     """
