@@ -38,7 +38,7 @@ def _round_trip(snaps: list[Snapshot]) -> tuple[dict[str, object], list[Snapshot
     return doc, decode_batch(doc).snapshots
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.lists(st.integers(min_value=0, max_value=70_000), max_size=300))
 def test_any_member_list_comes_back_the_same(members: list[int]) -> None:
     _, (back,) = _round_trip([_snapshot(tuple(members))])
