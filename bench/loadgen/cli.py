@@ -19,8 +19,6 @@ from bench.loadgen.job import FAULT_KINDS, Fault, parse_fault, plan_faults
 from bench.loadgen.run import drive
 from flightdeck.collector.daemon import GROUPS_RESEND_S
 
-PG_ADMIN = os.environ.get("FLIGHTDECK_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
-
 
 @contextmanager
 def spawned(args: argparse.Namespace) -> Iterator[tuple[list[str], str, list[int], str]]:
