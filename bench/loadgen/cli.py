@@ -50,7 +50,7 @@ def spawned(args: argparse.Namespace) -> Iterator[tuple[list[str], str, list[int
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line."""
-    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.loadgen", description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--spawn", choices=["sqlite", "postgresql"], help="start servers on a fresh database")
     ap.add_argument("--servers", type=int, default=1, help="server processes to spawn (--spawn)")
     ap.add_argument("--url", action="append", default=[], help="server base URL (repeat: round-robin)")
