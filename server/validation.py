@@ -56,6 +56,7 @@ from flightdeck.limits import (
 from flightdeck.records import RankConfig, Signature, Stack
 from flightdeck.snapshot_check import nixl_problem
 from flightdeck.wire import (
+    MEMBER_LISTS,
     Batch,
     EntryColumns,
     Refusal,
@@ -226,11 +227,13 @@ class BatchChecks:
                 r = g.ranks
                 if r:
                     # The snapshots of a batch share one tuple per distinct member list (the
-                    # decoder's memo), so its bounds are taken once per batch. The entry holds
-                    # the tuple: its id is not reused while this batch is checked.
+                    # decoder's memo, or `MEMBER_LISTS` for runs, which knows its bounds), so
+                    # its bounds are taken once per batch at most. The entry holds the tuple:
+                    # its id is not reused while this batch is checked.
                     b = bounds.get(id(r))
                     if b is None:
-                        b = bounds[id(r)] = (r, min(r), max(r))
+                        lo_hi = MEMBER_LISTS.bounds(r) or (min(r), max(r))
+                        b = bounds[id(r)] = (r, *lo_hi)
                     if len(r) > MAX_WORLD_SIZE or b[1] < 0 or b[2] > top:
                         return False
         for t in s.thread_stacks:

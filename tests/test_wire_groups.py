@@ -14,8 +14,12 @@ from hypothesis import strategies as st
 
 from flightdeck.limits import MAX_WORLD_SIZE
 from flightdeck.records import GroupInfo
+from flightdeck.server.live.state import JobState
+from flightdeck.server.validation import decode_checked
 from flightdeck.wire import (
     MAX_RUNS,
+    MEMBER_LISTS,
+    MemberLists,
     Refusal,
     Snapshot,
     WireError,
@@ -110,3 +114,37 @@ def test_a_bad_run_refuses_its_snapshot_alone(group: dict[str, object], says: st
     batch = decode_batch(bad, refused=refused)
     assert [s.rank for s in batch.snapshots] == [good.rank]
     assert len(refused) == 1 and says in refused[0].reason
+
+
+def test_runs_are_expanded_once_per_process_and_the_job_keeps_that_object() -> None:
+    world = tuple(range(16_384))
+    docs = [encode_batch(make_batch([replace(_snapshot(world), rank=r)])) for r in range(3)]
+    lists = [decode_batch(json.loads(json.dumps(d))).snapshots[0].groups["0"].ranks for d in docs]
+    first = lists[0]
+    assert first == world and all(m is first for m in lists)  # one tuple, whatever the batch
+    assert MEMBER_LISTS.bounds(first) == (0, 16_383)
+    assert MEMBER_LISTS.bounds(world) is None  # an equal list it does not hold
+    js = JobState(job_id=1, name="j", attempt=0)
+    assert js.intern_members(first) is first and js.intern_members(first) is first
+    assert js.intern_members(world) is first  # an equal list sent as ranks: the kept one
+    assert js.lowest_member == {id(first): 0}
+
+
+def test_member_lists_stay_within_their_bound() -> None:
+    lists = MemberLists(max_members=100)
+    a = lists.expand(((0, 60, 1),))
+    assert lists.expand(((0, 60, 1),)) is a and lists.bounds(a) == (0, 59)
+    b = lists.expand(((1, 100, 2),))  # 50 more: over 100, so the held ones go first
+    assert b == tuple(range(1, 100, 2)) and lists.bounds(b) == (1, 99)
+    assert lists.bounds(a) is None
+    assert lists.expand(((0, 60, 1),)) == a  # expanded again, the same members
+
+
+def test_a_cached_list_is_still_checked_against_each_snapshots_world() -> None:
+    world = _snapshot(tuple(range(64)))
+    big = replace(world, world_size=64)
+    small = replace(world, rank=1, world_size=8)  # the same runs, but members beyond its world
+    _, refused = decode_checked(json.loads(json.dumps(encode_batch(make_batch([big])))))
+    assert refused == []
+    batch, refused = decode_checked(json.loads(json.dumps(encode_batch(make_batch([big, small])))))
+    assert [s.rank for s in batch.snapshots] == [0] and [r.rank for r in refused] == [1]

@@ -114,6 +114,10 @@ class JobState:
 
     def intern_members(self, ranks: tuple[int, ...]) -> tuple[int, ...]:
         """The job's one object for this member list (kept alive by `member_lists`)."""
+        if id(ranks) in self.lowest_member:
+            # The very object kept (held alive, so no other has its id): no hashing of a
+            # world's members, which every snapshot that carries groups would cost.
+            return ranks
         kept = self.member_lists.setdefault(ranks, ranks)
         if kept is ranks:
             self.lowest_member[id(ranks)] = min(ranks)
