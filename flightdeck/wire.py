@@ -421,12 +421,13 @@ class MemberLists:
     0.88 ms per such batch (with `MEMBER_LISTS.bounds` for the checks and the job's
     `intern_members` by identity).
 
-    Bounded by the members held (`max_members`): emptied when a new list would pass it. Threads
+    Bounded by the members held (`max_members`, 262,144: ~9 MiB, the lists of four 16,384-rank
+    jobs in four kinds of groups): emptied when a new list would pass it. Threads
     share it without a lock: each step is one dict operation under the interpreter lock, and a
     race at worst expands a list twice or counts it twice towards the bound.
     """
 
-    def __init__(self, max_members: int = 1 << 20) -> None:
+    def __init__(self, max_members: int = 1 << 18) -> None:
         self.max_members = max_members
         #: runs -> (members, lowest, highest)
         self._by_runs: dict[tuple[tuple[int, int, int], ...], tuple[tuple[int, ...], int, int]] = {}
