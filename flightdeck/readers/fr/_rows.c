@@ -214,6 +214,7 @@ signature_rows(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t na
     }
     PyObject *result = NULL, *seq_b = NULL, *created_b = NULL, *op_b = NULL, *key_of = NULL;
     PyObject *first = NULL, *groups = NULL, *descs = NULL, *index = NULL, *framed = NULL;
+    Py_ssize_t *fpos = NULL, n_framed = 0;
     PyObject *group_of = NULL, *is_p2p = NULL;
     Py_ssize_t *gidx = NULL;
     char *p2p = NULL;
@@ -229,14 +230,14 @@ signature_rows(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t na
     groups = PyList_New(0);
     descs = PyDict_New();
     index = PyDict_New();
-    framed = PyList_New(0);
     gidx = PyMem_Malloc((size_t)n * sizeof(Py_ssize_t));
+    fpos = PyMem_Malloc((size_t)n * sizeof(Py_ssize_t));
     p2p = PyMem_Malloc((size_t)n);
     table.slots = PyMem_Calloc(table.mask + 1, sizeof(slot_t));
-    if (!(seq_b && created_b && op_b && key_of && first && groups && descs && index && framed)) {
+    if (!(seq_b && created_b && op_b && key_of && first && groups && descs && index)) {
         goto error;
     }
-    if (!(gidx && p2p && table.slots)) {
+    if (!(gidx && fpos && p2p && table.slots)) {
         PyErr_NoMemory();
         goto error;
     }
@@ -322,12 +323,7 @@ signature_rows(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t na
                     goto decline; /* over the budget: the Python pass refuses it */
                 }
                 n_frames += len;
-                PyObject *at = PyLong_FromSsize_t(i);
-                if (at == NULL || PyList_Append(framed, at) < 0) {
-                    Py_XDECREF(at);
-                    goto error;
-                }
-                Py_DECREF(at);
+                fpos[n_framed++] = i;
             }
         }
         if (v[F_P2P] == Py_True) {
@@ -395,6 +391,22 @@ signature_rows(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t na
             PyList_SET_ITEM(key_of, i, s->at);
         }
     }
+    if (n_framed == n) {
+        framed = PyObject_CallFunction((PyObject *)&PyRange_Type, "n", n);
+    }
+    else {
+        framed = PyList_New(n_framed);
+        for (Py_ssize_t j = 0; framed != NULL && j < n_framed; j++) {
+            PyObject *at = PyLong_FromSsize_t(fpos[j]);
+            if (at == NULL) {
+                goto error;
+            }
+            PyList_SET_ITEM(framed, j, at);
+        }
+    }
+    if (framed == NULL) {
+        goto error;
+    }
     if (PyList_GET_SIZE(groups) > 1) {
         group_of = PyList_New(n);
         if (group_of == NULL) {
@@ -449,6 +461,7 @@ done:
     Py_XDECREF(group_of);
     Py_XDECREF(is_p2p);
     PyMem_Free(gidx);
+    PyMem_Free(fpos);
     PyMem_Free(p2p);
     PyMem_Free(table.slots);
     if (declined) {

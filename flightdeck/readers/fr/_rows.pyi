@@ -1,3 +1,4 @@
+from collections.abc import Sequence
 from typing import Any
 
 def signature_rows(
@@ -14,7 +15,7 @@ def signature_rows(
         list[bool] | None,
         dict[tuple[Any, ...], int],
         list[int],
-        list[int],
+        Sequence[int],
     ]
     | None
 ): ...

@@ -56,8 +56,8 @@ class SignatureColumns:
     key_of: list[int]
     #: The first position of each distinct signature key -> the key (canonical op first).
     keys: dict[int, SigKey]
-    #: Positions whose entry has frames, in file order.
-    framed: list[int]
+    #: Positions whose entry has frames, in file order (a range when every entry has).
+    framed: Sequence[int]
     #: Whether the sequence ids strictly increase over all entries.
     seq_increasing: bool
     raw: list[dict[str, Any]] = field(repr=False)
@@ -82,15 +82,6 @@ def _int64s(n: int) -> struct.Struct:
     return struct.Struct(f"{n}q")
 
 
-def _int64_array(values: Sequence[Any]) -> array[int]:
-    """The values as a 64-bit array, converted in C (`struct`: cheaper than `array("q", values)`,
-    which parses each item as a call's argument); struct.error for anything but an int (or a
-    bool, which reads as the int the forgiving path makes of it) within 64 bits."""
-    out = array("q")
-    out.frombytes(_int64s(len(values)).pack(*values))
-    return out
-
-
 def _increasing(values: tuple[int, ...]) -> bool:
     """Whether the ints strictly increase: one compare in C when they count up by one (the usual
     record and sequence ids), else a pass."""
@@ -108,7 +99,8 @@ def _increasing(values: tuple[int, ...]) -> bool:
 #: the sequence ids strictly increase, the groups' names (first-named first), each group's
 #: description, each entry's group (None: one group), each entry's is_p2p (None: none is), each
 #: distinct (profiling name, id() of the sizes and dtypes objects) -> its first position, each
-#: entry's position of that first, and the positions of the entries with frames.
+#: entry's position of that first, and the positions of the entries with frames (a range when
+#: every entry has).
 _Rows = tuple[
     bytes,
     bytes,
@@ -120,7 +112,7 @@ _Rows = tuple[
     list[bool] | None,
     dict[tuple[Any, ...], int],
     list[int],
-    list[int],
+    Sequence[int],
 ]
 
 
@@ -236,7 +228,9 @@ def _signature_rows_py(raw_entries: list[Any], budget: DumpBudget) -> _Rows | No
         index = {g: i for i, g in enumerate(groups)}
         group_of = list(map(index.__getitem__, map(itemgetter(0), pg)))
     is_p2p = list(map(bool, p2p)) if any(p2p) else None
-    framed = list(compress(range(n), frames))
+    framed: Sequence[int] = list(compress(range(n), frames))
+    if len(framed) == n:
+        framed = range(n)  # as the C pass gives it (no int object per entry)
     return seq_b, created_b, op_id_b, _increasing(seq), groups, descs, group_of, is_p2p, first, key_of, framed
 
 
@@ -269,7 +263,7 @@ def _signature_columns(
         return None
     keys, remap = got
     if remap:
-        key_of = [remap.get(k, k) for k in key_of]
+        key_of = list(map(remap.get, key_of, key_of))  # remap.get(k, k) of each, in C
     columns = SignatureColumns(
         collective_seq_id=_int64_column(seq_b),
         time_created_ns=_int64_column(created_b),
