@@ -15,7 +15,6 @@ others' private invariants.
 from __future__ import annotations
 
 import hashlib
-import struct
 from array import array
 from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
@@ -45,7 +44,6 @@ TAIL = 4
 #: all_to_all element totals kept per group (the most recent ones), for the balance check.
 TOTALS_KEPT = 64
 _INT64 = 1 << 63
-_INT64_PACK = struct.Struct("q").pack
 _BAD_VALUES = "entries with a sequence id or time outside 64 bits were skipped"
 
 #: Canonical ops whose per-rank sizes may legitimately differ (uneven splits, root-only buffers).
@@ -261,6 +259,9 @@ class SignatureColumns(Protocol):
     def framed(self) -> Sequence[int]: ...
     @property
     def seq_increasing(self) -> bool: ...
+    def by_key(self, values: dict[int, int]) -> array[int]:
+        """`values[k]` of each entry's signature key `k`, as a 64-bit array."""
+        ...
 
     def __len__(self) -> int: ...
 
@@ -336,10 +337,7 @@ def add_signatures(s: RankSummary, c: SignatureColumns) -> None:
             lists[gi].append(i)
         positions = list(lists)
     fp_at = {at: fingerprint(signature_of(*k)) for at, k in keys.items()}
-    # Each entry's fingerprint as 8 bytes joined in C: one bytes object per distinct signature.
-    fp_bytes = {at: _INT64_PACK(fp) for at, fp in fp_at.items()}
-    fps_all = array("q")
-    fps_all.frombytes(b"".join(map(fp_bytes.__getitem__, key_of)))
+    fps_all = c.by_key(fp_at)
     plans = []
     ok = not (s.tracks or s.sigs or s.sig_frames)
     for g, idx in zip(c.groups, positions, strict=True):

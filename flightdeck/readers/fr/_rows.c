@@ -470,8 +470,52 @@ done:
     return result;
 }
 
+PyDoc_STRVAR(take_int64_doc,
+             "take_int64(keys, values, /)\n--\n\n"
+             "values[k] of each k of the list `keys`, packed as 64-bit ints (native order); None\n"
+             "where a key is missing or a value is not an exact int within 64 bits.");
+
+static PyObject *
+take_int64(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyList_CheckExact(args[0]) || !PyDict_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "take_int64(list, dict)");
+        return NULL;
+    }
+    PyObject *keys = args[0], *values = args[1];
+    Py_ssize_t n = PyList_GET_SIZE(keys);
+    if (n > PY_SSIZE_T_MAX / 8) {
+        Py_RETURN_NONE;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n * 8);
+    if (out == NULL) {
+        return NULL;
+    }
+    int64_t *to = (int64_t *)PyBytes_AS_STRING(out);
+    PyObject *last = NULL;
+    long long x = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *k = PyList_GET_ITEM(keys, i);
+        if (k != last) { /* entries of one signature often come in runs */
+            PyObject *v = PyLong_CheckExact(k) ? PyDict_GetItemWithError(values, k) : NULL;
+            if (v == NULL || !int64_of(v, &x)) {
+                Py_DECREF(out);
+                if (PyErr_Occurred() && PyErr_ExceptionMatches(PyExc_MemoryError)) {
+                    return NULL;
+                }
+                PyErr_Clear();
+                Py_RETURN_NONE;
+            }
+            last = k;
+        }
+        to[i] = x;
+    }
+    return out;
+}
+
 static PyMethodDef rows_methods[] = {
     {"signature_rows", (PyCFunction)(void (*)(void))signature_rows, METH_FASTCALL, signature_rows_doc},
+    {"take_int64", (PyCFunction)(void (*)(void))take_int64, METH_FASTCALL, take_int64_doc},
     {NULL, NULL, 0, NULL},
 };
 
