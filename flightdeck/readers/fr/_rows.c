@@ -166,7 +166,8 @@ fields_by_layout(PyObject *e, const layout_t *lay, PyObject **v)
     if (PyDict_GET_SIZE(e) != lay->len) {
         return 0;
     }
-    while (PyDict_Next(e, &pos, &k, &value)) {
+    /* As many items as the layout has: no call to learn that there are no more. */
+    while (j < lay->len && PyDict_Next(e, &pos, &k, &value)) {
         if (k != lay->key[j]) {
             return 0;
         }
