@@ -251,6 +251,9 @@ signature_rows(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t na
     layout_t layout;
 
     for (Py_ssize_t i = 0; i < n; i++) {
+        if (i >= PyList_GET_SIZE(entries)) {
+            goto decline; /* cannot happen with plain data (no code runs); cheap to rule out */
+        }
         PyObject *e = PyList_GET_ITEM(entries, i);
         PyObject *v[N_FIELDS];
         if (!PyDict_CheckExact(e)) {
