@@ -9,7 +9,7 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 # flightdeck/{collector,server,web,dashboards} are symbolic links to the top-level folders, so
 # those are copied beside the package; the wheel build follows the links.
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY flightdeck ./flightdeck
 COPY collector ./collector
 COPY server ./server

@@ -11,7 +11,9 @@ and the load average before and after.
     python bench/analyze_scale.py [--ranks 1024] [--entries 2000] [--culprit 637] [--skip-torch]
         [--workers N] [--repeat N]
 
-Both commands start from byte-compiled modules (compiled once per run, before measuring).
+Both commands start from byte-compiled modules (compiled once per run, before measuring). The
+bench says which pass reads the entries (C where flightdeck.readers.fr._rows is built: `python
+setup.py build_ext --inplace`; FLIGHTDECK_READER_PURE_PYTHON=1 measures the Python pass).
 """
 
 from __future__ import annotations
@@ -185,6 +187,16 @@ def _compile_once(cache: Path) -> None:
     subprocess.run([sys.executable, "-c", warm], check=True)
 
 
+def _rows_pass() -> str:
+    """Which pass `flightdeck analyze`'s readers use, as its process sees it: "C" where
+    flightdeck.readers.fr._rows is built, "Python" without it or with
+    FLIGHTDECK_READER_PURE_PYTHON set."""
+    code = "from flightdeck.readers.fr import signatures; print(signatures.ROWS_PASS)"
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
 def _load() -> str:
     with open("/proc/loadavg") as fh:
         return " ".join(fh.read().split()[:3])
@@ -269,6 +281,7 @@ def main() -> int:
         floor_cmd = [sys.executable, str(Path(__file__).resolve()), "--unpickle-only", str(d)]
         floor_cmd += ["--workers", str(args.workers)]
         _compile_once(Path(pyc))
+        print(f"flightdeck analyze reads the entries with the {_rows_pass()} pass")
         walls, fwalls, cpus, fcpus = [], [], [], []
         for run in range(1, args.repeat + 1):
             # Floor and analyze alternate, so that a change in the machine's load falls on both.

@@ -26,6 +26,9 @@ LEGACY_PREFIX = "FLIGHTDECK_"
 SERVER_PREFIX = "FLIGHTDECK_SERVER_"
 COLLECTOR_PREFIX = "FLIGHTDECK_COLLECTOR_"
 AGENT_PREFIX = "FLIGHTDECK_AGENT_"
+#: Not a setting of one process: set (non-empty), the dump reader of every process leaves its C
+#: pass unused and reads entries in Python only (the same results; for tests and benches).
+READER_PURE_PYTHON = "FLIGHTDECK_READER_PURE_PYTHON"
 
 _logged: set[str] = set()
 

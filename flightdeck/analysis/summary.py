@@ -15,7 +15,6 @@ others' private invariants.
 from __future__ import annotations
 
 import hashlib
-import struct
 from array import array
 from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
@@ -260,6 +259,9 @@ class SignatureColumns(Protocol):
     def framed(self) -> Sequence[int]: ...
     @property
     def seq_increasing(self) -> bool: ...
+    def by_key(self, values: dict[int, int]) -> array[int]:
+        """`values[k]` of each entry's signature key `k`, as a 64-bit array."""
+        ...
 
     def __len__(self) -> int: ...
 
@@ -311,14 +313,6 @@ def _first_of_each(positions: Iterable[int], fps: Sequence[int], distinct: int) 
     return out
 
 
-def _int64_array(values: Sequence[int]) -> array[int]:
-    """Ints (fingerprints: 63 bits) as a 64-bit array, packed in C (`struct`; `array("q", values)`
-    parses each item as a call's argument, several times the cost)."""
-    out = array("q")
-    out.frombytes(struct.pack(f"{len(values)}q", *values))
-    return out
-
-
 def _increasing(a: array[int]) -> bool:
     """Whether the values strictly increase."""
     return all(map(lt, a, islice(a, 1, None)))
@@ -343,8 +337,7 @@ def add_signatures(s: RankSummary, c: SignatureColumns) -> None:
             lists[gi].append(i)
         positions = list(lists)
     fp_at = {at: fingerprint(signature_of(*k)) for at, k in keys.items()}
-    fps_list = list(map(fp_at.__getitem__, key_of))
-    fps_all = _int64_array(fps_list)
+    fps_all = c.by_key(fp_at)
     plans = []
     ok = not (s.tracks or s.sigs or s.sig_frames)
     for g, idx in zip(c.groups, positions, strict=True):
@@ -366,8 +359,8 @@ def add_signatures(s: RankSummary, c: SignatureColumns) -> None:
     framed = c.framed if is_p2p is None else [i for i in c.framed if not is_p2p[i]]
     # The newest stack per fingerprint, in the order the fingerprints first had one; declined
     # where the first or the newest entry's frames normalize to no stack (the fold skips those).
-    oldest = _first_of_each(framed, fps_list, len(set(fp_at.values())))
-    newest = _first_of_each(reversed(framed), fps_list, len(oldest))
+    oldest = _first_of_each(framed, fps_all, len(set(fp_at.values())))
+    newest = _first_of_each(reversed(framed), fps_all, len(oldest))
     stacks = {fp: c.frames(newest[fp]) for fp in oldest}
     if not (ok and all(stacks.values()) and all(map(c.frames, oldest.values()))):
         add_entries(s, [c.entry(i) for i in range(n)])

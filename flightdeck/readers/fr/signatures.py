@@ -8,15 +8,17 @@ an index into the few distinct ones, whole entries built only on demand; made by
 
 from __future__ import annotations
 
+import os
 import struct
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import chain, compress, count, islice
 from operator import itemgetter, lt
 from typing import Any
 
+from flightdeck.env_names import READER_PURE_PYTHON
 from flightdeck.readers.fr.columns import _INTS, _NONE, _SEQS, _STRS, _types
 from flightdeck.readers.fr.decode import DumpBudget
 from flightdeck.readers.fr.errors import DumpBudgetError
@@ -54,8 +56,8 @@ class SignatureColumns:
     key_of: list[int]
     #: The first position of each distinct signature key -> the key (canonical op first).
     keys: dict[int, SigKey]
-    #: Positions whose entry has frames, in file order.
-    framed: list[int]
+    #: Positions whose entry has frames, in file order (a range when every entry has).
+    framed: Sequence[int]
     #: Whether the sequence ids strictly increase over all entries.
     seq_increasing: bool
     raw: list[dict[str, Any]] = field(repr=False)
@@ -74,19 +76,19 @@ class SignatureColumns:
         fr = self.raw[i].get("frames")
         return _frames_fast(fr, self.ctx) if fr else ()
 
+    def by_key(self, values: dict[int, int]) -> array[int]:
+        """`values[k]` of each entry's signature key `k` (`key_of`), as a 64-bit array: gathered
+        in C where the C pass is built (`take_int64`: 0.7 million instructions less per
+        2,000-entry file than joining or packing them in Python), else packed by `struct`."""
+        packed = _C_PASS[1](self.key_of, values) if _C_PASS is not None else None
+        if packed is None:
+            packed = _int64s(len(self.key_of)).pack(*map(values.__getitem__, self.key_of))
+        return _int64_column(packed)
+
 
 @lru_cache(maxsize=8)
 def _int64s(n: int) -> struct.Struct:
     return struct.Struct(f"{n}q")
-
-
-def _int64_array(values: Sequence[Any]) -> array[int]:
-    """The values as a 64-bit array, converted in C (`struct`: cheaper than `array("q", values)`,
-    which parses each item as a call's argument); struct.error for anything but an int (or a
-    bool, which reads as the int the forgiving path makes of it) within 64 bits."""
-    out = array("q")
-    out.frombytes(_int64s(len(values)).pack(*values))
-    return out
 
 
 def _increasing(values: tuple[int, ...]) -> bool:
@@ -101,23 +103,79 @@ def _increasing(values: tuple[int, ...]) -> bool:
     return all(map(lt, values, islice(values, 1, None)))
 
 
-def _signature_columns(
-    raw_entries: list[Any], ctx: _Ctx, rank: int, budget: DumpBudget
-) -> tuple[SignatureColumns, dict[str, str]] | None:
-    """`SignatureColumns` of a dump's entries (within `budget`) and each group's description as
-    its first entry gives it; None where they take `_entry_columns` instead.
+#: A dump's per-entry columns before their signatures are keyed, as `_signature_rows` gives
+#: them: the sequence ids, creation times and op ids packed as 64-bit ints (native order), whether
+#: the sequence ids strictly increase, the groups' names (first-named first), each group's
+#: description, each entry's group (None: one group), each entry's is_p2p (None: none is), each
+#: distinct (profiling name, id() of the sizes and dtypes objects) -> its first position, each
+#: entry's position of that first, and the positions of the entries with frames (a range when
+#: every entry has).
+_Rows = tuple[
+    bytes,
+    bytes,
+    bytes,
+    bool,
+    list[str],
+    dict[str, str],
+    list[int] | None,
+    list[bool] | None,
+    dict[tuple[Any, ...], int],
+    list[int],
+    Sequence[int],
+]
 
-    One comprehension reads, per entry, the fields the summary keeps of every entry (and the two
-    it checks: state, duration); the columns are checked and converted in C. The other fields are
-    read only for the entries built whole (`SignatureColumns.entry`: each group's last entries,
-    point-to-point ones), by `_entry` as always: their odd values change only those entries (no
-    warning, no refusal), except a state (a warning) and a duration too large for a float (a
-    refusal), which are checked for every entry. Nothing is checked that the unpickler's type set
-    (`SafeUnpickler`: plain data only) already answers: an entry that is not a dict fails its
-    first subscript, and an int column packed into 64 bits has no other type than int or bool
-    to tell apart (a bool reads as the int the forgiving path makes of it). Sizes and dtypes are
-    read per distinct object (the unpickler shares an object the pickle memoizes), their types
-    checked and converted once per distinct signature.
+
+_RowsPass = Callable[[list[Any], dict[object, Any], int], _Rows | None]
+_Take = Callable[[list[int], dict[int, int]], bytes | None]
+
+
+def _c_pass() -> tuple[_RowsPass, _Take] | None:
+    """The C pass (`flightdeck.readers.fr._rows`: `signature_rows`, `take_int64`), or None
+    where it is not built or `FLIGHTDECK_READER_PURE_PYTHON` is set (non-empty)."""
+    if os.environ.get(READER_PURE_PYTHON):
+        return None
+    try:
+        from flightdeck.readers.fr import _rows
+    except ImportError:  # installed without a compiler: the Python pass does it all
+        return None
+    return _rows.signature_rows, _rows.take_int64
+
+
+_C_PASS = _c_pass()
+#: Which pass reads the entries in this process: "C" or "Python".
+ROWS_PASS = "Python" if _C_PASS is None else "C"
+
+
+def _signature_rows(raw_entries: list[Any], budget: DumpBudget) -> _Rows | None:
+    """The per-entry columns of a dump (`_Rows`), within `budget`; None where they take
+    `_entry_columns` instead. The speed-up of `flightdeck analyze`'s reader has its one owner here.
+
+    The C pass (`_rows.c`) reads every entry's fields in one loop and takes only the common shape
+    of exact types (ints within 64 bits, record ids strictly increasing, a known state...); on
+    anything else it declines and the Python pass (`_signature_rows_py`) reads the same entries
+    and decides, so the two give the same columns, the same None and the same budget refusals
+    (tests/test_reader_rows.py compares them on every fixture and on odd entries). Measured with
+    callgrind on bench/analyze_scale.py's 2,000-entry files (`_load_rank` with the summary's
+    pickle there and back, per file): 48.4 million instructions with the Python pass, 31.4
+    million with the C pass (and `SignatureColumns.by_key`), against 25.2 million for reading and
+    restrictedly unpickling the file (docs/performance.md, "Against the unpickling floor").
+    """
+    if _C_PASS is not None:
+        got = _C_PASS[0](raw_entries, _STATES, budget.max_frames)
+        if got is not None:
+            return got
+    return _signature_rows_py(raw_entries, budget)
+
+
+def _signature_rows_py(raw_entries: list[Any], budget: DumpBudget) -> _Rows | None:
+    """`_signature_rows` in Python: one comprehension reads, per entry, the fields the summary
+    keeps of every entry (and the two it checks: state, duration); the columns are checked and
+    converted in C (`struct`, `set`, `map`).
+
+    Nothing is checked that the unpickler's type set (`SafeUnpickler`: plain data only) already
+    answers: an entry that is not a dict fails its first subscript, and an int column packed into
+    64 bits has no other type than int or bool to tell apart (a bool reads as the int the
+    forgiving path makes of it). Raises DumpBudgetError for frames over `budget`.
     """
     n = len(raw_entries)
     if not n:
@@ -156,11 +214,12 @@ def _signature_columns(
         raise DumpBudgetError(
             f"{n_frames} stack frames over {n} entries, over the budget of {budget.max_frames} per file"
         )
+    pack = _int64s(n).pack
     try:
-        _int64s(n).pack(*rid)  # ints within 64 bits (struct.error else), as the arrays below
+        pack(*rid)  # ints within 64 bits (struct.error else), as the columns below
         if not (_increasing(rid) and set(state) <= _STATES.keys()):
             return None
-        seq_a, created_a, op_id_a = _int64_array(seq), _int64_array(created), _int64_array(op_id)
+        seq_b, created_b, op_id_b = pack(*seq), pack(*created), pack(*op_id)
         p0 = pg[0]
         distinct_pg = {p0: None} if pg.count(p0) == n else dict.fromkeys(pg)
         first: dict[tuple[Any, ...], int] = {}
@@ -182,24 +241,54 @@ def _signature_columns(
     if len(groups) > 1:
         index = {g: i for i, g in enumerate(groups)}
         group_of = list(map(index.__getitem__, map(itemgetter(0), pg)))
+    is_p2p = list(map(bool, p2p)) if any(p2p) else None
+    framed: Sequence[int] = list(compress(range(n), frames))
+    if len(framed) == n:
+        framed = range(n)  # as the C pass gives it (no int object per entry)
+    return seq_b, created_b, op_id_b, _increasing(seq), groups, descs, group_of, is_p2p, first, key_of, framed
+
+
+def _int64_column(packed: bytes) -> array[int]:
+    out = array("q")
+    out.frombytes(packed)
+    return out
+
+
+def _signature_columns(
+    raw_entries: list[Any], ctx: _Ctx, rank: int, budget: DumpBudget
+) -> tuple[SignatureColumns, dict[str, str]] | None:
+    """`SignatureColumns` of a dump's entries (within `budget`) and each group's description as
+    its first entry gives it; None where they take `_entry_columns` instead.
+
+    The fields the summary keeps of every entry are read by `_signature_rows`. The other fields
+    are read only for the entries built whole (`SignatureColumns.entry`: each group's last
+    entries, point-to-point ones), by `_entry` as always: their odd values change only those
+    entries (no warning, no refusal), except a state (a warning) and a duration too large for a
+    float (a refusal), which are checked for every entry. Sizes and dtypes are read per distinct
+    object (the unpickler shares an object the pickle memoizes), their types checked and
+    converted once per distinct signature.
+    """
+    rows = _signature_rows(raw_entries, budget)
+    if rows is None:
+        return None
+    seq_b, created_b, op_id_b, seq_increasing, groups, descs, group_of, is_p2p, first, key_of, framed = rows
     got = _signature_keys(raw_entries, first, ctx, budget)
     if got is None:
         return None
     keys, remap = got
     if remap:
-        key_of = [remap.get(k, k) for k in key_of]
-    is_p2p = list(map(bool, p2p)) if any(p2p) else None
+        key_of = list(map(remap.get, key_of, key_of))  # remap.get(k, k) of each, in C
     columns = SignatureColumns(
-        collective_seq_id=seq_a,
-        time_created_ns=created_a,
-        op_id=op_id_a,
+        collective_seq_id=_int64_column(seq_b),
+        time_created_ns=_int64_column(created_b),
+        op_id=_int64_column(op_id_b),
         groups=groups,
         group_of=group_of,
         is_p2p=is_p2p,
         key_of=key_of,
         keys=keys,
-        framed=list(compress(range(n), frames)),
-        seq_increasing=_increasing(seq),
+        framed=framed,
+        seq_increasing=seq_increasing,
         raw=raw_entries,
         ctx=ctx,
         rank=rank,
