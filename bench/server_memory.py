@@ -15,11 +15,16 @@ server ends the jobs, and the memory is read once more. Printed, in MiB:
 
     python -m bench.server_memory --db sqlite --ranks 1024 --entries 2000 --jobs 10
     python -m bench.server_memory --db postgresql --jobs 3
+    python -m bench.server_memory --db postgresql --jobs 3 --allocator pymalloc
+
+The server runs under the allocator `flightdeck server` chooses (malloc) unless `--allocator`
+names one (`PYTHONMALLOC`); the one it runs under (`flightdeck_build_info`) is printed.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import time
 import uuid
@@ -69,6 +74,12 @@ def wait_status(client: httpx.Client, job: str, want: tuple[str, ...], timeout_s
     raise SystemExit(f"{job} is {status!r}, not {want}, after {timeout_s:.0f} s")
 
 
+def allocator(client: httpx.Client) -> str:
+    """The allocator the server's objects come from (`flightdeck_build_info`)."""
+    found = re.search(r'^flightdeck_build_info\{[^}]*allocator="([a-z]+)"', client.get("/metrics").text, re.M)
+    return found.group(1) if found else "?"
+
+
 def load() -> str:
     """The machine's load averages (1, 5, 15 min)."""
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
@@ -82,17 +93,19 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--entries", type=int, default=2000)
     ap.add_argument("--jobs", type=int, default=10)
     ap.add_argument("--no-restart", action="store_true", help="skip the restart's rebuild")
+    ap.add_argument("--allocator", choices=["malloc", "pymalloc"], help="PYTHONMALLOC for the server")
     ap.add_argument("--release-wait", type=float, default=10.0, help="seconds to wait after the jobs ended")
     args = ap.parse_args(argv)
     jobs = [f"mem-{i}" for i in range(args.jobs)]
     print(f"{args.db}, {args.jobs} job(s) of {args.ranks} ranks x {args.entries} collectives", flush=True)
     with database(args.db, None) as url:
         token = make_token(url)
-        server = start_server(url, {})
+        server = start_server(url, {"PYTHONMALLOC": args.allocator} if args.allocator else {})
         try:
             with httpx.Client(base_url=server.url, timeout=300) as client:
                 wait_idle(server.pid)
                 base = prev = rss_mib(server.pid)
+                print(f"  allocator             {allocator(client)}", flush=True)
                 print(f"  baseline              {base:7.0f} MiB   (load {load()})", flush=True)
                 steps = []
                 for i, job in enumerate(jobs):
