@@ -7,7 +7,8 @@ bench waits for the server to be at rest (under a tenth of a core) and reads its
 (`VmRSS`). Then the server is stopped and started again on the same database while the jobs are
 still open: it rebuilds their summaries from the store (`VmHWM`: its peak while doing so). Last,
 every rank of every job sends its final snapshot, as the agent does when its process exits, the
-server ends the jobs, and the memory is read once more. Printed, in MiB:
+server ends the jobs, and the memory is read once more (`--again`: and after one more job run
+and ended). Printed, in MiB:
 
 * the server's RSS at rest before any job (baseline), after each job and the increment of each
   (the median of those after the first: the first job's data also fills the store's caches);
@@ -94,6 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--jobs", type=int, default=10)
     ap.add_argument("--no-restart", action="store_true", help="skip the restart's rebuild")
     ap.add_argument("--allocator", choices=["malloc", "pymalloc"], help="PYTHONMALLOC for the server")
+    ap.add_argument("--again", action="store_true", help="then one more job, run and ended")
     ap.add_argument("--release-wait", type=float, default=10.0, help="seconds to wait after the jobs ended")
     args = ap.parse_args(argv)
     jobs = [f"mem-{i}" for i in range(args.jobs)]
@@ -153,6 +155,23 @@ def main(argv: list[str] | None = None) -> None:
                     f" load {load()})",
                     flush=True,
                 )
+                if args.again:
+                    # One more job run and ended: the process's level once its caches have seen
+                    # jobs; what an ended job leaves behind adds up here if anything does.
+                    job = "mem-again"
+                    post_job(client, token, job, args.ranks, args.entries, hang=False)
+                    wait_status(client, job, ("running",), 300)
+                    wait_idle(server.pid)
+                    open_rss = rss_mib(server.pid)
+                    end_job(client, token, job, args.ranks)
+                    wait_status(client, job, ENDED, 300)
+                    time.sleep(args.release_wait)
+                    wait_idle(server.pid)
+                    print(
+                        f"  one more job, ended   {rss_mib(server.pid):7.0f} MiB   (open: {open_rss:.0f};"
+                        f" load {load()})",
+                        flush=True,
+                    )
         finally:
             server.stop()
 
