@@ -7,7 +7,8 @@ bench waits for the server to be at rest (under a tenth of a core) and reads its
 (`VmRSS`). Then the server is stopped and started again on the same database while the jobs are
 still open: it rebuilds their summaries from the store (`VmHWM`: its peak while doing so). Last,
 every rank of every job sends its final snapshot, as the agent does when its process exits, the
-server ends the jobs, and the memory is read once more. Printed, in MiB:
+server ends the jobs, and the memory is read once more (`--again`: and after one more job run
+and ended). Printed, in MiB:
 
 * the server's RSS at rest before any job (baseline), after each job and the increment of each
   (the median of those after the first: the first job's data also fills the store's caches);
@@ -15,11 +16,16 @@ server ends the jobs, and the memory is read once more. Printed, in MiB:
 
     python -m bench.server_memory --db sqlite --ranks 1024 --entries 2000 --jobs 10
     python -m bench.server_memory --db postgresql --jobs 3
+    python -m bench.server_memory --db postgresql --jobs 3 --allocator pymalloc
+
+The server runs under the allocator `flightdeck server` chooses (malloc) unless `--allocator`
+names one (`PYTHONMALLOC`); the one it runs under (`flightdeck_build_info`) is printed.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import time
 import uuid
@@ -69,6 +75,12 @@ def wait_status(client: httpx.Client, job: str, want: tuple[str, ...], timeout_s
     raise SystemExit(f"{job} is {status!r}, not {want}, after {timeout_s:.0f} s")
 
 
+def allocator(client: httpx.Client) -> str:
+    """The allocator the server's objects come from (`flightdeck_build_info`)."""
+    found = re.search(r'^flightdeck_build_info\{[^}]*allocator="([a-z]+)"', client.get("/metrics").text, re.M)
+    return found.group(1) if found else "?"
+
+
 def load() -> str:
     """The machine's load averages (1, 5, 15 min)."""
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
@@ -82,17 +94,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--entries", type=int, default=2000)
     ap.add_argument("--jobs", type=int, default=10)
     ap.add_argument("--no-restart", action="store_true", help="skip the restart's rebuild")
+    ap.add_argument("--allocator", choices=["malloc", "pymalloc"], help="PYTHONMALLOC for the server")
+    ap.add_argument("--again", action="store_true", help="then one more job, run and ended")
     ap.add_argument("--release-wait", type=float, default=10.0, help="seconds to wait after the jobs ended")
     args = ap.parse_args(argv)
     jobs = [f"mem-{i}" for i in range(args.jobs)]
     print(f"{args.db}, {args.jobs} job(s) of {args.ranks} ranks x {args.entries} collectives", flush=True)
     with database(args.db, None) as url:
         token = make_token(url)
-        server = start_server(url, {})
+        server = start_server(url, {"PYTHONMALLOC": args.allocator} if args.allocator else {})
         try:
             with httpx.Client(base_url=server.url, timeout=300) as client:
                 wait_idle(server.pid)
                 base = prev = rss_mib(server.pid)
+                print(f"  allocator             {allocator(client)}", flush=True)
                 print(f"  baseline              {base:7.0f} MiB   (load {load()})", flush=True)
                 steps = []
                 for i, job in enumerate(jobs):
@@ -140,6 +155,23 @@ def main(argv: list[str] | None = None) -> None:
                     f" load {load()})",
                     flush=True,
                 )
+                if args.again:
+                    # One more job run and ended: the process's level once its caches have seen
+                    # jobs; what an ended job leaves behind adds up here if anything does.
+                    job = "mem-again"
+                    post_job(client, token, job, args.ranks, args.entries, hang=False)
+                    wait_status(client, job, ("running",), 300)
+                    wait_idle(server.pid)
+                    open_rss = rss_mib(server.pid)
+                    end_job(client, token, job, args.ranks)
+                    wait_status(client, job, ENDED, 300)
+                    time.sleep(args.release_wait)
+                    wait_idle(server.pid)
+                    print(
+                        f"  one more job, ended   {rss_mib(server.pid):7.0f} MiB   (open: {open_rss:.0f};"
+                        f" load {load()})",
+                        flush=True,
+                    )
         finally:
             server.stop()
 

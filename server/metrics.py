@@ -27,6 +27,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from flightdeck.analysis.findings import CONFIG_KINDS, MISMATCH_KINDS
+from flightdeck.runtime_tuning import allocator_in_use
 from flightdeck.server.export import ExportPolicy, StoreFacts
 from flightdeck.server.live import SKEW_BUCKETS, LiveDiagnosis
 from flightdeck.server.models import JOB_STATUSES
@@ -513,10 +514,11 @@ class BuildInfo(Collector):
 
         info = GaugeMetricFamily(
             "flightdeck_build_info",
-            "Version of the Flightdeck server and of the Python running it (always 1).",
-            labels=["version", "python"],
+            "Version of the Flightdeck server and of the Python running it, and the allocator of "
+            "its objects (always 1).",
+            labels=["version", "python", "allocator"],
         )
-        info.add_metric([__version__, platform.python_version()], 1.0)
+        info.add_metric([__version__, platform.python_version(), allocator_in_use()], 1.0)
         yield info
 
 

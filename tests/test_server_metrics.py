@@ -50,7 +50,10 @@ def test_metrics_expose_the_documented_names_and_the_state(server: Server) -> No
     get = server.svc.registry.get_sample_value
     from flightdeck import __version__
 
-    assert get("flightdeck_build_info", {"version": __version__, "python": platform.python_version()}) == 1
+    # In process, under the tests' interpreter: CPython's own allocator (`flightdeck server`
+    # re-executes itself under malloc: tests/test_server_allocator.py).
+    labels = {"version": __version__, "python": platform.python_version(), "allocator": "pymalloc"}
+    assert get("flightdeck_build_info", labels) == 1
     assert (get("process_resident_memory_bytes") or 0) > 0
     assert get("flightdeck_jobs", {"status": "hung"}) == 1
     assert get("flightdeck_job_hang_active", {"job": "skip", "group": "0"}) == 1
