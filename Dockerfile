@@ -19,12 +19,8 @@ RUN pip wheel --no-deps --wheel-dir /wheels .
 
 FROM python:3.11.11-slim
 
-# PYTHONMALLOC=malloc: the server's objects on glibc's malloc, so that an ended job's memory goes
-# back to the system (`flightdeck server` sets it itself when unset; docs/performance.md, "Server
-# memory"). `docker run -e PYTHONMALLOC=pymalloc` chooses CPython's own allocator instead.
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
-    PYTHONMALLOC=malloc \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     FLIGHTDECK_SERVER_DATA_DIR=/var/lib/flightdeck

@@ -1,8 +1,8 @@
 """Ingest throughput of a real `flightdeck server` under CPython's two allocators, in alternation.
 
-The server runs with `PYTHONMALLOC=malloc` by default (every object from glibc's malloc, which
-hands an ended job's memory back: docs/performance.md, "Server memory"); this measures what that
-costs against CPython's own allocator (`PYTHONMALLOC=pymalloc`). Each round posts the same
+With `PYTHONMALLOC=malloc` every object of the server comes from glibc's malloc, which hands an
+ended job's memory back (docs/performance.md, "Server memory"); this measures what that costs
+against CPython's own allocator (pymalloc, the default). Each round posts the same
 synthetic job (bench/server_ingest.py) into a fresh database and server under each allocator,
 the order swapped every round, so that the load of a shared machine falls on both alike. Printed
 per run and as medians: entries/s while posting, the server's CPU per entry while posting and

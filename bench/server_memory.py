@@ -16,10 +16,10 @@ and ended). Printed, in MiB:
 
     python -m bench.server_memory --db sqlite --ranks 1024 --entries 2000 --jobs 10
     python -m bench.server_memory --db postgresql --jobs 3
-    python -m bench.server_memory --db postgresql --jobs 3 --allocator pymalloc
+    python -m bench.server_memory --db postgresql --jobs 3 --allocator malloc
 
-The server runs under the allocator `flightdeck server` chooses (malloc) unless `--allocator`
-names one (`PYTHONMALLOC`); the one it runs under (`flightdeck_build_info`) is printed.
+The server runs under CPython's own allocator (pymalloc) unless `--allocator` names one
+(`PYTHONMALLOC`); the one it runs under (`flightdeck_build_info`) is printed.
 """
 
 from __future__ import annotations

@@ -58,11 +58,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return install_main(args_list[2:])
     args = build_parser(args_list).parse_args(args_list)
-    if argv is None and args.command == "server":
-        # The server's allocator is chosen before it allocates anything (flightdeck/runtime_tuning.py).
-        from flightdeck.runtime_tuning import SERVER_ALLOCATOR, exec_under_allocator
-
-        exec_under_allocator(SERVER_ALLOCATOR)
     module = importlib.import_module(COMMANDS[args.command][0])
     code: int = module.run(args)
     return code

@@ -14,7 +14,6 @@ server's ingest throughput, and was a third of the collector's CPU.
 from __future__ import annotations
 
 import gc
-import os
 import sys
 import threading
 import time
@@ -130,31 +129,6 @@ class GcPause:
 
 #: One per process: the garbage collector is process-wide.
 GC_PAUSE = GcPause()
-
-
-#: The allocator `flightdeck server` runs under unless its user set `PYTHONMALLOC`: glibc's
-#: malloc for every object. CPython's own (pymalloc) hands an arena (1 MiB) back only once every
-#: object in it is freed; the few objects a job's burst of allocations leaves alive (cache
-#: entries, ids, the ended job's bookkeeping) are spread over many of its arenas and keep them
-#: all, tens of MiB after a 1,024-rank job ended; malloc's free memory `malloc_trim` hands back
-#: page by page (docs/performance.md, "Server memory").
-SERVER_ALLOCATOR = "malloc"
-
-
-def exec_under_allocator(allocator: str) -> None:
-    """Re-execute this process (the same pid and command line) with `PYTHONMALLOC=allocator`;
-    returns without doing so when `PYTHONMALLOC` is set (the user's choice, or this re-execution
-    already done), when the interpreter ignores the environment (-E, -I), off Linux, or when its
-    command line cannot be run again (a script read from standard input)."""
-    if "PYTHONMALLOC" in os.environ or sys.flags.ignore_environment or not sys.platform.startswith("linux"):
-        return
-    if not sys.executable or sys.argv[0] in ("", "-"):
-        return
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # This interpreter with its own command line: nothing from outside is run.
-    env = {**os.environ, "PYTHONMALLOC": allocator}
-    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)  # noqa: S606
 
 
 def allocator_in_use() -> str:

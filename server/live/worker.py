@@ -366,10 +366,10 @@ class LiveDiagnosis(ClusterSteps):
         An ended job's diagnosis changes only when a snapshot newer than its end arrives, and
         that rebuilds them from the store (`_fold`). Every object of the summaries is freed
         (in process, 0.2 MiB of a 256-rank job's 33 stayed traced); `gc.collect` and
-        `malloc_trim` hand the memory back. Under `flightdeck server`'s allocator (malloc) that
-        is most of it; under CPython's own (`PYTHONMALLOC=pymalloc`) the arenas that the few
-        surviving objects are spread over stay with the process (docs/performance.md, "Server
-        memory").
+        `malloc_trim` hand the memory back: most of it under glibc's allocator
+        (`PYTHONMALLOC=malloc`); under CPython's own, the default, the arenas that the few
+        surviving objects are spread over stay with the process, for the next job
+        (docs/performance.md, "Server memory").
         """
         for js in jobs:
             js.summaries = None
