@@ -148,7 +148,7 @@ def run(
             with ThreadPoolExecutor(args.concurrency) as pool:
                 lat = sorted(pool.map(post, bodies))
             wall, cpu = time.perf_counter() - t0, proc_cpu_s(server.pid) - cpu0
-            at_rest(server.pid)
+            wait_idle(server.pid)
             cpu_all = proc_cpu_s(server.pid) - cpu0
     finally:
         server.stop()
@@ -171,8 +171,9 @@ def run(
     }
 
 
-def at_rest(pid: int, timeout_s: float = 300) -> None:
-    """Until the server uses under a tenth of a core over 2 s (its folds and diagnoses done)."""
+def wait_idle(pid: int, timeout_s: float = 600) -> None:
+    """Until the server uses under a tenth of a core over 2 s (its folds, start-up rebuild and
+    diagnoses done): what is measured next is a server at rest."""
     deadline = time.monotonic() + timeout_s
     last = proc_cpu_s(pid)
     while time.monotonic() < deadline:

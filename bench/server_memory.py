@@ -34,9 +34,9 @@ from pathlib import Path
 
 import httpx
 
-from bench.server_ingest import make_token, start_server
+from bench.server_ingest import make_token, start_server, wait_idle
 from bench.server_synth import snapshot
-from bench.web_server import database, post_batch, post_job, rss_mib, wait_idle
+from bench.web_server import database, post_batch, post_job, rss_mib
 from flightdeck.wire import Batch
 
 ENDED = ("finished", "failed")

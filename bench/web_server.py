@@ -39,7 +39,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.server_ingest import make_token, start_server
+from bench.server_ingest import make_token, start_server, wait_idle
 from bench.server_synth import rank_entries, snapshot, stuck_entry, template
 from flightdeck.wire import Batch, encode_batch
 
@@ -227,19 +227,6 @@ def cpu_s(pid: int) -> float:
     """User + system CPU seconds of a process."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def wait_idle(pid: int, timeout_s: float = 600) -> None:
-    """Until the server uses under a tenth of a core (its start-up rebuild of the stored jobs and
-    their first diagnoses are done): the pages are timed on a server at rest."""
-    deadline = time.monotonic() + timeout_s
-    last = cpu_s(pid)
-    while time.monotonic() < deadline:
-        time.sleep(2)
-        now = cpu_s(pid)
-        if now - last < 0.2:
-            return
-        last = now
 
 
 def rss_mib(pid: int) -> float:
