@@ -47,8 +47,9 @@ class JobState:
     `TAIL` entries in full and a stack per signature; the member lists of a group are one object
     per job (`intern_members`). That is ranks x groups x collectives held x ~5 B plus ~10 KB a
     rank: a job of 1,024 ranks x 2,000 collectives holds ≈ 19 MiB of objects; its share of the
-    server's RSS measured -2 to +30 MiB once the store's caches had filled (22 MiB under pymalloc) (`bench/server_memory.py`,
-    docs/performance.md "Server memory"). When the job ends the
+    server's RSS measured +12 to +22 MiB on PostgreSQL once the store's caches had filled (−2 to
+    +30 MiB with `PYTHONMALLOC=malloc`; `bench/server_memory.py`, docs/performance.md "Server
+    memory"). When the job ends the
     summaries go once no batch of it came for `stall_after_s` (`LiveDiagnosis.release`), the rest
     `ended_series_s` later; an idle job's after `job_idle_s`. A restart rebuilds them a few
     ranks at a time (`rebuild.rebuild_summaries`).
