@@ -422,8 +422,8 @@ class MemberLists:
     `intern_members` by identity).
 
     Bounded by the members held (`max_members`, 262,144: ~9 MiB, the lists of four 16,384-rank
-    jobs in four kinds of groups): emptied when a new list would pass it. Threads
-    share it without a lock: each step is one dict operation under the interpreter lock, and a
+    jobs in four kinds of groups): emptied when a new list would pass it; a list larger than that
+    is expanded every time. Threads share it without a lock: each step is one dict operation under the interpreter lock, and a
     race at worst expands a list twice or counts it twice towards the bound.
     """
 
@@ -441,6 +441,8 @@ class MemberLists:
         if known is not None:
             return known[0]
         members = tuple(chain.from_iterable(range(*run) for run in runs))
+        if len(members) > self.max_members:
+            return members  # never held: the bound is on what this keeps
         if self._held + len(members) > self.max_members:
             self.clear()
         got = (members, min(members), max(members))

@@ -148,3 +148,11 @@ def test_a_cached_list_is_still_checked_against_each_snapshots_world() -> None:
     assert refused == []
     batch, refused = decode_checked(json.loads(json.dumps(encode_batch(make_batch([big, small])))))
     assert [s.rank for s in batch.snapshots] == [0] and [r.rank for r in refused] == [1]
+
+
+def test_a_list_larger_than_the_bound_is_not_held() -> None:
+    lists = MemberLists(max_members=100)
+    a = lists.expand(((0, 50, 1),))
+    big = lists.expand(((0, 200, 1),))
+    assert big == tuple(range(200)) and lists.bounds(big) is None
+    assert lists.bounds(a) == (0, 49)  # what it held stays
