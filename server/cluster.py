@@ -6,11 +6,14 @@ by exactly one process at a time: the one holding the job's PostgreSQL advisory 
 and resolved once, whichever process received the batches.
 
 The owner needs every batch of its jobs, including those the other processes ingested. Each
-ingest transaction also writes its batch to the short-lived `ingest_feed` table (`store.add_feed`,
-last in the transaction); the owner reads the feed rows it has not seen yet, in id order, and
-folds their snapshots in. Its own batches it takes from memory (`remember`), in the same order.
-A process that takes a job over rebuilds the job's summaries from the database and marks the
-feed rows visible to that same read as seen, so each batch is folded in exactly once.
+ingest transaction also writes its batch to the short-lived `ingest_feed` table (`store.add_feed`),
+stamped with the transaction's id; the owner reads, per job, the feed rows that its previous read's
+snapshot did not see (`store.feed_after`), in id order, and folds their snapshots in. Its own
+batches it takes from memory (`remember`), in the same order. A process that takes a job over
+rebuilds the job's summaries from the database and starts the job's feed reads after the
+rebuild's snapshot, so each batch is folded in exactly once: a row is new when its transaction
+committed after the last read, however long that transaction ran, and only new rows are read
+(a read looking back over a time window re-read every row of the window, each step).
 
 What each process exports to Prometheus follows the same split: a job's series come from its
 owner only, and the cluster-wide series (jobs by status, collectors, NIXL agents) from the
@@ -41,12 +44,12 @@ from flightdeck.wire import Snapshot
 log = logging.getLogger(__name__)
 
 NS = 1_000_000_000
-#: How far back (server clock) the feed is read. A feed row is stamped at the end of its ingest
-#: transaction, so it becomes visible within a commit of its stamp; the margin covers slow commits
-#: and clock differences between the server processes.
-FEED_LOOKBACK_S = 15.0
-#: Feed rows older than this are deleted (by any process).
+#: Feed rows older than this are deleted (by any process): far longer than a commit takes, so
+#: the owner has read a row before it goes.
 FEED_KEEP_S = 120.0
+#: This process's own batches are kept in memory this long for the owner's read (it finds them
+#: in the feed within a commit).
+LOCAL_KEEP_S = 30.0
 #: How often the feed is pruned and the job list re-read (to take over jobs of a process that died).
 HOUSEKEEPING_S = 5.0
 
@@ -62,8 +65,9 @@ class Cluster:
         self.owned: set[int] = set()
         #: Whether this process holds the leader lock (exports the cluster-wide series).
         self.leader = False
-        #: feed ids folded in (or covered by a rebuild), with their stamp: pruned past the lookback.
-        self._seen: dict[int, int] = {}
+        #: Per owned job, the snapshot of its last feed read (or of its rebuild): the next read
+        #: takes what that one did not see (`store.feed_after`).
+        self._after: dict[int, str] = {}
         #: feed id -> (stamp, job id, snapshots) of this process's own batches of owned jobs.
         self._local: dict[int, tuple[int, int, list[Snapshot]]] = {}
         self._last_housekeeping = 0
@@ -105,6 +109,7 @@ class Cluster:
         if job_id not in self.owned:
             return
         self.owned.discard(job_id)
+        self._after.pop(job_id, None)
         try:
             with self._session() as session:
                 store.disown_job(session=session, job_id=job_id)
@@ -127,6 +132,7 @@ class Cluster:
         self._on_db_error()
         log.warning("cluster: lost the lock connection; %d jobs released", len(self.owned))
         self.owned.clear()
+        self._after.clear()
         self.leader = False
         if self._conn is not None:
             try:
@@ -139,6 +145,7 @@ class Cluster:
     def close(self) -> None:
         """Close the lock connection (releases every job and the leader lock)."""
         self.owned.clear()
+        self._after.clear()
         self.leader = False
         if self._conn is not None:
             self._conn.close()
@@ -155,13 +162,9 @@ class Cluster:
                 self._local[feed_id] = (stamp, job_id, snaps)
 
     def mark_seen(self, session: Session, job_id: int) -> None:
-        """Mark the feed rows visible to `session` as folded in (they are in its rebuild read)."""
-        now = self._clock()
-        for feed_id, _ in store.feed_ids(
-            session=session, job_ids=[job_id], since_ns=now - int(FEED_LOOKBACK_S * NS)
-        ):
-            self._seen[feed_id] = now
-            self._local.pop(feed_id, None)
+        """Start the job's feed reads after what `session` sees (a REPEATABLE READ transaction:
+        the rebuild's read, which includes those rows)."""
+        self._after[job_id] = store.feed_snapshot(session=session)
 
     def read(self, jobs: dict[int, tuple[str, int]]) -> dict[int, list[Snapshot]]:
         """Snapshots of the feed rows of these jobs (id -> (name, attempt)) not folded in yet, per
@@ -169,21 +172,27 @@ class Cluster:
         out: dict[int, list[Snapshot]] = {}
         if not jobs:
             return out
-        job_ids = sorted(jobs)
-        now = self._clock()
+        # Jobs rebuilt at different times start after different snapshots; after one read they
+        # share the read's, so this is one query per step.
+        by_after: dict[str | None, list[int]] = {}
+        for job_id in sorted(jobs):
+            by_after.setdefault(self._after.get(job_id), []).append(job_id)
         try:
             with self._db.read() as session:
-                rows = store.feed_ids(
-                    session=session, job_ids=job_ids, since_ns=now - int(FEED_LOOKBACK_S * NS)
-                )
-                new = [(i, j) for i, j in rows if i not in self._seen]
+                session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+                now_snapshot = store.feed_snapshot(session=session)
+                new: list[tuple[int, int]] = []
+                for after, job_ids in by_after.items():
+                    new.extend(store.feed_after(session=session, job_ids=job_ids, after=after))
+                new.sort()
                 fetch = [i for i, _ in new if i not in self._local]
                 bodies = store.feed_bodies(session=session, ids=fetch) if fetch else {}
         except OperationalError:
             self._on_db_error()
             return out
+        for job_id in jobs:
+            self._after[job_id] = now_snapshot
         for feed_id, job_id in new:
-            self._seen[feed_id] = now
             local = self._local.pop(feed_id, None)
             if local is not None:
                 out.setdefault(job_id, []).extend(local[2])
@@ -201,8 +210,7 @@ class Cluster:
             return False
         self._last_housekeeping = now
         self.lead()
-        horizon = now - int(2 * FEED_LOOKBACK_S * NS)
-        self._seen = {i: t for i, t in self._seen.items() if t >= horizon}
+        horizon = now - int(LOCAL_KEEP_S * NS)
         self._local = {i: v for i, v in self._local.items() if v[0] >= horizon}
         try:
             with self._db.write() as session, session.begin():

@@ -319,13 +319,17 @@ class FeedRow(Base):
     (several servers on one PostgreSQL) sees what the other processes ingested, in commit order."""
 
     __tablename__ = "ingest_feed"
-    __table_args__ = (Index("ix_ingest_feed_received", "received_ns"),)
+    __table_args__ = (Index("ix_ingest_feed_received", "received_ns"), Index("ix_ingest_feed_xid", "xid"))
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
     job_id: Mapped[int] = mapped_column(Integer)
     #: Server clock (epoch ns) at the end of the ingest transaction.
     received_ns: Mapped[int] = mapped_column(BigInteger)
     #: The batch as sent (gzip JSON, flightdeck.wire).
     body: Mapped[bytes] = mapped_column(LargeBinary)
+    #: PostgreSQL's id of the transaction that wrote the row (`pg_current_xact_id()`): a reader
+    #: takes each row once, as the first of its snapshots that sees that transaction committed
+    #: (`store.feed_after`). NULL on SQLite, which has no cluster mode.
+    xid: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 
 class IngestedBatch(Base):

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from sqlalchemy import delete, select, text
+from sqlalchemy import bindparam, delete, literal_column, select, text
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.elements import ColumnElement
 
 from flightdeck.server.models import FeedRow
 from flightdeck.server.store.common import _IN_CHUNK, _chunks, _insert
@@ -52,30 +53,53 @@ def disown_job(*, session: Session, job_id: int) -> None:
 def add_feed(*, session: Session, job_ids: Iterable[int], body: bytes, received_ns: int) -> dict[int, int]:
     """Keep an ingested batch (gzip body) in the feed, once per job it touched; job id -> feed id.
 
-    Call last in the batch's transaction: `received_ns` is then within a commit of being visible,
-    which is what lets `feed_ids` look back only a few seconds.
+    Each row carries the id of the transaction that writes it (`feed_after` reads by it);
+    `received_ns` only ages rows out (`prune_feed`).
     """
     out = {}
     for job_id in sorted(set(job_ids)):
         stmt = (
             _insert(session, FeedRow)
-            .values(job_id=job_id, received_ns=received_ns, body=body)
+            .values(job_id=job_id, received_ns=received_ns, body=body, xid=_CURRENT_XID)
             .returning(FeedRow.id)
         )
         out[job_id] = int(session.execute(stmt).scalar_one())
     return out
 
 
-def feed_ids(*, session: Session, job_ids: Sequence[int], since_ns: int) -> list[tuple[int, int]]:
-    """(feed id, job id) of the visible feed rows of these jobs received after `since_ns`, by id."""
+#: The writing transaction's id as a bigint (xid8 has no SQLAlchemy type; 64 bits either way).
+_CURRENT_XID: ColumnElement[int] = literal_column("(pg_current_xact_id()::text)::bigint")
+
+
+def feed_snapshot(*, session: Session) -> str:
+    """The snapshot `session` reads with (`pg_current_snapshot()`, as text): what `feed_after`
+    takes as "already read". In a REPEATABLE READ transaction, the one its every query sees."""
+    return str(session.execute(text("SELECT pg_current_snapshot()::text")).scalar_one())
+
+
+_FEED_AFTER = text(
+    "SELECT id, job_id FROM ingest_feed WHERE job_id IN :jobs"
+    " AND xid >= (pg_snapshot_xmin(CAST(:after AS pg_snapshot))::text)::bigint"
+    " AND NOT pg_visible_in_snapshot((xid::text)::xid8, CAST(:after AS pg_snapshot))"
+    " ORDER BY id"
+).bindparams(bindparam("jobs", expanding=True))
+
+
+def feed_after(*, session: Session, job_ids: Sequence[int], after: str | None) -> list[tuple[int, int]]:
+    """(feed id, job id) of these jobs' feed rows that `session` sees and the snapshot `after`
+    (`feed_snapshot`) did not, by id; every row `session` sees when `after` is None.
+
+    By transaction, not by time or id: a row is new when its writer committed after `after` was
+    taken, however long its transaction ran and whatever ids committed before it. So a reader
+    that passes each read's snapshot to the next gets every row exactly once.
+    """
     if not job_ids:
         return []
-    q = (
-        select(FeedRow.id, FeedRow.job_id)
-        .where(FeedRow.received_ns > since_ns, FeedRow.job_id.in_(list(job_ids)))
-        .order_by(FeedRow.id)
-    )
-    return [(int(i), int(j)) for i, j in session.execute(q).tuples()]
+    if after is None:
+        q = select(FeedRow.id, FeedRow.job_id).where(FeedRow.job_id.in_(list(job_ids))).order_by(FeedRow.id)
+        return [(int(i), int(j)) for i, j in session.execute(q).tuples()]
+    rows = session.execute(_FEED_AFTER, {"jobs": list(job_ids), "after": after}).tuples()
+    return [(int(i), int(j)) for i, j in rows]
 
 
 def feed_bodies(*, session: Session, ids: Sequence[int]) -> dict[int, bytes]:
