@@ -16,7 +16,9 @@ until it is at rest again (folding the job into its live summaries, the first di
 from __future__ import annotations
 
 import argparse
+import signal
 import statistics
+import sys
 import tempfile
 from pathlib import Path
 
@@ -62,6 +64,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--allocators", nargs="+", choices=ALLOCATORS, default=list(ALLOCATORS))
     ap.add_argument("--malloc-conf", help="MALLOC_CONF of the jemalloc runs (e.g. background_thread:true)")
     args = ap.parse_args(argv)
+    # Stopped (`timeout`, a kill): its server stopped and its scratch database dropped all the same.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args.shape, args.window = "ring", args.entries
     names = list(dict.fromkeys(args.allocators))
     got: dict[str, list[dict[str, float]]] = {a: [] for a in names}

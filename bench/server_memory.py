@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import argparse
 import re
+import signal
 import statistics
+import sys
 import time
 import uuid
 from dataclasses import replace
@@ -106,6 +108,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--again", action="store_true", help="then one more job, run and ended")
     ap.add_argument("--release-wait", type=float, default=10.0, help="seconds to wait after the jobs ended")
     args = ap.parse_args(argv)
+    # Stopped (`timeout`, a kill): its server stopped and its scratch database dropped all the same.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     jobs = [f"mem-{i}" for i in range(args.jobs)]
     print(f"{args.db}, {args.jobs} job(s) of {args.ranks} ranks x {args.entries} collectives", flush=True)
     with database(args.db, None) as url:
