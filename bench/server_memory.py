@@ -17,16 +17,20 @@ and ended). Printed, in MiB:
     python -m bench.server_memory --db sqlite --ranks 1024 --entries 2000 --jobs 10
     python -m bench.server_memory --db postgresql --jobs 3
     python -m bench.server_memory --db postgresql --jobs 3 --allocator malloc
+    python -m bench.server_memory --db postgresql --jobs 3 --allocator jemalloc --malloc-conf dirty_decay_ms:1000
 
-The server runs under CPython's own allocator (pymalloc) unless `--allocator` names one
-(`PYTHONMALLOC`); the one it runs under (`flightdeck_build_info`) is printed.
+The server runs under its default allocator unless `--allocator` names one (`PYTHONMALLOC`; for
+jemalloc also `LD_PRELOAD`, and `--malloc-conf` its MALLOC_CONF); the one it runs under
+(`flightdeck_build_info`) is printed.
 """
 
 from __future__ import annotations
 
 import argparse
 import re
+import signal
 import statistics
+import sys
 import time
 import uuid
 from dataclasses import replace
@@ -37,6 +41,7 @@ import httpx
 from bench.server_ingest import make_token, start_server, wait_idle
 from bench.server_synth import snapshot
 from bench.web_server import database, post_batch, post_job, rss_mib
+from flightdeck.runtime_tuning import allocator_env
 from flightdeck.wire import Batch
 
 ENDED = ("finished", "failed")
@@ -94,15 +99,25 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--entries", type=int, default=2000)
     ap.add_argument("--jobs", type=int, default=10)
     ap.add_argument("--no-restart", action="store_true", help="skip the restart's rebuild")
-    ap.add_argument("--allocator", choices=["malloc", "pymalloc"], help="PYTHONMALLOC for the server")
+    ap.add_argument(
+        "--allocator", choices=["malloc", "pymalloc", "jemalloc", "mimalloc"], help="the server's allocator"
+    )
+    ap.add_argument(
+        "--malloc-conf", help="MALLOC_CONF with --allocator jemalloc (e.g. background_thread:true)"
+    )
     ap.add_argument("--again", action="store_true", help="then one more job, run and ended")
     ap.add_argument("--release-wait", type=float, default=10.0, help="seconds to wait after the jobs ended")
     args = ap.parse_args(argv)
+    # Stopped (`timeout`, a kill): its server stopped and its scratch database dropped all the same.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     jobs = [f"mem-{i}" for i in range(args.jobs)]
     print(f"{args.db}, {args.jobs} job(s) of {args.ranks} ranks x {args.entries} collectives", flush=True)
     with database(args.db, None) as url:
         token = make_token(url)
-        server = start_server(url, {"PYTHONMALLOC": args.allocator} if args.allocator else {})
+        env = allocator_env(args.allocator) if args.allocator else {}
+        if args.malloc_conf:
+            env["MALLOC_CONF"] = args.malloc_conf
+        server = start_server(url, env)
         try:
             with httpx.Client(base_url=server.url, timeout=300) as client:
                 wait_idle(server.pid)

@@ -1,8 +1,9 @@
 """Which allocator a real `flightdeck server` runs its objects on, as it reports it: CPython's own
-(pymalloc) unless its user chose glibc's malloc with `PYTHONMALLOC=malloc` (an ended job's memory
-then goes back to the system, for more CPU per entry: docs/performance.md, "Server memory").
-`flightdeck_build_info`'s allocator label comes from the interpreter's own count of pymalloc
-blocks, not from the environment."""
+(pymalloc) unless its user chose the C library's malloc with `PYTHONMALLOC=malloc` (an ended job's
+memory then goes back to the system, for more CPU per entry: docs/performance.md, "Server
+memory"), glibc's or jemalloc's preloaded in its place. `flightdeck_build_info`'s allocator label
+comes from the interpreter's own count of pymalloc blocks and the libraries mapped into the
+process, not from the environment."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from flightdeck.runtime_tuning import allocator_env, allocator_library
 from tests.support.server_process import ServerProcess
 
 REPO = Path(__file__).resolve().parents[1]
@@ -26,15 +28,20 @@ def build_info_allocator(url: str) -> str:
     return found.group(1)
 
 
-@pytest.mark.parametrize(("pythonmalloc", "label"), [(None, "pymalloc"), ("malloc", "malloc")])
-def test_the_server_says_which_allocator_it_runs_on(
-    tmp_path: Path, pythonmalloc: str | None, label: str
-) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONMALLOC" and not k.startswith("FLIGHTDECK_")}
+@pytest.mark.parametrize("allocator", [None, "pymalloc", "malloc", "jemalloc", "mimalloc"])
+def test_the_server_says_which_allocator_it_runs_on(tmp_path: Path, allocator: str | None) -> None:
+    if allocator in ("jemalloc", "mimalloc") and allocator_library(allocator) is None:
+        pytest.skip(f"{allocator} is not installed")
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTHONMALLOC", "LD_PRELOAD") and not k.startswith("FLIGHTDECK_")
+    }
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
     env["FLIGHTDECK_SERVER_DATA_DIR"] = str(tmp_path)
-    if pythonmalloc is not None:
-        env["PYTHONMALLOC"] = pythonmalloc
+    if allocator is not None:
+        env.update(allocator_env(allocator))
+    label = allocator or "pymalloc"
     db = f"sqlite:///{tmp_path}/fd.db"
     with ServerProcess(env, tmp_path / "server.log", "--database-url", db) as server:
         server.start(timeout_s=60)
