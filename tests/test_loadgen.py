@@ -228,3 +228,51 @@ def test_a_short_run_against_a_real_server_reports_each_fault_and_no_false_findi
         set(w) >= {"request_ms", "lag_s", "bytes_per_rank_per_s", "server_rss_mib"} for w in report["windows"]
     )
     assert report["db_mib_start_end"][1] >= report["db_mib_start_end"][0]
+
+
+@pytest.mark.slow
+def test_the_owner_killed_mid_run_another_server_diagnoses_the_job_and_finds_a_later_hang(
+    pg_database: str,
+) -> None:
+    # Two servers in cluster mode on PostgreSQL; the one diagnosing the job is SIGKILLed 6 s in
+    # (its advisory lock dies with its connection), its collectors move to the other one, and a
+    # rank hangs 8 s after that: the survivor takes the job over, diagnoses it and finds the hang.
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.loadgen",
+            "--spawn",
+            "postgresql",
+            "--servers",
+            "2",
+            "--ranks",
+            "64",
+            "--hosts",
+            "8",
+            "--duration",
+            "22",
+            "--stall-after",
+            "3",
+            "--kill-owner-at",
+            "6",
+            "--fault",
+            "hang@14:rank=5",
+            "--drain-s",
+            "30",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    failover = report["failover"]
+    assert failover["diagnosis_back_s"] is not None, failover
+    assert failover["by_server"] != failover["killed_server"]
+    assert report["drained"], report
+    (hang,) = report["faults"]
+    assert hang["finding_kind"] == "hang" and hang["to_finding_s"] is not None, hang
+    assert report["false_findings"] == 0, report["false_finding_list"]

@@ -76,6 +76,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "default for ever); or hang, mismatch or none with --fault-at and --fault-rank "
         "(default: hang at 2/3 of the duration)",
     )
+    ap.add_argument(
+        "--kill-owner-at",
+        type=float,
+        default=None,
+        help="SIGKILL the server that diagnoses the job this many seconds in (--spawn, --servers >= 2) "
+        "and report how long until another one diagnoses it",
+    )
     ap.add_argument("--fault-at", type=float, default=None, help="seconds in (default: 2/3 of duration)")
     ap.add_argument("--fault-rank", type=int, default=5)
     ap.add_argument(
@@ -118,6 +125,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.faults = faults
     if args.window_s <= 0:
         ap.error("--window-s must be positive")
+    if args.kill_owner_at is not None and (not args.spawn or args.servers < 2):
+        ap.error("--kill-owner-at needs --spawn and --servers >= 2")
     if not args.spawn and not args.url:
         ap.error("give --spawn or --url")
     for u in args.url:

@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 
+from bench.loadgen.failover import Servers, kill_owner
 from bench.loadgen.findings import explained_by, fault_seq, finding_brief, own_finding
 from bench.loadgen.job import JITTER_NS, NS, RankSim, Sim, Topology, plan_faults
 from bench.loadgen.resources import PG_MEM_SOURCE, sampler, take_sample
@@ -23,7 +24,7 @@ from bench.loadgen.transport import sender
 
 
 async def poll_findings(
-    client: httpx.AsyncClient, url: str, job: str, sim: Sim, stats: Stats, stop: asyncio.Event
+    client: httpx.AsyncClient, servers: Servers, job: str, sim: Sim, stats: Stats, stop: asyncio.Event
 ) -> None:
     """Poll the findings API from the first fault on; record when each fault's finding appears."""
     if not sim.faults:
@@ -32,7 +33,7 @@ async def poll_findings(
     kinds = sim.topo.kinds
     while not stop.is_set() and len(stats.found) < len(sim.faults):
         try:
-            r = await client.get(f"{url}/api/v1/jobs/{job}/findings", timeout=10)
+            r = await client.get(f"{servers.live_url()}/api/v1/jobs/{job}/findings", timeout=10)
             if r.status_code == 200:
                 now = time.time_ns()
                 for f in sim.faults:
@@ -84,6 +85,7 @@ async def drive(
         ranks=[RankSim(r, rng.randrange(0, JITTER_NS)) for r in range(args.ranks)],
     )
     stats = Stats(start=time.perf_counter())
+    servers = Servers(urls, pids)
     limits = httpx.Limits(max_connections=8, max_keepalive_connections=8)  # findings and metrics only
     stats.samples.append(await asyncio.to_thread(take_sample, 0.0, pids, {}, db_url))
     stop = asyncio.Event()
@@ -92,10 +94,13 @@ async def drive(
             asyncio.Queue() for _ in range(args.hosts)
         ]
         senders = [
-            asyncio.create_task(sender(urls[h % len(urls)], token, queues[h], stats))
+            asyncio.create_task(sender(servers, h % len(urls), token, queues[h], stats))
             for h in range(args.hosts)
         ]
-        poller = asyncio.create_task(poll_findings(client, urls[0], sim.job, sim, stats, stop))
+        poller = asyncio.create_task(poll_findings(client, servers, sim.job, sim, stats, stop))
+        killer = None
+        if args.kill_owner_at is not None:
+            killer = asyncio.create_task(kill_owner(client, servers, args.kill_owner_at, stats))
         sampling = asyncio.create_task(sampler(pids, db_url, args.window_s, stats, stop))
         # Hosts snapshot at their own phase within the interval, like independent collectors.
         phase = [args.interval * h / args.hosts for h in range(args.hosts)]
@@ -127,15 +132,22 @@ async def drive(
             t.cancel()
         if not poller.done() and sim.faults:
             await asyncio.wait([poller], timeout=args.stall_after + 10)
+        if killer is not None:
+            await asyncio.wait([killer], timeout=10)
+            killer.cancel()
         stop.set()
         poller.cancel()
         await sampling
         try:
-            doc = (await client.get(f"{urls[0]}/api/v1/jobs/{sim.job}/findings", timeout=30)).json()
+            doc = (
+                await client.get(f"{servers.live_url()}/api/v1/jobs/{sim.job}/findings", timeout=30)
+            ).json()
             stats.findings = list(doc["findings"])
         except (httpx.HTTPError, ValueError, KeyError):
             pass
-        server_stats = [await scrape(client, u) for u in urls]
+        server_stats = [
+            await scrape(client, u) if up else {} for u, up in zip(urls, servers.alive, strict=True)
+        ]
     wall = time.perf_counter() - stats.start
     last = await asyncio.to_thread(take_sample, wall, pids, {}, db_url)
     stats.samples.append(last)
@@ -217,6 +229,7 @@ async def drive(
         "findings": kinds,
         "false_findings": len(false),
         "false_finding_list": false[:20],
+        "failover": stats.failover or None,
         "server_cpu": [round(c, 2) for c in cpu],
         "server_rss_mib": [round(r / 2**20) for r in rss_peak],
         "server_rss_mib_start_end": [

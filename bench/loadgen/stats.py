@@ -29,6 +29,8 @@ class Stats:
     findings: list[dict[str, Any]] = field(default_factory=list)
     #: One per `--window-s` boundary (and the start and the end), from `sample`.
     samples: list[Sample] = field(default_factory=list)
+    #: `--kill-owner-at`: which server was killed when, and how long until another diagnosed.
+    failover: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

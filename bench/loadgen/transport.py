@@ -8,6 +8,7 @@ import random
 import sys
 import time
 
+from bench.loadgen.failover import Servers
 from bench.loadgen.job import NS
 from bench.loadgen.stats import Stats
 from flightdeck.wire import BATCH_AGE_HEADER
@@ -63,17 +64,20 @@ class Connection:
 
 
 async def sender(
-    url: str,
+    servers: Servers,
+    index: int,
     token: str,
     queue: asyncio.Queue[tuple[str, bytes, int, int] | None],
     stats: Stats,
 ) -> None:
-    """Deliver one host's batches in order, one at a time, retrying 429/503 like the pusher."""
+    """Deliver one host's batches in order, one at a time, retrying 429/503 like the pusher, to
+    server `index`, or the next live one once it is killed (as a load balancer would)."""
     headers = {
         "Content-Type": "application/json",
         "Content-Encoding": "gzip",
         "Authorization": f"Bearer {token}",
     }
+    url = servers.live_url(index)
     conn = Connection(url)
     try:
         while True:
@@ -92,6 +96,9 @@ async def sender(
                     )
                 except OSError:
                     stats.errors += 1
+                    if servers.live_url(index) != url:
+                        url = servers.live_url(index)
+                        conn = Connection(url)
                     await asyncio.sleep(0.5)
                     continue
                 now = time.perf_counter()

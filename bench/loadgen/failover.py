@@ -1,0 +1,95 @@
+"""The owner of the job killed mid-run (`--kill-owner-at`): how long until another server
+diagnoses the job again.
+
+Which process owns a job is whichever holds its advisory lock; from outside, it is the one whose
+diagnosis count moves. At the chosen moment the owner is killed with SIGKILL (no clean shutdown:
+its connections, and with them its locks, die with it), the senders that were talking to it move
+to the next live server as a load balancer would send them, and the other servers' diagnosis
+counts are polled until one of them moves: the seconds from the kill to that are the failover.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+from bench.loadgen.stats import Stats
+
+DIAGNOSES = "flightdeck_diagnosis_duration_seconds_count"
+
+
+@dataclass(slots=True)
+class Servers:
+    """The servers' URLs and pids, and which are still alive (shared by the senders and pollers)."""
+
+    urls: list[str]
+    pids: list[int]
+    alive: list[bool] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.alive = [True] * len(self.urls)
+
+    def live_url(self, prefer: int = 0) -> str:
+        """The URL of server `prefer` when it is alive, else of the next live one."""
+        n = len(self.urls)
+        for k in range(n):
+            i = (prefer + k) % n
+            if self.alive[i]:
+                return self.urls[i]
+        return self.urls[prefer % n]
+
+
+async def diagnoses(client: httpx.AsyncClient, url: str) -> float | None:
+    """A server's count of diagnoses run (None when it does not answer)."""
+    try:
+        text = (await client.get(f"{url}/metrics", timeout=10)).text
+    except httpx.HTTPError:
+        return None
+    for line in text.splitlines():
+        if line.startswith(DIAGNOSES + " "):
+            return float(line.split()[1])
+    return None
+
+
+async def kill_owner(
+    client: httpx.AsyncClient, servers: Servers, at_s: float, stats: Stats, timeout_s: float = 120.0
+) -> None:
+    """At `at_s` seconds into the run, SIGKILL the server that diagnoses the job, then record in
+    `stats.failover` how long until another server's diagnosis count moves."""
+    await asyncio.sleep(max(0.0, stats.start + at_s - time.perf_counter()))
+    counts = [await diagnoses(client, u) for u in servers.urls]
+    # The owner diagnosed last: the count that moves. Two scrapes a diagnosis interval apart.
+    await asyncio.sleep(2.5)
+    later = [await diagnoses(client, u) for u in servers.urls]
+    moved = [(b or 0) - (a or 0) for a, b in zip(counts, later, strict=True)]
+    owner = max(range(len(moved)), key=moved.__getitem__)
+    if moved[owner] <= 0:
+        stats.failover = {"error": "no server diagnosed the job before the kill"}
+        return
+    base = [await diagnoses(client, u) for u in servers.urls]
+    os.kill(servers.pids[owner], signal.SIGKILL)
+    killed = time.perf_counter()
+    servers.alive[owner] = False
+    others = [i for i in range(len(servers.urls)) if i != owner]
+    while time.perf_counter() - killed < timeout_s:
+        for i in others:
+            c = await diagnoses(client, servers.urls[i])
+            if c is not None and c > (base[i] or 0):
+                stats.failover = {
+                    "killed_server": owner,
+                    "killed_at_s": round(killed - stats.start, 1),
+                    "diagnosis_back_s": round(time.perf_counter() - killed, 2),
+                    "by_server": i,
+                }
+                return
+        await asyncio.sleep(0.1)
+    stats.failover = {
+        "killed_server": owner,
+        "killed_at_s": round(killed - stats.start, 1),
+        "diagnosis_back_s": None,
+    }
