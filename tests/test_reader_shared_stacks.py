@@ -6,7 +6,7 @@ from __future__ import annotations
 import pickle
 from pathlib import Path
 
-from flightdeck.analysis import summarize
+from flightdeck.analysis import RankSummary, summarize
 from flightdeck.analyze_cmd import _load_rank, _RankFiles
 from flightdeck.readers.fr.files import load_dump_file
 from flightdeck.readers.fr.normalize import SharedStacks, _Ctx
@@ -18,11 +18,11 @@ def _item(rank: int) -> _RankFiles:
     return _RankFiles(None, 0, rank, (str(HEALTHY / f"rank_{rank}.final.pkl"),))
 
 
-def _summary_alone(rank: int) -> bytes:
+def _summary_alone(rank: int) -> RankSummary:
     loaded = load_dump_file(HEALTHY / f"rank_{rank}.final.pkl")
     got = loaded.parse_signatures()
     assert got is not None
-    return pickle.dumps(summarize(got[0], signatures=got[1]))
+    return summarize(got[0], signatures=got[1])
 
 
 def test_ranks_read_in_one_process_share_their_stacks() -> None:
@@ -38,7 +38,9 @@ def test_the_summaries_are_those_of_each_file_read_alone() -> None:
     for rank in range(4):
         got, errors = _load_rank(_item(rank))
         assert errors == [] and got is not None
-        assert pickle.dumps(got) == _summary_alone(rank)
+        alone = _summary_alone(rank)
+        assert got == alone
+        assert pickle.loads(pickle.dumps(got)) == alone  # and so after the trip to the parent
 
 
 def test_outside_it_each_file_has_its_own_table() -> None:
