@@ -26,6 +26,7 @@ from flightdeck.readers.fr.decode import gc_paused
 from flightdeck.readers.fr.errors import DumpError
 from flightdeck.readers.fr.files import discover, load_dump_file, read_dump_file, read_meta
 from flightdeck.readers.fr.merge import merge
+from flightdeck.readers.fr.normalize import SharedStacks
 from flightdeck.records import GroupInfo, Stack
 from flightdeck.spool import rank_from_name
 
@@ -69,9 +70,14 @@ class _RankFiles:
     paths: tuple[str, ...]
 
 
+#: The stacks this process's ranks share (`SharedStacks`): one object per distinct stack in the
+#: summaries a reader process sends, so each chunk's pickle holds each stack once.
+_STACKS = SharedStacks()
+
+
 def _load_rank(item: _RankFiles) -> tuple[RankSummary | None, list[tuple[str, str]]]:
     """Read, merge and summarize one rank's files (runs in a worker process)."""
-    with gc_paused():
+    with gc_paused(), _STACKS:
         return _read_rank(item)
 
 

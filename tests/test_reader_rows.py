@@ -198,6 +198,38 @@ def test_hostile_shapes_read_the_same_by_either_pass() -> None:
 
 
 @needs_c
+def test_the_key_table_read_is_on_where_cpython_lays_dicts_out_as_it_expects() -> None:
+    assert _rows is not None
+    on_versions = sys.implementation.name == "cpython" and sys.version_info[:2] in ((3, 11), (3, 12))
+    read = _rows.KEY_TABLE_READ
+    assert read == int(on_versions)
+
+
+@needs_c
+def test_entries_whose_items_moved_read_the_same_by_either_pass() -> None:
+    """The key-table read (`fields_by_peek`) takes a field where the first entry has it only when
+    the very key object is there; every other entry is read by the walk or by lookups."""
+    base = _raw_entries(HEALTHY)
+    re_added = copy.deepcopy(base)
+    e = re_added[3]
+    e["state"] = e.pop("state")  # a deleted item where it was, the field now last
+    other_key = copy.deepcopy(base)
+    e = other_key[4]
+    value = e.pop("op_id")
+    e["".join(["op", "_id"])] = value  # an equal str, another object
+    extra = copy.deepcopy(base)
+    extra[2] = {"first": 0, **extra[2], "last": 1}  # every field one item later
+    first_lacks = copy.deepcopy(base)
+    first_lacks[0].pop("duration_ms", None)  # no key-table read for any entry
+    swapped = copy.deepcopy(base)
+    items = list(swapped[1].items())
+    items[0], items[-1] = items[-1], items[0]
+    swapped[1] = dict(items)
+    for entries in (re_added, other_key, extra, first_lacks, swapped):
+        assert _assert_same(entries) is not None  # read by the C pass, as the Python pass reads it
+
+
+@needs_c
 def test_the_frame_budget_is_refused_alike() -> None:
     entries = _raw_entries(HEALTHY)
     frames = sum(len(e.get("frames") or ()) for e in entries)

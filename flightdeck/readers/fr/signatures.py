@@ -156,8 +156,9 @@ def _signature_rows(raw_entries: list[Any], budget: DumpBudget) -> _Rows | None:
     and decides, so the two give the same columns, the same None and the same budget refusals
     (tests/test_reader_rows.py compares them on every fixture and on odd entries). Measured with
     callgrind on bench/analyze_scale.py's 2,000-entry files (`_load_rank` with the summary's
-    pickle there and back, per file): 48.4 million instructions with the Python pass, 31.4
-    million with the C pass (and `SignatureColumns.by_key`), against 25.2 million for reading and
+    pickle there and back, per file): 48.4 million instructions with the Python pass, 30.6
+    million with the C pass (and `SignatureColumns.by_key`; 32.4 million before it read the
+    entries' key tables, `_rows.c`'s `fields_by_peek`), against 25.2 million for reading and
     restrictedly unpickling the file (docs/performance.md, "Against the unpickling floor").
     """
     if _C_PASS is not None:
