@@ -22,8 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.server_ingest import run, scratch_pg_database
-from flightdeck.runtime_tuning import allocator_env
+from bench.server_ingest import allocator_env, run, scratch_pg_database
 
 ALLOCATORS = ("pymalloc", "malloc", "jemalloc", "mimalloc")
 

@@ -51,6 +51,32 @@ def scratch_pg_database(prefix: str = "flightdeck_bench") -> Iterator[str]:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+#: Where Debian's and Ubuntu's packages put jemalloc (libjemalloc2) and mimalloc (libmimalloc2.0).
+ALLOCATOR_LIBRARIES = {
+    "jemalloc": ("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "/usr/lib/aarch64-linux-gnu/libjemalloc.so.2"),
+    "mimalloc": ("/usr/lib/x86_64-linux-gnu/libmimalloc.so.2", "/usr/lib/aarch64-linux-gnu/libmimalloc.so.2"),
+}
+
+
+def allocator_library(name: str) -> str | None:
+    """The path of the shared library of allocator `name` (jemalloc, mimalloc) if installed."""
+    return next((p for p in ALLOCATOR_LIBRARIES.get(name, ()) if os.path.exists(p)), None)
+
+
+def allocator_env(name: str) -> dict[str, str]:
+    """The environment that runs a Python process's objects on allocator `name`: `pymalloc`
+    (CPython's own), `malloc` (the C library's), or `jemalloc` / `mimalloc` (preloaded in place
+    of the C library's malloc, objects on it). A ValueError when that library is not installed."""
+    if name in ("pymalloc", "malloc"):
+        return {"PYTHONMALLOC": name}
+    lib = allocator_library(name)
+    if lib is None:
+        raise ValueError(
+            f"{name} is not installed (looked for {', '.join(ALLOCATOR_LIBRARIES.get(name, ()))})"
+        )
+    return {"PYTHONMALLOC": "malloc", "LD_PRELOAD": lib}
+
+
 def start_server(url: str, env_extra: dict[str, str]) -> ServerProcess:
     """`flightdeck server` on the database `url` in its own process, on a free 127.0.0.1 port (its
     output this process's); returns it once /healthz answers."""

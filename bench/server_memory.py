@@ -38,10 +38,9 @@ from pathlib import Path
 
 import httpx
 
-from bench.server_ingest import make_token, start_server, wait_idle
+from bench.server_ingest import allocator_env, make_token, start_server, wait_idle
 from bench.server_synth import snapshot
 from bench.web_server import database, post_batch, post_job, rss_mib
-from flightdeck.runtime_tuning import allocator_env
 from flightdeck.wire import Batch
 
 ENDED = ("finished", "failed")

@@ -14,7 +14,6 @@ server's ingest throughput, and was a third of the collector's CPU.
 from __future__ import annotations
 
 import gc
-import os
 import sys
 import threading
 import time
@@ -132,39 +131,13 @@ class GcPause:
 GC_PAUSE = GcPause()
 
 
-#: Where Debian's and Ubuntu's packages put jemalloc (libjemalloc2) and mimalloc (libmimalloc2.0).
-ALLOCATOR_LIBRARIES = {
-    "jemalloc": ("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "/usr/lib/aarch64-linux-gnu/libjemalloc.so.2"),
-    "mimalloc": ("/usr/lib/x86_64-linux-gnu/libmimalloc.so.2", "/usr/lib/aarch64-linux-gnu/libmimalloc.so.2"),
-}
-
-
-def allocator_library(name: str) -> str | None:
-    """The path of the shared library of allocator `name` (jemalloc, mimalloc) if installed."""
-    return next((p for p in ALLOCATOR_LIBRARIES.get(name, ()) if os.path.exists(p)), None)
-
-
-def allocator_env(name: str) -> dict[str, str]:
-    """The environment that runs a Python process's objects on allocator `name`: `pymalloc`
-    (CPython's own), `malloc` (the C library's), or `jemalloc` / `mimalloc` (preloaded in place
-    of the C library's malloc, objects on it). A ValueError when that library is not installed."""
-    if name in ("pymalloc", "malloc"):
-        return {"PYTHONMALLOC": name}
-    lib = allocator_library(name)
-    if lib is None:
-        raise ValueError(
-            f"{name} is not installed (looked for {', '.join(ALLOCATOR_LIBRARIES.get(name, ()))})"
-        )
-    return {"PYTHONMALLOC": "malloc", "LD_PRELOAD": lib}
-
-
-def _loaded(fragment: str) -> bool:
-    """Whether a library whose path contains `fragment` is mapped into this process."""
+def _mapped_libraries() -> str:
+    """The paths of what is mapped into this process (/proc/self/maps; empty where unreadable)."""
     try:
         with open("/proc/self/maps", encoding="ascii", errors="replace") as maps:
-            return any(fragment in line for line in maps)
+            return maps.read()
     except OSError:
-        return False
+        return ""
 
 
 def allocator_in_use() -> str:
@@ -174,7 +147,5 @@ def allocator_in_use() -> str:
     (preloaded), else `malloc`."""
     if sys.getallocatedblocks() > 0:
         return "pymalloc"
-    for name in ("jemalloc", "mimalloc"):
-        if _loaded(f"lib{name}"):
-            return name
-    return "malloc"
+    maps = _mapped_libraries()
+    return next((name for name in ("jemalloc", "mimalloc") if f"lib{name}" in maps), "malloc")

@@ -10,6 +10,7 @@ import random
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -23,6 +24,21 @@ from flightdeck.wire import decode_batch, encode_batch
 
 T0 = 10**18
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def _loadgen(*args: str) -> dict[str, Any]:
+    """`python -m bench.loadgen ARGS` run to the end; its report."""
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.loadgen", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    report: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return report
 
 
 def _sim(faults: list[Fault], ranks: int = 16, hosts: int = 2) -> Sim:
@@ -185,38 +201,26 @@ def test_windows_give_rates_latency_and_bytes_per_window() -> None:
 @pytest.mark.slow
 def test_a_short_run_against_a_real_server_reports_each_fault_and_no_false_finding() -> None:
     # 32 ranks, a silent mismatch then a hang for good, against a spawned server on SQLite.
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench.loadgen",
-            "--spawn",
-            "sqlite",
-            "--ranks",
-            "32",
-            "--hosts",
-            "4",
-            "--duration",
-            "14",
-            "--window-s",
-            "5",
-            "--stall-after",
-            "3",
-            "--fault",
-            "mismatch@3:rank=9:for=0",
-            "--fault",
-            "hang@7:rank=5",
-            "--drain-s",
-            "30",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
+    report = _loadgen(
+        "--spawn",
+        "sqlite",
+        "--ranks",
+        "32",
+        "--hosts",
+        "4",
+        "--duration",
+        "14",
+        "--window-s",
+        "5",
+        "--stall-after",
+        "3",
+        "--fault",
+        "mismatch@3:rank=9:for=0",
+        "--fault",
+        "hang@7:rank=5",
+        "--drain-s",
+        "30",
     )
-    assert out.returncode == 0, out.stderr[-2000:]
-    report = json.loads(out.stdout.strip().splitlines()[-1])
     assert report["drained"] and report["errors"] == 0
     assert [f["fault"] for f in report["faults"]] == ["mismatch@3:rank=9:for=0", "hang@7:rank=5"]
     mm, hang = report["faults"]
@@ -237,38 +241,26 @@ def test_the_owner_killed_mid_run_another_server_diagnoses_the_job_and_finds_a_l
     # Two servers in cluster mode on PostgreSQL; the one diagnosing the job is SIGKILLed 6 s in
     # (its advisory lock dies with its connection), its collectors move to the other one, and a
     # rank hangs 8 s after that: the survivor takes the job over, diagnoses it and finds the hang.
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench.loadgen",
-            "--spawn",
-            "postgresql",
-            "--servers",
-            "2",
-            "--ranks",
-            "64",
-            "--hosts",
-            "8",
-            "--duration",
-            "22",
-            "--stall-after",
-            "3",
-            "--kill-owner-at",
-            "6",
-            "--fault",
-            "hang@14:rank=5",
-            "--drain-s",
-            "30",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
+    report = _loadgen(
+        "--spawn",
+        "postgresql",
+        "--servers",
+        "2",
+        "--ranks",
+        "64",
+        "--hosts",
+        "8",
+        "--duration",
+        "22",
+        "--stall-after",
+        "3",
+        "--kill-owner-at",
+        "6",
+        "--fault",
+        "hang@14:rank=5",
+        "--drain-s",
+        "30",
     )
-    assert out.returncode == 0, out.stderr[-2000:]
-    report = json.loads(out.stdout.strip().splitlines()[-1])
     failover = report["failover"]
     assert failover["diagnosis_back_s"] is not None, failover
     assert failover["by_server"] != failover["killed_server"]

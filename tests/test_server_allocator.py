@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from flightdeck.runtime_tuning import allocator_env, allocator_library
+from bench.server_ingest import allocator_env, allocator_library
 from tests.support.server_process import ServerProcess
 
 REPO = Path(__file__).resolve().parents[1]

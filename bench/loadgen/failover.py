@@ -14,46 +14,18 @@ import asyncio
 import os
 import signal
 import time
-from dataclasses import dataclass, field
 
 import httpx
 
 from bench.loadgen.stats import Stats
+from bench.loadgen.transport import Servers, scrape
 
 DIAGNOSES = "flightdeck_diagnosis_duration_seconds_count"
 
 
-@dataclass(slots=True)
-class Servers:
-    """The servers' URLs and pids, and which are still alive (shared by the senders and pollers)."""
-
-    urls: list[str]
-    pids: list[int]
-    alive: list[bool] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.alive = [True] * len(self.urls)
-
-    def live_url(self, prefer: int = 0) -> str:
-        """The URL of server `prefer` when it is alive, else of the next live one."""
-        n = len(self.urls)
-        for k in range(n):
-            i = (prefer + k) % n
-            if self.alive[i]:
-                return self.urls[i]
-        return self.urls[prefer % n]
-
-
 async def diagnoses(client: httpx.AsyncClient, url: str) -> float | None:
     """A server's count of diagnoses run (None when it does not answer)."""
-    try:
-        text = (await client.get(f"{url}/metrics", timeout=10)).text
-    except httpx.HTTPError:
-        return None
-    for line in text.splitlines():
-        if line.startswith(DIAGNOSES + " "):
-            return float(line.split()[1])
-    return None
+    return (await scrape(client, url)).get(DIAGNOSES)
 
 
 async def kill_owner(
@@ -71,7 +43,6 @@ async def kill_owner(
     if moved[owner] <= 0:
         stats.failover = {"error": "no server diagnosed the job before the kill"}
         return
-    base = [await diagnoses(client, u) for u in servers.urls]
     os.kill(servers.pids[owner], signal.SIGKILL)
     killed = time.perf_counter()
     servers.alive[owner] = False
@@ -79,7 +50,7 @@ async def kill_owner(
     while time.perf_counter() - killed < timeout_s:
         for i in others:
             c = await diagnoses(client, servers.urls[i])
-            if c is not None and c > (base[i] or 0):
+            if c is not None and c > (later[i] or 0):
                 stats.failover = {
                     "killed_server": owner,
                     "killed_at_s": round(killed - stats.start, 1),

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import dataclasses
 import random
 import resource
@@ -15,12 +14,12 @@ from typing import Any
 
 import httpx
 
-from bench.loadgen.failover import Servers, kill_owner
+from bench.loadgen.failover import kill_owner
 from bench.loadgen.findings import explained_by, fault_seq, finding_brief, own_finding
 from bench.loadgen.job import JITTER_NS, NS, RankSim, Sim, Topology, plan_faults
 from bench.loadgen.resources import PG_MEM_SOURCE, sampler, take_sample
 from bench.loadgen.stats import Stats, pct, windows
-from bench.loadgen.transport import sender
+from bench.loadgen.transport import Servers, scrape, sender
 
 
 async def poll_findings(
@@ -46,21 +45,6 @@ async def poll_findings(
         except httpx.HTTPError:
             pass
         await asyncio.sleep(0.2)
-
-
-async def scrape(client: httpx.AsyncClient, url: str) -> dict[str, float]:
-    """The server's unlabelled samples from /metrics (empty if it does not answer)."""
-    try:
-        text = (await client.get(f"{url}/metrics", timeout=30)).text
-    except httpx.HTTPError:
-        return {}
-    out = {}
-    for line in text.splitlines():
-        name, _, value = line.partition(" ")
-        if name.startswith("flightdeck_") and "{" not in name:
-            with contextlib.suppress(ValueError):
-                out[name] = float(value)
-    return out
 
 
 async def drive(

@@ -1,17 +1,57 @@
-"""The HTTP sender: one host's batches delivered in order over its own keep-alive connection,
-retried on 429/503 like `collector/pusher.py`."""
+"""The HTTP side: one host's batches delivered in order over its own keep-alive connection,
+retried on 429/503 like `collector/pusher.py`, to the servers still alive (`Servers`); the
+servers' metrics (`scrape`)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import sys
 import time
+from dataclasses import dataclass, field
 
-from bench.loadgen.failover import Servers
+import httpx
+
 from bench.loadgen.job import NS
 from bench.loadgen.stats import Stats
 from flightdeck.wire import BATCH_AGE_HEADER
+
+
+@dataclass(slots=True)
+class Servers:
+    """The servers' URLs and pids, and which are still alive (shared by the senders and pollers)."""
+
+    urls: list[str]
+    pids: list[int]
+    alive: list[bool] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.alive = [True] * len(self.urls)
+
+    def live_url(self, prefer: int = 0) -> str:
+        """The URL of server `prefer` when it is alive, else of the next live one."""
+        n = len(self.urls)
+        for k in range(n):
+            i = (prefer + k) % n
+            if self.alive[i]:
+                return self.urls[i]
+        return self.urls[prefer % n]
+
+
+async def scrape(client: httpx.AsyncClient, url: str) -> dict[str, float]:
+    """The server's unlabelled samples from /metrics (empty if it does not answer)."""
+    try:
+        text = (await client.get(f"{url}/metrics", timeout=30)).text
+    except httpx.HTTPError:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name.startswith("flightdeck_") and "{" not in name:
+            with contextlib.suppress(ValueError):
+                out[name] = float(value)
+    return out
 
 
 class Connection:

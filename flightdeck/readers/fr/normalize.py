@@ -73,7 +73,7 @@ class _Ctx:
 
     #: Each stack by its frames' (name, filename, line): the file's own table, or the one the
     #: reader's process shares across files (`SharedStacks`).
-    stacks: dict[tuple[tuple[str, str, int], ...], Stack] = field(default_factory=lambda: _shared_stacks())
+    stacks: dict[tuple[tuple[str, str, int], ...], Stack] = field(default_factory=_shared_stacks)
     warnings: list[str] = field(default_factory=list)
     unknown_backends: set[str] = field(default_factory=set)
     ops: dict[str, tuple[str, str, int | None]] = field(default_factory=dict)
