@@ -7,13 +7,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
-import os
 import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -22,6 +19,7 @@ from flightdeck.analysis import Options, RankSummary, Report, diagnose, summariz
 from flightdeck.analysis.evidence import CLOCK_WORDS, ClockSource
 from flightdeck.analysis.findings import CONFIG_KINDS, Finding
 from flightdeck.analysis.frames import is_library_path
+from flightdeck.analyze_readers import default_processes, read_all
 from flightdeck.readers.fr.decode import gc_paused
 from flightdeck.readers.fr.errors import DumpError
 from flightdeck.readers.fr.files import discover, load_dump_file, read_dump_file, read_meta
@@ -135,37 +133,29 @@ def load_summaries(
         groups[(job, attempt, rank)].append(str(p))
     items = [_RankFiles(j, a, r, tuple(ps)) for (j, a, r), ps in sorted(groups.items(), key=_key)]
     out: dict[tuple[str | None, int], list[RankSummary]] = defaultdict(list)
-    n_workers = workers if workers is not None else min(os.cpu_count() or 1, 8)
-    results: list[tuple[RankSummary | None, list[tuple[str, str]]]]
+    n_workers = workers if workers is not None else default_processes()
+    results: list[tuple[RankSummary | None, list[tuple[str, str]]] | None] = [None] * len(items)
     # Every rank's summary names the same groups, each with its member list (4,096 ints for the
     # world group of a 4,096-rank job): one copy is kept, not one per rank (~0.6 GB at 4,096),
     # as each summary arrives.
     shared: dict[GroupInfo, GroupInfo] = {}
+    got = 0
 
-    def keep(res: tuple[RankSummary | None, list[tuple[str, str]]]) -> None:
+    def keep(i: int, res: tuple[RankSummary | None, list[tuple[str, str]]]) -> None:
+        nonlocal got
         summary = res[0]
         if summary is not None:
             summary.groups = {k: shared.setdefault(g, g) for k, g in summary.groups.items()}
-        results.append(res)
+        results[i] = res
+        got += 1
+        if on_progress:
+            on_progress(got, len(items))
 
-    if n_workers > 1 and len(items) >= 16:
-        # fork: workers inherit the imported modules, so start-up costs milliseconds.
-        ctx = multiprocessing.get_context("fork")
-        with ProcessPoolExecutor(max_workers=n_workers, mp_context=ctx) as pool:
-            results = []
-            for i, res in enumerate(
-                pool.map(_load_rank, items, chunksize=max(1, len(items) // (n_workers * 8)))
-            ):
-                keep(res)
-                if on_progress:
-                    on_progress(i + 1, len(items))
-    else:
-        results = []
-        for i, item in enumerate(items):
-            keep(_load_rank(item))
-            if on_progress:
-                on_progress(i + 1, len(items))
-    for item, (summary, errs) in zip(items, results, strict=True):
+    # This process reads a share itself (`read_all`): as many processes as workers asked for.
+    read_all(items, _load_rank, processes=n_workers if len(items) >= 16 else 1, on_result=keep)
+    for item, res in zip(items, results, strict=True):
+        assert res is not None
+        summary, errs = res
         errors.extend(errs)
         if summary is not None:
             out[(item.job, item.attempt)].append(summary)
