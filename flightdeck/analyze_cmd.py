@@ -13,7 +13,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from flightdeck.analysis import Options, RankSummary, Report, diagnose, summarize
 from flightdeck.analysis.evidence import CLOCK_WORDS, ClockSource
@@ -66,6 +66,8 @@ class _RankFiles:
     attempt: int
     rank: int
     paths: tuple[str, ...]
+    #: Each file's sidecar as `load_summaries` read it (the workers do not read it again).
+    metas: tuple[dict[str, Any] | None, ...]
 
 
 #: The stacks this process's ranks share (`SharedStacks`): one object per distinct stack in the
@@ -83,7 +85,7 @@ def _read_rank(item: _RankFiles) -> tuple[RankSummary | None, list[tuple[str, st
     errors: list[tuple[str, str]] = []
     if len(item.paths) == 1:
         try:
-            return _summary_of_file(Path(item.paths[0])), errors
+            return _summary_of_file(Path(item.paths[0]), item.metas[0]), errors
         except DumpError as exc:
             return None, [(item.paths[0], f"{type(exc).__name__}: {exc}")]
     dumps = []
@@ -97,11 +99,11 @@ def _read_rank(item: _RankFiles) -> tuple[RankSummary | None, list[tuple[str, st
     return summarize(merge(dumps)), errors
 
 
-def _summary_of_file(path: Path) -> RankSummary:
+def _summary_of_file(path: Path, meta: dict[str, Any] | None) -> RankSummary:
     """The summary of a rank that has one file: folded from the entries' columns where the
     reader gives them (`parse_columns`: whole entries built only for what the summary keeps in
     full), else from the normalized entries. The same summary either way."""
-    loaded = load_dump_file(path)
+    loaded = load_dump_file(path, meta=meta)
     lean = loaded.parse_signatures()
     if lean is not None:
         return summarize(lean[0], signatures=lean[1])
@@ -118,7 +120,7 @@ def load_summaries(
     on_progress: Callable[[int, int], None] | None = None,
 ) -> tuple[dict[tuple[str | None, int], list[RankSummary]], list[tuple[str, str]]]:
     """Read every dump under `paths`: summaries per (job, attempt), and (path, reason) per bad file."""
-    groups: dict[tuple[str | None, int, int], list[str]] = defaultdict(list)
+    groups: dict[tuple[str | None, int, int], list[tuple[str, dict[str, Any] | None]]] = defaultdict(list)
     errors: list[tuple[str, str]] = []
     for p in discover(paths):
         meta = read_meta(p)
@@ -130,8 +132,11 @@ def load_summaries(
             continue
         job = str(meta["job"]) if meta and meta.get("job") is not None else None
         attempt = int(meta.get("attempt") or 0) if meta else 0
-        groups[(job, attempt, rank)].append(str(p))
-    items = [_RankFiles(j, a, r, tuple(ps)) for (j, a, r), ps in sorted(groups.items(), key=_key)]
+        groups[(job, attempt, rank)].append((str(p), meta))
+    items = [
+        _RankFiles(j, a, r, tuple(p for p, _m in files), tuple(m for _p, m in files))
+        for (j, a, r), files in sorted(groups.items(), key=_key)
+    ]
     out: dict[tuple[str | None, int], list[RankSummary]] = defaultdict(list)
     n_workers = workers if workers is not None else default_processes()
     results: list[tuple[RankSummary | None, list[tuple[str, str]]] | None] = [None] * len(items)
@@ -162,7 +167,7 @@ def load_summaries(
     return out, errors
 
 
-def _key(kv: tuple[tuple[str | None, int, int], list[str]]) -> tuple[str, int, int]:
+def _key(kv: tuple[tuple[str | None, int, int], list[Any]]) -> tuple[str, int, int]:
     (job, attempt, rank), _ = kv
     return (job or "", attempt, rank)
 
