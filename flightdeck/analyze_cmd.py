@@ -7,21 +7,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
-import os
 import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from flightdeck.analysis import Options, RankSummary, Report, diagnose, summarize
 from flightdeck.analysis.evidence import CLOCK_WORDS, ClockSource
 from flightdeck.analysis.findings import CONFIG_KINDS, Finding
 from flightdeck.analysis.frames import is_library_path
+from flightdeck.analyze_readers import default_processes, read_all
 from flightdeck.readers.fr.decode import gc_paused
 from flightdeck.readers.fr.errors import DumpError
 from flightdeck.readers.fr.files import discover, load_dump_file, read_dump_file, read_meta
@@ -68,6 +66,8 @@ class _RankFiles:
     attempt: int
     rank: int
     paths: tuple[str, ...]
+    #: Each file's sidecar as `load_summaries` read it (the workers do not read it again).
+    metas: tuple[dict[str, Any] | None, ...]
 
 
 #: The stacks this process's ranks share (`SharedStacks`): one object per distinct stack in the
@@ -85,7 +85,7 @@ def _read_rank(item: _RankFiles) -> tuple[RankSummary | None, list[tuple[str, st
     errors: list[tuple[str, str]] = []
     if len(item.paths) == 1:
         try:
-            return _summary_of_file(Path(item.paths[0])), errors
+            return _summary_of_file(Path(item.paths[0]), item.metas[0]), errors
         except DumpError as exc:
             return None, [(item.paths[0], f"{type(exc).__name__}: {exc}")]
     dumps = []
@@ -99,11 +99,11 @@ def _read_rank(item: _RankFiles) -> tuple[RankSummary | None, list[tuple[str, st
     return summarize(merge(dumps)), errors
 
 
-def _summary_of_file(path: Path) -> RankSummary:
+def _summary_of_file(path: Path, meta: dict[str, Any] | None) -> RankSummary:
     """The summary of a rank that has one file: folded from the entries' columns where the
     reader gives them (`parse_columns`: whole entries built only for what the summary keeps in
     full), else from the normalized entries. The same summary either way."""
-    loaded = load_dump_file(path)
+    loaded = load_dump_file(path, meta=meta)
     lean = loaded.parse_signatures()
     if lean is not None:
         return summarize(lean[0], signatures=lean[1])
@@ -120,7 +120,7 @@ def load_summaries(
     on_progress: Callable[[int, int], None] | None = None,
 ) -> tuple[dict[tuple[str | None, int], list[RankSummary]], list[tuple[str, str]]]:
     """Read every dump under `paths`: summaries per (job, attempt), and (path, reason) per bad file."""
-    groups: dict[tuple[str | None, int, int], list[str]] = defaultdict(list)
+    groups: dict[tuple[str | None, int, int], list[tuple[str, dict[str, Any] | None]]] = defaultdict(list)
     errors: list[tuple[str, str]] = []
     for p in discover(paths):
         meta = read_meta(p)
@@ -132,47 +132,42 @@ def load_summaries(
             continue
         job = str(meta["job"]) if meta and meta.get("job") is not None else None
         attempt = int(meta.get("attempt") or 0) if meta else 0
-        groups[(job, attempt, rank)].append(str(p))
-    items = [_RankFiles(j, a, r, tuple(ps)) for (j, a, r), ps in sorted(groups.items(), key=_key)]
+        groups[(job, attempt, rank)].append((str(p), meta))
+    items = [
+        _RankFiles(j, a, r, tuple(p for p, _m in files), tuple(m for _p, m in files))
+        for (j, a, r), files in sorted(groups.items(), key=_key)
+    ]
     out: dict[tuple[str | None, int], list[RankSummary]] = defaultdict(list)
-    n_workers = workers if workers is not None else min(os.cpu_count() or 1, 8)
-    results: list[tuple[RankSummary | None, list[tuple[str, str]]]]
+    n_workers = workers if workers is not None else default_processes()
+    results: list[tuple[RankSummary | None, list[tuple[str, str]]] | None] = [None] * len(items)
     # Every rank's summary names the same groups, each with its member list (4,096 ints for the
     # world group of a 4,096-rank job): one copy is kept, not one per rank (~0.6 GB at 4,096),
     # as each summary arrives.
     shared: dict[GroupInfo, GroupInfo] = {}
+    got = 0
 
-    def keep(res: tuple[RankSummary | None, list[tuple[str, str]]]) -> None:
+    def keep(i: int, res: tuple[RankSummary | None, list[tuple[str, str]]]) -> None:
+        nonlocal got
         summary = res[0]
         if summary is not None:
             summary.groups = {k: shared.setdefault(g, g) for k, g in summary.groups.items()}
-        results.append(res)
+        results[i] = res
+        got += 1
+        if on_progress:
+            on_progress(got, len(items))
 
-    if n_workers > 1 and len(items) >= 16:
-        # fork: workers inherit the imported modules, so start-up costs milliseconds.
-        ctx = multiprocessing.get_context("fork")
-        with ProcessPoolExecutor(max_workers=n_workers, mp_context=ctx) as pool:
-            results = []
-            for i, res in enumerate(
-                pool.map(_load_rank, items, chunksize=max(1, len(items) // (n_workers * 8)))
-            ):
-                keep(res)
-                if on_progress:
-                    on_progress(i + 1, len(items))
-    else:
-        results = []
-        for i, item in enumerate(items):
-            keep(_load_rank(item))
-            if on_progress:
-                on_progress(i + 1, len(items))
-    for item, (summary, errs) in zip(items, results, strict=True):
+    # This process reads a share itself (`read_all`): as many processes as workers asked for.
+    read_all(items, _load_rank, processes=n_workers if len(items) >= 16 else 1, on_result=keep)
+    for item, res in zip(items, results, strict=True):
+        assert res is not None
+        summary, errs = res
         errors.extend(errs)
         if summary is not None:
             out[(item.job, item.attempt)].append(summary)
     return out, errors
 
 
-def _key(kv: tuple[tuple[str | None, int, int], list[str]]) -> tuple[str, int, int]:
+def _key(kv: tuple[tuple[str | None, int, int], list[Any]]) -> tuple[str, int, int]:
     (job, attempt, rank), _ = kv
     return (job or "", attempt, rank)
 

@@ -8,14 +8,15 @@ from pathlib import Path
 
 from flightdeck.analysis import RankSummary, summarize
 from flightdeck.analyze_cmd import _load_rank, _RankFiles
-from flightdeck.readers.fr.files import load_dump_file
+from flightdeck.readers.fr.files import load_dump_file, read_meta
 from flightdeck.readers.fr.normalize import SharedStacks, _Ctx
 
 HEALTHY = Path(__file__).parent / "data" / "fr" / "healthy_4"
 
 
 def _item(rank: int) -> _RankFiles:
-    return _RankFiles(None, 0, rank, (str(HEALTHY / f"rank_{rank}.final.pkl"),))
+    path = HEALTHY / f"rank_{rank}.final.pkl"
+    return _RankFiles(None, 0, rank, (str(path),), (read_meta(path),))
 
 
 def _summary_alone(rank: int) -> RankSummary:

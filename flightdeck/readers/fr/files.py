@@ -108,6 +108,13 @@ def read_meta(path: Path) -> dict[str, Any] | None:
     return meta if is_sidecar(meta) else None
 
 
+class _Unread:
+    """`load_dump_file`'s default `meta`: the sidecar is read there."""
+
+
+UNREAD = _Unread()
+
+
 @dataclass(slots=True)
 class LoadedDump:
     """A dump file decoded (safely) but not normalized yet, with what identifies its rank.
@@ -214,16 +221,18 @@ def load_dump_file(
     data: bytes | None = None,
     st: os.stat_result | None = None,
     budget: DumpBudget = DEFAULT_BUDGET,
+    meta: dict[str, Any] | _Unread | None = UNREAD,
 ) -> LoadedDump:
     """Decode one dump file and its sidecar without normalizing, or raise a DumpError saying why.
 
     `data` and `st` are the file's bytes and stat when the caller has read them already
-    (`read_dump_bytes`).
+    (`read_dump_bytes`); `meta` its sidecar (`read_meta`), when the caller has read it.
     """
     if data is None or st is None:
         data, st = read_dump_bytes(path, max_bytes=max_bytes)
     raw = load_raw(data, budget=budget)
-    meta = read_meta(path)
+    if isinstance(meta, _Unread):
+        meta = read_meta(path)
     rank = _rank_of(path, meta)
     if rank is None:
         raise NotADumpError("no rank: the name has no rank_<N> suffix and there is no metadata sidecar")

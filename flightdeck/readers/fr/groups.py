@@ -7,6 +7,7 @@ its member lists (`_outside_pg_config`), and `pg_status` by group name.
 from __future__ import annotations
 
 import json
+from bisect import bisect_left
 from functools import lru_cache
 from typing import Any
 
@@ -63,12 +64,19 @@ def _outside_pg_config(raw: dict[str, Any], rank: int) -> str | None:
     if not isinstance(cfg, dict):
         return None
     members = [m for v in cfg.values() if isinstance(v, dict) and (m := _pg_ranks(v.get("ranks")))]
-    if not members or any(rank in m for m in members):
+    if not members or any(_member(m, rank) for m in members):
         return None
     return (
         f"rank {rank} (from the file name) is a member of none of its pg_config's process groups "
         f"(ranks {min(map(min, members))}..{max(map(max, members))}): a dump copied under another rank's name?"
     )
+
+
+def _member(ranks: tuple[int, ...], rank: int) -> bool:
+    """Whether `rank` is in the sorted member list (a binary search: the world group of a
+    4,096-rank job lists 4,096 ranks, looked at once per file)."""
+    i = bisect_left(ranks, rank)
+    return i < len(ranks) and ranks[i] == rank
 
 
 _STATUS_FIELDS = ("last_enqueued_collective", "last_started_collective", "last_completed_collective")
