@@ -6,6 +6,8 @@ Exit codes: 0 healthy, 1 a fault was found, 2 the input was unusable.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import json
 import os
 import sys
@@ -197,12 +199,19 @@ def run(args: argparse.Namespace) -> int:
         print(f"flightdeck: no such file or directory: {exc}", file=sys.stderr)
         return 2
     show = args.progress if args.progress is not None else (sys.stderr.isatty() and len(candidates) >= 64)
-    by_job, errors = load_summaries(
-        args.paths,
-        workers=args.workers,
-        on_progress=_progress_bar(sys.stderr) if show else None,
-        found=candidates,
-    )
+    as_program = getattr(args, "as_program", False)
+    # Run as the program, which holds every summary until it ends: the cyclic collector is paused
+    # while they are read and then leaves them out of its walks (`gc.freeze`). It found ~200
+    # objects to free at 1,024 ranks, and walked the growing summaries for ~45 ms of CPU.
+    with gc_paused() if as_program else contextlib.nullcontext():
+        by_job, errors = load_summaries(
+            args.paths,
+            workers=args.workers,
+            on_progress=_progress_bar(sys.stderr) if show else None,
+            found=candidates,
+        )
+        if as_program:
+            gc.freeze()
     for path, reason in errors:
         print(f"flightdeck: {path}: {reason}", file=sys.stderr)
     if not by_job:
@@ -243,7 +252,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(render_text(report, attempt=attempt, seconds=time.monotonic() - started))
     code = 0 if report.healthy else 1
-    if getattr(args, "as_program", False):
+    if as_program:
         _exit_now(code)
     return code
 
