@@ -14,7 +14,7 @@ from flightdeck.analysis.frontier import group_frontiers
 from flightdeck.analysis.summary import GroupTrack, summarize
 from flightdeck.readers.fr.merge import merge
 from flightdeck.records import Entry, GroupInfo, RankDump
-from flightdeck.server.live.fold import fold_snapshot
+from flightdeck.server.live.fold import TIMES_SLACK, fold_snapshot
 from flightdeck.server.live.state import JobState
 from flightdeck.server.settings import ServerSettings
 from flightdeck.wire import Snapshot, decode_batch, encode_batch, snapshot_from_dump
@@ -115,11 +115,12 @@ def snaps_of(dumps: list[RankDump]) -> list[Snapshot]:
 
 
 def assert_aligned(bounded: GroupTrack, full: GroupTrack, kept: int) -> None:
-    """`bounded` holds `full`'s collectives and the times of the newest `kept` of them."""
+    """`bounded` holds `full`'s collectives and the times of the newest `kept` of them (up to
+    `TIMES_SLACK` more, between two cuts)."""
     assert list(bounded.seqs) == list(full.seqs)
     assert list(bounded.fps) == list(full.fps)
-    n = min(kept, len(full.seqs))
-    assert len(bounded.created_ns) == n
+    n = len(bounded.created_ns)
+    assert min(kept, len(full.seqs)) <= n <= min(kept + TIMES_SLACK, len(full.seqs))
     assert list(bounded.created_ns) == list(full.created_ns)[len(full.created_ns) - n :]
     off = len(full.seqs) - n
     for i in (0, off - 1, off, len(full.seqs) - 1):

@@ -17,6 +17,9 @@ from flightdeck.analysis.packed import pack_track
 from flightdeck.server.live.state import JobState
 from flightdeck.wire import Snapshot
 
+#: Enqueue times a track may hold beyond `enqueue_times_kept` before `bound_track` cuts them.
+TIMES_SLACK = 64
+
 
 def fold_snapshot(js: JobState, snap: Snapshot, *, max_seqs: int, max_times: int) -> int:
     """Fold one snapshot into its rank's summary (the job's summaries are in memory): its metadata
@@ -49,8 +52,8 @@ def fold_snapshot(js: JobState, snap: Snapshot, *, max_seqs: int, max_times: int
 
 def bound_track(t: GroupTrack, *, max_seqs: int, max_times: int) -> None:
     """Cut a track to its newest `max_seqs` collectives (and point-to-point entries), and its
-    enqueue times to the newest `max_times` of those (`GroupTrack.created_ns`: aligned with the
-    end of `seqs`).
+    enqueue times to the newest `max_times` of those once it holds `TIMES_SLACK` more
+    (`GroupTrack.created_ns`: aligned with the end of `seqs`; at least `max_times` kept).
 
     Why the times can go: they were 48 % of an open job's objects, and the diagnosis reads them
     only over each group's newest `SKEW_WINDOW` (256) collectives (arrival skew and stragglers,
@@ -66,8 +69,11 @@ def bound_track(t: GroupTrack, *, max_seqs: int, max_times: int) -> None:
         del t.seqs[:cut], t.fps[:cut]
         if len(t.op_ids) > max_seqs:
             del t.op_ids[: len(t.op_ids) - max_seqs]
+    # Cut in steps of TIMES_SLACK, not at every snapshot: a cut rebuilds the packed column's runs
+    # (cut at every snapshot of 20 entries, the fold took 2.10 against 2.02 µs an entry, not
+    # alternated; cut in steps, 2.26 against 2.18 alternated, within the order's 0.4 µs).
     keep = min(max_times, len(t.seqs))
-    if len(t.created_ns) > keep:
+    if len(t.created_ns) > min(max_times + TIMES_SLACK, len(t.seqs)):
         del t.created_ns[: len(t.created_ns) - keep]
     if len(t.p2p) > max_seqs:
         del t.p2p[: len(t.p2p) - max_seqs]
