@@ -214,7 +214,7 @@ def test_a_straggler_is_found_alike_with_and_without_the_bound() -> None:
     assert group_frontiers(bounded.values()) == group_frontiers(full.values())
 
 
-def test_ranks_far_apart_compare_the_collectives_all_of_them_timed() -> None:
+def test_ranks_far_apart_are_compared_over_the_times_all_of_them_kept() -> None:
     # Rank 1 1,000 collectives ahead of rank 0: the straggler check still compares the newest
     # collectives both hold times for, rather than none.
     world = 2
@@ -222,6 +222,12 @@ def test_ranks_far_apart_compare_the_collectives_all_of_them_timed() -> None:
     snaps.append(snap(1, world, entries(1, range(1, 2001), late_rank=0), T0 + 10**9))
     doc = _report(fold_all(snaps, max_times=1100))
     assert [f["culprit_ranks"] for f in doc["findings"] if f["kind"] == "straggler"] == [[0]]
+    # The frontier gauge wants rank 1's time of collective 1001, not kept with 512: it gives the
+    # oldest time kept (collective 1489's), which collective 1001 is at least as old as.
+    bounded = fold_all(snaps)
+    assert bounded[1].tracks["0"].timed_from == 1489
+    assert group_frontiers(fold_all(snaps, max_times=8192).values()) == {"0": (created(1, 1001, 0), 1000)}
+    assert group_frontiers(bounded.values()) == {"0": (created(1, 1489, 0), 1000)}
 
 
 def test_a_restart_rebuilds_the_state_the_fold_held(tmp_path: object) -> None:
