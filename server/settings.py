@@ -207,6 +207,16 @@ class ServerSettings(BaseSettings):
         description="Collectives kept per rank and process group in the in-memory summaries "
         "(older ones are dropped: they are older than any flight-recorder ring holds).",
     )
+    enqueue_times_kept: int = Field(
+        default=512,
+        ge=256,
+        description="Enqueue times kept per rank and process group in the in-memory summaries, for "
+        "the newest collectives (the rest of max_summary_seqs is held without its time: the times "
+        "were half of an open job's memory). The diagnosis compares arrival times over a group's "
+        "newest 256 collectives (arrival skew, stragglers): with 512 it sees what it would see "
+        "with every time kept while no rank is more than 256 collectives ahead of the group's "
+        "slowest; further apart, it compares the collectives all of them kept.",
+    )
     max_request_bytes: int = Field(
         default=64 * 1024 * 1024,
         ge=1024,

@@ -76,8 +76,9 @@ def _folded_live(dumps: dict[int, list[RankDump]], job: str) -> dict[int, RankSu
     )
     doc = json.loads(json.dumps(encode_batch(make_batch(snaps))))
     js = JobState(job_id=1, name=job, attempt=snaps[0].attempt, summaries={})
+    settings = ServerSettings()
     for snap in decode_batch(doc).snapshots:
-        fold_snapshot(js, snap, max_seqs=ServerSettings().max_summary_seqs)
+        fold_snapshot(js, snap, max_seqs=settings.max_summary_seqs, max_times=settings.enqueue_times_kept)
     assert js.summaries is not None
     return js.summaries
 

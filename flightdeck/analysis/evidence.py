@@ -70,7 +70,7 @@ def recorded_ns(s: RankSummary) -> int:
     """The newest time the rank's own entries record (created, started or completed)."""
     newest = 0
     for t in s.tracks.values():
-        if t.created_ns:
+        if t.created_ns:  # the newest collective's (the times kept are the newest ones')
             newest = max(newest, t.created_ns[-1])
         for e in (*t.tail, *t.p2p):
             newest = max(newest, e.time_created_ns, e.time_started_ns or 0, e.time_completed_ns or 0)

@@ -34,7 +34,17 @@ def group_frontiers(summaries: Iterable[RankSummary]) -> dict[str, tuple[int | N
             # Entered by some ranks, not yet by the slowest: unfinished on that member.
             for t in holders:
                 i = t.index_of(low + 1)
-                if i is not None and (t_min is None or t.created_ns[i] < t_min):
-                    t_min = t.created_ns[i]
+                if i is None:
+                    continue
+                # A live server keeps the times of each track's newest collectives only: where
+                # this one's is not kept (the rank is hundreds of collectives ahead of the
+                # slowest), the oldest time kept, which it is at least as old as.
+                at = t.created_at(i)
+                if at is None:
+                    if not t.created_ns:
+                        continue
+                    at = t.created_ns[0]
+                if t_min is None or at < t_min:
+                    t_min = at
         out[g] = (t_min, low)
     return out

@@ -105,6 +105,12 @@ class GroupTrack:
     # (`flightdeck.analysis.packed.pack_track`: the same values, about 5 bytes a collective).
     seqs: array[int] | Column = field(default_factory=lambda: array("q"))
     fps: array[int] | Column = field(default_factory=lambda: array("q"))
+    #: Enqueue times of the newest `len(created_ns)` collectives held, aligned with the END of
+    #: `seqs`: `created_ns[k]` is the time of `seqs[len(seqs) - len(created_ns) + k]`. A summary
+    #: built from files holds every one; a live server keeps only the newest few hundred (they
+    #: were half of a job's memory, and the diagnosis compares times only over the newest
+    #: collectives: `flightdeck.server.live.fold.bound_track`). Read them with `created_at`,
+    #: `created_between` and `timed_from`, which do the alignment.
     created_ns: array[int] | Column = field(default_factory=lambda: array("q"))
     #: The last TAIL collective entries in full, oldest first.
     tail: list[Entry] = field(default_factory=list)
@@ -121,6 +127,26 @@ class GroupTrack:
     def last_seq(self) -> int:
         """Highest collective sequence id held (0 when none)."""
         return self.seqs[-1] if self.seqs else 0
+
+    def created_at(self, i: int) -> int | None:
+        """Enqueue time of the collective at position `i` of `seqs` (0 <= i < len(seqs)), None when
+        its time is not kept."""
+        k = i - (len(self.seqs) - len(self.created_ns))
+        return self.created_ns[k] if k >= 0 else None
+
+    def created_between(self, i: int, j: int) -> array[int] | None:
+        """Enqueue times of the collectives at positions i..j-1 of `seqs` (0 <= i <= j <=
+        len(seqs)), None when any of them is not kept."""
+        off = len(self.seqs) - len(self.created_ns)
+        if i < off:
+            return None
+        return self.created_ns[i - off : j - off]
+
+    @property
+    def timed_from(self) -> int | None:
+        """The oldest sequence id whose enqueue time is kept (None when none is)."""
+        kept = len(self.created_ns)
+        return self.seqs[len(self.seqs) - kept] if kept else None
 
     def index_of(self, seq: int) -> int | None:
         """Position of `seq` in this track, or None when the rank does not hold it."""
@@ -519,7 +545,9 @@ def add_entries(s: RankSummary, entries: Sequence[Entry], fps: Iterable[int] | N
             i = track.index_of(seq)
             if i is not None:
                 track.fps[i] = fp
-                track.created_ns[i] = e.time_created_ns
+                k = i - (len(track.seqs) - len(track.created_ns))
+                if k >= 0:  # its time is kept (see `GroupTrack.created_ns`)
+                    track.created_ns[k] = e.time_created_ns
                 if aligned:
                     track.op_ids[i] = op_id
                 _replace_tail(track, e)
@@ -599,9 +627,13 @@ def _insert_older(track: GroupTrack, seq: int, fp: int, e: Entry) -> None:
     """Put a collective older than the track's newest, and not held, in its place (the
     arrays stay sorted; the tail takes it only when it is among the newest TAIL)."""
     i = bisect_left(track.seqs, seq)
+    # The times are aligned with the end of `seqs`: where some are not kept, the time of one
+    # older than every time kept stays out too (those kept remain the newest collectives').
+    off = len(track.seqs) - len(track.created_ns)
     track.seqs.insert(i, seq)
     track.fps.insert(i, fp)
-    track.created_ns.insert(i, e.time_created_ns)
+    if off == 0 or i > off:
+        track.created_ns.insert(i - off, e.time_created_ns)
     tail = track.tail
     if len(tail) < TAIL or seq > tail[0].collective_seq_id:
         k = len(tail)

@@ -19,13 +19,22 @@ from flightdeck.records import GroupInfo
 from flightdeck.server import store
 from flightdeck.server.cluster import Cluster
 from flightdeck.server.db import Database
+from flightdeck.server.live.fold import bound_track
 from flightdeck.server.live.state import JobState
 
 
 def rebuild_summaries(
-    js: JobState, *, db: Database, cluster: Cluster | None, on_db_error: Callable[[], None]
+    js: JobState,
+    *,
+    db: Database,
+    cluster: Cluster | None,
+    on_db_error: Callable[[], None],
+    max_seqs: int,
+    max_times: int,
 ) -> int:
-    """Summaries of every rank of the job from the database (restart, or another server's job).
+    """Summaries of every rank of the job from the database (restart, or another server's job),
+    each track cut as the fold cuts it (`fold.bound_track`: `max_seqs` collectives, the enqueue
+    times of the newest `max_times`).
 
     The entries are read and folded in a few ranks at a time (`store.rank_entries`): all of a
     1,024-rank x 2,000-collective job's entries as records at once took 1.2 GB. Returns how many
@@ -94,6 +103,7 @@ def rebuild_summaries(
                 folded += len(entries)
                 for t in s.tracks.values():
                     pack_track(t)
+                    bound_track(t, max_seqs=max_seqs, max_times=max_times)
     except OperationalError:
         on_db_error()
         return folded

@@ -42,14 +42,17 @@ class JobState:
     """What the server holds in memory about one job attempt.
 
     Bound (issue 22): nearly all of it is `summaries`, one `RankSummary` per rank holding, per
-    process group, at most `max_summary_seqs` (8,192) collectives packed at about 5 bytes each
-    (`flightdeck.analysis.packed`: sequence id, fingerprint, enqueue time, op id), its last
-    `TAIL` entries in full and a stack per signature; the member lists of a group are one object
-    per job (`intern_members`). That is ranks x groups x collectives held x ~5 B plus ~10 KB a
-    rank: a job of 1,024 ranks x 2,000 collectives holds ≈ 19 MiB of objects; its share of the
-    server's RSS measured +12 to +22 MiB on PostgreSQL once the store's caches had filled (−2 to
-    +30 MiB with `PYTHONMALLOC=malloc`; `bench/server_memory.py`, docs/performance.md "Server
-    memory"). When the job ends the
+    process group, at most `max_summary_seqs` (8,192) collectives packed at about 3 bytes each
+    (`flightdeck.analysis.packed`: sequence id, fingerprint, op id), the enqueue times of only
+    the newest `enqueue_times_kept` (512) of them (~5 bytes each: what the diagnosis compares,
+    `fold.bound_track`), its last `TAIL` entries in full and a stack per signature; the member
+    lists of a group are one object per job (`intern_members`). That is ranks x groups x
+    (collectives held x ~3 B + 512 x ~5 B) plus ~10 KB a rank: a job of 1,024 ranks x 2,000
+    collectives holds ≈ 12.6 MiB of objects (`bench/job_state_parts.py`); its share of the
+    server's RSS on PostgreSQL once the store's caches had filled: a median of ≈ 18 MiB, single
+    increments +2 to +35 (`bench/server_memory.py`, docs/performance.md "Server memory"). Under
+    the default allocator (pymalloc) an ended job's memory is reused by the next one rather than
+    handed back to the system (the same page). When the job ends the
     summaries go once no batch of it came for `stall_after_s` (`LiveDiagnosis.release`), the rest
     `ended_series_s` later; an idle job's after `job_idle_s`. A restart rebuilds them a few
     ranks at a time (`rebuild.rebuild_summaries`).

@@ -414,11 +414,17 @@ class LiveDiagnosis(ClusterSteps):
             # mostly waiting for the database, so decoding is not held back meanwhile.
             with self._decode_gate.let_through():
                 self._untrimmed += rebuild_summaries(
-                    js, db=self._db, cluster=self.cluster, on_db_error=self._on_db_error
+                    js,
+                    db=self._db,
+                    cluster=self.cluster,
+                    on_db_error=self._on_db_error,
+                    max_seqs=self._settings.max_summary_seqs,
+                    max_times=self._settings.enqueue_times_kept,
                 )
             return
+        max_seqs, max_times = self._settings.max_summary_seqs, self._settings.enqueue_times_kept
         for snap in pending:
-            self._untrimmed += fold_snapshot(js, snap, max_seqs=self._settings.max_summary_seqs)
+            self._untrimmed += fold_snapshot(js, snap, max_seqs=max_seqs, max_times=max_times)
 
     def diagnose_job(self, js: JobState) -> None:
         """Diagnose one job now and store the outcome (findings, status, report)."""

@@ -36,13 +36,25 @@ def _stragglers(
         hi = min(t.seqs[-1] for t in tracks.values())
         if hi < lo:
             continue
-        lo = max(lo, hi - SKEW_WINDOW + 1)
+        # Within the times every rank keeps: a live server keeps those of each track's newest
+        # `enqueue_times_kept` collectives (512, twice this window), so this cuts the window
+        # only where some rank is more than 256 collectives ahead of the group's slowest one
+        # (summaries from files keep them all: nothing cut).
+        timed = [f for t in tracks.values() if (f := t.timed_from) is not None]
+        if len(timed) < len(tracks):
+            continue
+        lo = max(lo, hi - SKEW_WINDOW + 1, *timed)
+        if hi < lo:
+            continue
         rows: dict[int, array[int]] = {}
         for r, t in tracks.items():
             i, j = t.index_of(lo), t.index_of(hi)
             if i is None or j is None or j - i != hi - lo:
                 break
-            rows[r] = t.created_ns[i : j + 1]
+            times = t.created_between(i, j + 1)
+            if times is None:  # not reached: lo is at or above every track's `timed_from`
+                break
+            rows[r] = times
         else:
             # Column by column (one collective across the ranks), with the loops in C: this
             # runs over every member of every group, 256 collectives deep.
