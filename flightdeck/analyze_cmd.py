@@ -6,7 +6,10 @@ Exit codes: 0 healthy, 1 a fault was found, 2 the input was unusable.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import json
+import os
 import sys
 import time
 from collections import defaultdict
@@ -118,11 +121,14 @@ def load_summaries(
     *,
     workers: int | None = None,
     on_progress: Callable[[int, int], None] | None = None,
+    found: Sequence[Path] | None = None,
 ) -> tuple[dict[tuple[str | None, int], list[RankSummary]], list[tuple[str, str]]]:
-    """Read every dump under `paths`: summaries per (job, attempt), and (path, reason) per bad file."""
+    """Read every dump under `paths`: summaries per (job, attempt), and (path, reason) per bad file.
+
+    `found`: the files `discover(paths)` gives, where the caller has them already."""
     groups: dict[tuple[str | None, int, int], list[tuple[str, dict[str, Any] | None]]] = defaultdict(list)
     errors: list[tuple[str, str]] = []
-    for p in discover(paths):
+    for p in discover(paths) if found is None else found:
         meta = read_meta(p)
         rank = meta.get("rank") if meta else None
         if not isinstance(rank, int):
@@ -193,9 +199,19 @@ def run(args: argparse.Namespace) -> int:
         print(f"flightdeck: no such file or directory: {exc}", file=sys.stderr)
         return 2
     show = args.progress if args.progress is not None else (sys.stderr.isatty() and len(candidates) >= 64)
-    by_job, errors = load_summaries(
-        args.paths, workers=args.workers, on_progress=_progress_bar(sys.stderr) if show else None
-    )
+    as_program = getattr(args, "as_program", False)
+    # Run as the program, which holds every summary until it ends: the cyclic collector is paused
+    # while they are read and then leaves them out of its walks (`gc.freeze`). It found ~200
+    # objects to free at 1,024 ranks, and walked the growing summaries for ~45 ms of CPU.
+    with gc_paused() if as_program else contextlib.nullcontext():
+        by_job, errors = load_summaries(
+            args.paths,
+            workers=args.workers,
+            on_progress=_progress_bar(sys.stderr) if show else None,
+            found=candidates,
+        )
+        if as_program:
+            gc.freeze()
     for path, reason in errors:
         print(f"flightdeck: {path}: {reason}", file=sys.stderr)
     if not by_job:
@@ -235,7 +251,19 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         sys.stdout.write(render_text(report, attempt=attempt, seconds=time.monotonic() - started))
-    return 0 if report.healthy else 1
+    code = 0 if report.healthy else 1
+    if as_program:
+        _exit_now(code)
+    return code
+
+
+def _exit_now(code: int) -> None:
+    """End the process with `code` once the output is flushed, without freeing the summaries
+    and the interpreter (~30 ms at 1,024 ranks, serial, after the verdict is written): nothing
+    is left to do but exit (no atexit handlers, no files open for writing)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _newest(summaries: Sequence[RankSummary]) -> int:

@@ -58,6 +58,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return install_main(args_list[2:])
     args = build_parser(args_list).parse_args(args_list)
+    # Run as the program itself, not called by a test or another program: a command may then end
+    # the process once its output is written, without freeing what it holds (`analyze`).
+    args.as_program = argv is None
     module = importlib.import_module(COMMANDS[args.command][0])
     code: int = module.run(args)
     return code

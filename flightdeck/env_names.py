@@ -15,11 +15,8 @@ wins. Standard library only: the agent and the collector import this.
 
 from __future__ import annotations
 
-import logging
 import warnings
 from collections.abc import Iterable, Mapping
-
-log = logging.getLogger("flightdeck.env")
 
 #: The prefix all processes shared before; read for one more release.
 LEGACY_PREFIX = "FLIGHTDECK_"
@@ -53,7 +50,11 @@ def warn_legacy(old: str, new: str, *, process: str, ignored: bool = False) -> N
     warnings.warn(message, LegacyEnvWarning, stacklevel=3)
     if old not in _logged:
         _logged.add(old)
-        log.warning("%s", message)
+        # Imported here: `flightdeck analyze` imports this module (the reader's switch) and
+        # otherwise logs nothing; `logging` was ~15-20 ms of its start-up.
+        import logging
+
+        logging.getLogger("flightdeck.env").warning("%s", message)
 
 
 def legacy_values(

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import errno
 import json
-import logging
 import os
 import stat as stat_mod
 from collections.abc import Collection, Iterable, Iterator
@@ -27,7 +26,14 @@ from flightdeck.readers.fr.signatures import SignatureColumns
 from flightdeck.records import RankDump
 from flightdeck.spool import is_dump_name, is_sidecar, rank_from_name, sidecar_path
 
-log = logging.getLogger(__name__)
+
+def _warn(msg: str, *args: object) -> None:
+    """Log a warning; `logging` is imported here, on the first one, not when the reader is (it
+    was ~15-25 ms of `flightdeck analyze`'s start-up, which logs nothing on good input)."""
+    import logging
+
+    logging.getLogger(__name__).warning(msg, *args)
+
 
 #: Default cap on a dump file's size: a 2,000-entry dump with frames is ~0.3-1 MB.
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
@@ -96,14 +102,14 @@ def read_meta(path: Path) -> dict[str, Any] | None:
     try:
         data, _st = read_regular(mp, max_bytes=MAX_META_BYTES)
     except (NotRegularFileError, DumpTooLargeError) as exc:
-        log.warning("%s: metadata sidecar ignored: %s", mp, exc)
+        _warn("%s: metadata sidecar ignored: %s", mp, exc)
         return None
     except OSError:
         return None
     try:
         meta = json.loads(data)
     except (json.JSONDecodeError, UnicodeDecodeError):
-        log.warning("%s: metadata sidecar is not valid JSON; ignored", mp)
+        _warn("%s: metadata sidecar is not valid JSON; ignored", mp)
         return None
     return meta if is_sidecar(meta) else None
 
