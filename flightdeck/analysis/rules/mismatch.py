@@ -30,7 +30,6 @@ def _mismatch(
 ) -> tuple[Finding | None, tuple[int, int]]:
     """The first (group, seq) at which the member ranks recorded different collectives, and the
     group's new `Report.agreed` value. `prior`: that value from the last diagnosis."""
-    name = g.name
     tracks = dict(g.held)
     holders = list(tracks)
     if len(holders) < 2:
