@@ -77,15 +77,9 @@ def recorded_ns(s: RankSummary) -> int:
     return newest
 
 
-def _entered_floor(s: RankSummary, group: str, top: int) -> int:
-    """The highest seq of `group` this rank finished and then went on from (0 when none);
-    `top` is the rank's `newest_record`."""
-    track = s.tracks.get(group)
-    return 0 if track is None else _track_floor(track, top)
-
-
 def _track_floor(track: GroupTrack, top: int) -> int:
-    """`_entered_floor` of the rank's track of the group."""
+    """The highest seq of the track's group its rank finished and then went on from (0 when
+    none); `top` is the rank's `newest_record`."""
     n = len(track.seqs)
     if not n:
         return 0
