@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from flightdeck.analysis.summary import RankSummary
+from flightdeck.analysis.summary import GroupTrack, RankSummary
 from flightdeck.records import Entry
 
 NS = 1_000_000_000
@@ -77,17 +77,17 @@ def recorded_ns(s: RankSummary) -> int:
     return newest
 
 
-def _entered_floor(s: RankSummary, group: str, top: int) -> int:
-    """The highest seq of `group` this rank finished and then went on from (0 when none);
-    `top` is the rank's `newest_record`."""
-    track = s.tracks.get(group)
-    if track is None or not track.seqs:
+def _track_floor(track: GroupTrack, top: int) -> int:
+    """The highest seq of the track's group its rank finished and then went on from (0 when
+    none); `top` is the rank's `newest_record`."""
+    n = len(track.seqs)
+    if not n:
         return 0
     for e in reversed(track.tail):
-        if e.finished and e.record_id < top:
+        if (e.state == "completed" or e.retired) and e.record_id < top:  # `Entry.finished`, inlined
             return e.collective_seq_id
     # Older than the kept tail: each was followed by the tail's entries.
-    older = len(track.seqs) - len(track.tail)
+    older = n - len(track.tail)
     return track.seqs[older - 1] if older > 0 else 0
 
 
@@ -108,6 +108,8 @@ class Evidence:
     #: who entered what is then told by positions alone (a `--now` dates the job, not each rank).
     positions_only: bool = False
     #: The newest timestamp recorded in any dump (0 when none): a moment every dump reached.
+    #: `gather` leaves it 0 where nothing reads it: every rank has its own snapshot time and
+    #: the clock is not file times.
     recorded_ns: int = 0
 
     @property
@@ -139,22 +141,37 @@ def gather(
     clock: ClockSource | None,
 ) -> Evidence:
     """The evidence of one diagnosis: `groups` as (name, members); `clock` None infers it."""
-    source = clock or infer_clock(by_rank.values())
+    inferred = infer_clock(by_rank.values())
+    source = clock or inferred
     floors: dict[str, int] = {}
     early: set[int] = set()
     tops = {r: newest_record(s) for r, s in by_rank.items()}
+    get = by_rank.get
     for name, members in groups:
-        held = [(r, s) for r in members if (s := by_rank.get(r)) is not None]
-        best = max((_entered_floor(s, name, tops[r]) for r, s in held), default=0)
-        floors[name] = best
-        for r, s in held:
+        # One pass over the members: (rank, summary, track) of those with a summary, and the floor.
+        held: list[tuple[int, RankSummary, GroupTrack | None]] = []
+        best = 0
+        for r in members:
+            s = get(r)
+            if s is None:
+                continue
             track = s.tracks.get(name)
+            held.append((r, s, track))
+            if track is not None:
+                best = max(best, _track_floor(track, tops[r]))
+        floors[name] = best
+        if not best:
+            continue  # nothing proven: no member is behind it (seqs are >= 0)
+        for r, s, track in held:
             if track is not None and track.seqs:
-                if track.seqs[-1] < best:
+                if track.last_seq < best:
                     early.add(r)
-            elif not s.wrapped and best:
+            elif not s.wrapped:
                 early.add(r)  # holds none of the group's collectives, though all members entered some
-    recorded = max((recorded_ns(s) for s in by_rank.values()), default=0)
+    # The newest time recorded in any dump is needed only where a rank's age is measured without
+    # its own snapshot time, or "now" is one under file times: worked out only then (it reads
+    # every entry held).
+    needed = source == "file" or any(trusted_time(s) is None for s in by_rank.values())
+    recorded = max((recorded_ns(s) for s in by_rank.values()), default=0) if needed else 0
     judged = (recorded or now_ns) if source == "file" else now_ns
-    positions_only = infer_clock(by_rank.values()) == "file"
-    return Evidence(source, judged, floors, frozenset(early), positions_only, recorded)
+    return Evidence(source, judged, floors, frozenset(early), inferred == "file", recorded)

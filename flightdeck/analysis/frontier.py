@@ -27,10 +27,12 @@ def group_frontiers(summaries: Iterable[RankSummary]) -> dict[str, tuple[int | N
         t_min: int | None = None
         for t in holders:
             for e in t.tail:
-                if not e.finished and (t_min is None or e.time_created_ns < t_min):
+                # `Entry.finished`, inlined: every held entry of every rank, per diagnosis.
+                if not (e.state == "completed" or e.retired) and (t_min is None or e.time_created_ns < t_min):
                     t_min = e.time_created_ns
-        low = min(t.last_seq for t in holders)
-        if any(t.last_seq > low for t in holders):
+        lasts = [t.last_seq for t in holders]
+        low = min(lasts)
+        if any(v > low for v in lasts):
             # Entered by some ranks, not yet by the slowest: unfinished on that member.
             for t in holders:
                 i = t.index_of(low + 1)

@@ -22,7 +22,7 @@ the column, which is rare.
 from __future__ import annotations
 
 from array import array
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import chain, compress, count, islice, repeat
 from operator import ne
@@ -98,6 +98,32 @@ class Column:
     def __len__(self) -> int:
         return self._n + len(self._recent)
 
+    # One call each for what the diagnosis reads of every rank's every track (`c[-1] if c else d`
+    # is two calls through `__len__` and `__getitem__`, and a search through `__getitem__` one a
+    # probe): thousands of ranks x groups per diagnosis.
+    def first(self, default: int) -> int:
+        """The first value, `default` when the column is empty."""
+        if self._n:
+            return self._get(0)
+        recent = self._recent
+        return recent[0] if recent else default
+
+    def last(self, default: int) -> int:
+        """The last value, `default` when the column is empty."""
+        recent = self._recent
+        if recent:
+            return recent[-1]
+        n = self._n
+        return self._get(n - 1) if n else default
+
+    def find(self, x: int) -> int | None:
+        """The position of `x`, the values strictly increasing (sequence ids); None when not held."""
+        recent = self._recent
+        if recent and x >= recent[0]:
+            return _find_in(recent, x, self._n)
+        i = bisect_left(self, x, 0, self._n)
+        return i if i < self._n and self._get(i) == x else None
+
     @overload
     def __getitem__(self, key: SupportsIndex) -> int: ...
     @overload
@@ -113,12 +139,12 @@ class Column:
             if -key <= len(recent):
                 return recent[key]
         if isinstance(key, slice):
-            i, j, step = key.indices(len(self))
+            n = self._n
+            i, j, step = key.indices(n + len(self._recent))
             if step != 1:
                 return self[:][key]
             if i >= j:
                 return array("q")
-            n = self._n
             if i >= n:
                 return self._recent[i - n : j - n]
             out = self._slice(i, min(j, n))
@@ -245,6 +271,23 @@ class Steps(Column):
             i = end
             k += 1
 
+    def find(self, x: int) -> int | None:
+        """The position of `x`, the values strictly increasing (sequence ids); None when not held.
+        The run that may hold it is looked up by its first value (a counter's runs start higher
+        and higher), the position worked out from there."""
+        recent = self._recent
+        if recent and x >= recent[0]:
+            return _find_in(recent, x, self._n)
+        if self._step != 1:
+            return Column.find(self, x)
+        v = self._v
+        k = bisect_right(v, x) - 1
+        if k < 0:
+            return None
+        at = self._at
+        i = at[k] + x - v[k]
+        return i if i < (at[k + 1] if k + 1 < len(at) else self._n) else None
+
     def _slice(self, i: int, j: int) -> array[int]:
         out = array("q")
         step = self._step
@@ -343,6 +386,15 @@ class Split(Column):
     def _cut(self, cut: int) -> None:
         del self._hi[:cut]
         del self._lo[:cut]
+
+
+def _find_in(values: array[int], x: int, offset: int) -> int | None:
+    """`offset` + the position of `x` in `values` (strictly increasing), None when not there."""
+    i = x - values[0]  # consecutive values (no dropped seqs): the common case
+    if i < len(values) and values[i] == x:
+        return offset + i
+    i = bisect_left(values, x)
+    return offset + i if i < len(values) and values[i] == x else None
 
 
 def pack_track(t: GroupTrack) -> None:

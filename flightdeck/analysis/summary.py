@@ -21,8 +21,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import compress, islice
 from operator import lt, not_
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
+from flightdeck.analysis.packed import Column
 from flightdeck.records import (
     COALESCED_END_OPS,
     Entry,
@@ -35,9 +36,6 @@ from flightdeck.records import (
     meta_kwargs,
     with_progress_of,
 )
-
-if TYPE_CHECKING:
-    from flightdeck.analysis.packed import Column
 
 #: Entries kept in full per group (the frontier: where each rank is and what it waits on).
 TAIL = 4
@@ -126,7 +124,18 @@ class GroupTrack:
     @property
     def last_seq(self) -> int:
         """Highest collective sequence id held (0 when none)."""
-        return self.seqs[-1] if self.seqs else 0
+        seqs = self.seqs
+        if isinstance(seqs, Column):
+            return seqs.last(0)
+        return seqs[-1] if seqs else 0
+
+    @property
+    def first_seq(self) -> int:
+        """Lowest collective sequence id held (0 when none)."""
+        seqs = self.seqs
+        if isinstance(seqs, Column):
+            return seqs.first(0)
+        return seqs[0] if seqs else 0
 
     def created_at(self, i: int) -> int | None:
         """Enqueue time of the collective at position `i` of `seqs` (0 <= i < len(seqs)), None when
@@ -150,6 +159,8 @@ class GroupTrack:
 
     def index_of(self, seq: int) -> int | None:
         """Position of `seq` in this track, or None when the rank does not hold it."""
+        if isinstance(self.seqs, Column):
+            return self.seqs.find(seq)  # a packed track (a live server's): one call
         if not self.seqs or seq < self.seqs[0] or seq > self.seqs[-1]:
             return None
         # Sequence ids are contiguous within a group unless the ring dropped some; try the fast path.

@@ -8,10 +8,11 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import islice
+from typing import Any
 
 from flightdeck.analysis.findings import Options, RankRef
 from flightdeck.analysis.frames import is_agent_frame
-from flightdeck.analysis.summary import RankSummary
+from flightdeck.analysis.summary import GroupTrack, RankSummary
 from flightdeck.records import Entry, Stack
 
 NS = 1_000_000_000
@@ -28,6 +29,11 @@ class _Group:
     #: A world group whose members are known only by its size is a `range` (the ranks seen are
     #: looked up in it: nothing is allocated per rank of a size a batch claims).
     members: Sequence[int]
+    #: The members with a summary, in member order (`_present`), and the tracks of the group
+    #: of those that hold some of its collectives: what most rules go through, worked out once
+    #: per diagnosis (not once per rule: thousands of ranks x groups).
+    present: Sequence[int]
+    held: Mapping[int, GroupTrack]
 
 
 def _group_sort_key(name: str) -> tuple[int, int | str]:
@@ -36,45 +42,63 @@ def _group_sort_key(name: str) -> tuple[int, int | str]:
 
 def _groups(by_rank: dict[int, RankSummary], world_size: int | None) -> list[_Group]:
     """Every process group with its members: from metadata/pg_config, else from who recorded it."""
-    # One pass over the ranks (not one per group: thousands of groups times thousands of ranks).
+    # One pass over the ranks (not one per group: thousands of groups times thousands of ranks),
+    # one dict update per rank and group: what the ranks say of a group is counted by (name,
+    # member list object, description). Member lists are counted by object, not by value:
+    # hashing a world-sized tuple once per rank is ranks x world element hashes per diagnosis,
+    # while ranks that share one list object (the live server interns them) cost one hash for all.
     names: set[str] = set()
-    # Member lists are counted by object first: hashing a world-sized tuple once per rank is
-    # ranks x world element hashes per diagnosis, while ranks that share one list object (the
-    # live server interns them) cost one hash for all.
+    said: dict[tuple[str, int, str], list[Any]] = {}  # -> [the GroupInfo first seen, how many]
+    for s in by_rank.values():
+        names.update(s.tracks)
+        for name, info in s.groups.items():
+            key = (name, id(info.ranks), info.desc)
+            seen = said.get(key)
+            if seen is None:
+                said[key] = [info, 1]
+            else:
+                seen[1] += 1
+    # In order of first appearance (the first of equal counts wins, as before).
     declared_by: dict[str, dict[int, tuple[tuple[int, ...], int]]] = {}
     descs_by: dict[str, Counter[str]] = {}
-    recorded_by: dict[str, list[int]] = {}
-    for r, s in by_rank.items():
-        names.update(s.tracks)
-        names.update(s.groups)
-        for name in s.tracks:
-            recorded_by.setdefault(name, []).append(r)
-        for name, info in s.groups.items():
-            if info.ranks:
-                objs = declared_by.setdefault(name, {})
-                seen = objs.get(id(info.ranks))
-                objs[id(info.ranks)] = (info.ranks, 1 if seen is None else seen[1] + 1)
-            if info.desc and info.desc != "undefined":
-                descs_by.setdefault(name, Counter())[info.desc] += 1
+    for (name, _, desc), (info, n) in said.items():
+        names.add(name)
+        if info.ranks:
+            objs = declared_by.setdefault(name, {})
+            had = objs.get(id(info.ranks))
+            objs[id(info.ranks)] = (info.ranks, n if had is None else had[1] + n)
+        if desc and desc != "undefined":
+            descs_by.setdefault(name, Counter())[desc] += n
+    recorded_by: dict[str, list[int]] | None = None
     out: list[_Group] = []
     for name in sorted(names, key=_group_sort_key):
-        declared: Counter[tuple[int, ...]] = Counter()
-        for members_obj, n in (declared_by.get(name) or {}).values():
-            declared[members_obj] += n
+        by_obj = declared_by.get(name)
         descs = descs_by.get(name) or Counter()
-        recorded = tuple(sorted(recorded_by.get(name, ())))
         members: Sequence[int]
-        if declared:
+        if by_obj and len(by_obj) == 1:
+            members = next(iter(by_obj.values()))[0]  # one list object: nothing to count
+        elif by_obj:
+            declared: Counter[tuple[int, ...]] = Counter()
+            for members_obj, n in by_obj.values():
+                declared[members_obj] += n
             members = declared.most_common(1)[0][0]
         elif name == "0" or descs.get("default_pg"):
             size = world_size or max((s.world_size or 0) for s in by_rank.values()) or (max(by_rank) + 1)
             members = range(size)
         else:
-            members = recorded
+            if recorded_by is None:
+                # Who recorded it: needed only for groups no rank declared (rare live).
+                recorded_by = {}
+                for r, s in by_rank.items():
+                    for track_name in s.tracks:
+                        recorded_by.setdefault(track_name, []).append(r)
+            members = tuple(sorted(recorded_by.get(name, ())))
         if not members:
             continue
         desc = descs.most_common(1)[0][0] if descs else ""
-        out.append(_Group(name, desc, members))
+        present = _present(members, by_rank)
+        held = {r: t for r in present if (t := by_rank[r].tracks.get(name)) is not None and t.seqs}
+        out.append(_Group(name, desc, members, present, held))
     return out
 
 

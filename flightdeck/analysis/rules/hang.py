@@ -7,7 +7,7 @@ from flightdeck.analysis import evidence
 from flightdeck.analysis.evidence import Evidence
 from flightdeck.analysis.findings import Finding, FindingKind, Options, entry_json
 from flightdeck.analysis.progress import refine_hang as judge_progress
-from flightdeck.analysis.rules.common import NS, _Group, _last_entry, _main_stack, _present, _refs, _silent
+from flightdeck.analysis.rules.common import NS, _Group, _last_entry, _main_stack, _refs, _silent
 from flightdeck.analysis.rules.hang_words import (
     HangCase,
     culprit_words,
@@ -36,12 +36,11 @@ def _hang(
     ev = ev or Evidence("snapshot", now_ns)
     floor = ev.floor(g.name)
     last: dict[int, int] = {}
-    for r in _present(g.members, by_rank):
-        s = by_rank.get(r)
-        if s is None:
-            continue
-        track = s.tracks.get(g.name)
-        if track is None or not track.seqs:
+    held = g.held
+    for r in g.present:
+        track = held.get(r)
+        if track is None:  # holds none of the group's collectives
+            s = by_rank[r]
             if s.wrapped:
                 continue  # its ring no longer holds this group: position unknown
             if floor and s.config is not None and s.config.fr_buffer_size == 0:

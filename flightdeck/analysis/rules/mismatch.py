@@ -7,7 +7,7 @@ import bisect
 from array import array
 
 from flightdeck.analysis.findings import Finding, FindingKind
-from flightdeck.analysis.rules.common import NS, _fmt_ranks, _Group, _group_label, _present, _refs
+from flightdeck.analysis.rules.common import NS, _fmt_ranks, _Group, _group_label, _refs
 from flightdeck.analysis.summary import Comparable, GroupTrack, RankSummary
 
 
@@ -30,18 +30,14 @@ def _mismatch(
 ) -> tuple[Finding | None, tuple[int, int]]:
     """The first (group, seq) at which the member ranks recorded different collectives, and the
     group's new `Report.agreed` value. `prior`: that value from the last diagnosis."""
-    name = g.name
-    tracks = {
-        r: t
-        for r in _present(g.members, by_rank)
-        if (s := by_rank.get(r)) is not None and (t := s.tracks.get(name)) is not None and t.seqs
-    }
+    tracks = dict(g.held)
     holders = list(tracks)
     if len(holders) < 2:
         return None, (0, len(holders))
     # Entries older than what every rank still holds are not evidence (ring-buffer wrap).
-    lo = max(t.seqs[0] for t in tracks.values())
-    hi_common = min(t.seqs[-1] for t in tracks.values())
+    lasts = [t.last_seq for t in tracks.values()]
+    lo = max(t.first_seq for t in tracks.values())
+    hi_common = min(lasts)
     agreed_hi = lo - 1
     if prior is not None and prior[1] == len(holders):
         # The same ranks (a job's holders only grow) agreed up to prior[0] last time.
@@ -66,7 +62,7 @@ def _mismatch(
             first_bad = _scan(tracks, lo, hi_common)
     if first_bad is None:
         agreed_hi = max(agreed_hi, hi_common)
-        hi_all = max(t.seqs[-1] for t in tracks.values())
+        hi_all = max(lasts)
         first_bad = _scan(tracks, max(lo, hi_common + 1), hi_all)
     else:
         agreed_hi = first_bad - 1
@@ -81,7 +77,7 @@ def _pending_for(g: _Group, seq: int | None, by_rank: dict[int, RankSummary], no
     (None when it finished everywhere: a silent mismatch blocks nobody)."""
     created = [
         e.time_created_ns
-        for r in _present(g.members, by_rank)
+        for r in g.present
         if seq is not None
         if (e := by_rank[r].entry_at(g.name, seq)) is not None and not e.finished
     ]

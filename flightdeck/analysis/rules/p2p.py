@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from flightdeck.analysis import evidence
 from flightdeck.analysis.findings import Finding, Options
-from flightdeck.analysis.rules.common import NS, _Group, _group_label, _present, _refs, _sizes
+from flightdeck.analysis.rules.common import NS, _Group, _group_label, _refs, _sizes
 from flightdeck.analysis.summary import RankSummary
 from flightdeck.records import Entry
 
@@ -30,7 +30,7 @@ def _p2p(
     """
     sends: dict[tuple[int, int], list[Entry]] = {}
     recvs: dict[tuple[int, int], list[Entry]] = {}
-    for r in _present(g.members, by_rank):
+    for r in g.present:
         s = by_rank.get(r)
         if s is None or s.wrapped:
             continue
@@ -214,7 +214,7 @@ def _stuck_by_position(op: Entry, owner: int, g: _Group, by_rank: dict[int, Rank
         return False
     mine = s.tracks.get(g.name)
     my_last = mine.last_seq if mine is not None and mine.seqs else 0
-    for r in _present(g.members, by_rank):
+    for r in g.present:
         o = by_rank.get(r)
         if r == owner or o is None:
             continue

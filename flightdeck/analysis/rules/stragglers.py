@@ -8,7 +8,7 @@ from collections import Counter
 from collections.abc import Iterable
 
 from flightdeck.analysis.findings import Finding, Options
-from flightdeck.analysis.rules.common import NS, _fmt_ranks, _Group, _present, _refs
+from flightdeck.analysis.rules.common import NS, _fmt_ranks, _Group, _refs
 from flightdeck.analysis.summary import RankSummary
 
 #: Collectives looked at for arrival skew and stragglers (the most recent ones of the window).
@@ -25,15 +25,11 @@ def _stragglers(
     compared: list[tuple[dict[int, array[int]], list[int]]] = []
     samples = 0
     for g in groups:
-        tracks = {
-            r: by_rank[r].tracks[g.name]
-            for r in _present(g.members, by_rank)
-            if g.name in by_rank[r].tracks and by_rank[r].tracks[g.name].seqs
-        }
+        tracks = g.held
         if len(tracks) < 2 or len(tracks) < len(g.members):
             continue
-        lo = max(t.seqs[0] for t in tracks.values())
-        hi = min(t.seqs[-1] for t in tracks.values())
+        lo = max(t.first_seq for t in tracks.values())
+        hi = min(t.last_seq for t in tracks.values())
         if hi < lo:
             continue
         # Within the times every rank keeps: a live server keeps those of each track's newest
