@@ -44,7 +44,7 @@ def _live(
     for k in range(1, rounds + 1):
         for h in range(topo.hosts):
             for snap in decode_batch(orjson.loads(orjson.dumps(sim.host_doc(h, T0 + k * 2 * NS)))).snapshots:
-                fold_snapshot(js, snap, max_seqs=40)
+                fold_snapshot(js, snap, max_seqs=40, max_times=512)
         if k >= 4:
             assert js.summaries is not None
             out.append(copy.deepcopy(js.summaries))
