@@ -9,8 +9,8 @@ from __future__ import annotations
 import copy
 import random
 import statistics
-from collections import Counter, defaultdict
 from array import array
+from collections import Counter, defaultdict
 from dataclasses import replace
 
 import orjson
@@ -18,10 +18,10 @@ import pytest
 
 from bench.loadgen.job import NS, RankSim, Sim, Topology, parse_fault, plan_faults
 from flightdeck.analysis import diagnose, evidence
+from flightdeck.analysis.findings import Options
 from flightdeck.analysis.frontier import group_frontiers
 from flightdeck.analysis.packed import Column, Steps
-from flightdeck.analysis.findings import Options
-from flightdeck.analysis.rules import stragglers
+from flightdeck.analysis.rules import stragglers as strag
 from flightdeck.analysis.rules.common import _groups, _present
 from flightdeck.analysis.summary import GroupTrack, RankSummary
 from flightdeck.server.live.fold import fold_snapshot
@@ -136,12 +136,14 @@ def _reference_stragglers(
         hi = min(t.last_seq for t in tracks.values())
         if None in timed or hi < lo:
             continue
-        lo = max([lo, hi - stragglers.SKEW_WINDOW + 1, *(f for f in timed if f is not None)])
+        lo = max([lo, hi - strag.SKEW_WINDOW + 1, *(f for f in timed if f is not None)])
+        if hi < lo:
+            continue
         rows: dict[int, list[int]] = {}
         for r, t in tracks.items():
             positions = [t.index_of(seq) for seq in range(lo, hi + 1)]
             times = [None if i is None else t.created_at(i) for i in positions]
-            if hi < lo or None in times:
+            if None in times:
                 break
             rows[r] = [x for x in times if x is not None]
         else:
@@ -161,18 +163,18 @@ def _reference_stragglers(
 @pytest.mark.parametrize(
     ("kinds", "max_seqs", "max_times"), [(1, 40, 512), (1, 400, 512), (1, 400, 100), (3, 400, 512)]
 )
-@pytest.mark.parametrize("chunk", [1, 200, stragglers._CHUNK])
+@pytest.mark.parametrize("chunk", [1, 200, strag._CHUNK])
 def test_arrival_skew_and_stragglers_are_those_of_a_plain_computation(
     kinds: int, max_seqs: int, max_times: int, chunk: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Over a live server's packed tracks (their enqueue times decoded in bulk, compared a few
     columns at a time: `chunk` values), the skews and the straggler are those worked out one
     value at a time, float for float."""
-    monkeypatch.setattr(stragglers, "_CHUNK", chunk)
+    monkeypatch.setattr(strag, "_CHUNK", chunk)
     opts = Options()
     found = 0
     for by_rank in _live([], slow=3, kinds=kinds, rounds=16, max_seqs=max_seqs, max_times=max_times)[-3:]:
-        skews, slow = stragglers._stragglers(_groups(by_rank, 64), by_rank, opts)
+        skews, slow = strag._stragglers(_groups(by_rank, 64), by_rank, opts)
         want_skews, samples, top = _reference_stragglers(by_rank)
         assert skews == want_skews and samples > 0
         want = [
