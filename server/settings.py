@@ -161,7 +161,7 @@ class ServerSettings(BaseSettings):
         "is diagnosed at most every d / share seconds (and its straggler analysis runs at most "
         "every fourth time), and when several are due, jobs with new data go first, then the "
         "longest undiagnosed, until the share is spent. Only large jobs are slowed down: "
-        "4,096 ranks take about 0.17-0.18 s, 0.78-0.81 s with the straggler analysis; 16,384 "
+        "4,096 ranks take about 0.17-0.18 s, 0.51-0.54 s with the straggler analysis; 16,384 "
         "ranks 0.62-0.77 s, 1.18-1.34 s (docs/performance.md). Raising it makes "
         "large jobs' verdicts fresher at the cost of ingest throughput: at 0.5 a 2,048-rank job "
         "fell behind its ingest within minutes.",

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import copy
 import random
+import statistics
 from array import array
+from collections import Counter, defaultdict
 from dataclasses import replace
 
 import orjson
@@ -16,8 +18,10 @@ import pytest
 
 from bench.loadgen.job import NS, RankSim, Sim, Topology, parse_fault, plan_faults
 from flightdeck.analysis import diagnose, evidence
+from flightdeck.analysis.findings import Options
 from flightdeck.analysis.frontier import group_frontiers
 from flightdeck.analysis.packed import Column, Steps
+from flightdeck.analysis.rules import stragglers as strag
 from flightdeck.analysis.rules.common import _groups, _present
 from flightdeck.analysis.summary import GroupTrack, RankSummary
 from flightdeck.server.live.fold import fold_snapshot
@@ -28,11 +32,17 @@ T0 = 1_780_000_000 * NS
 
 
 def _live(
-    faults: list[str], *, slow: int | None = None, kinds: int = 3, rounds: int = 10
+    faults: list[str],
+    *,
+    slow: int | None = None,
+    kinds: int = 3,
+    rounds: int = 10,
+    max_seqs: int = 40,
+    max_times: int = 512,
 ) -> list[dict[int, RankSummary]]:
     """The summaries a live server holds of a loadgen job (64 ranks on 8 hosts, `kinds` kinds of
-    groups, tracks cut to 40 collectives), after each 2 s round of snapshots from the fourth;
-    `slow`: a rank that enters every collective 40 ms late."""
+    groups, tracks cut to `max_seqs` collectives, enqueue times to `max_times`), after each 2 s
+    round of snapshots from the fourth; `slow`: a rank that enters every collective 40 ms late."""
     topo = Topology(64, 8, kinds)
     topo.build()
     rng = random.Random(5)
@@ -44,7 +54,7 @@ def _live(
     for k in range(1, rounds + 1):
         for h in range(topo.hosts):
             for snap in decode_batch(orjson.loads(orjson.dumps(sim.host_doc(h, T0 + k * 2 * NS)))).snapshots:
-                fold_snapshot(js, snap, max_seqs=40, max_times=512)
+                fold_snapshot(js, snap, max_seqs=max_seqs, max_times=max_times)
         if k >= 4:
             assert js.summaries is not None
             out.append(copy.deepcopy(js.summaries))
@@ -105,6 +115,82 @@ def test_packed_and_plain_summaries_give_the_same_diagnosis(name: str) -> None:
         agreed_packed, agreed_plain = a.agreed, b.agreed
         assert group_frontiers(by_rank.values()) == group_frontiers(plain.values())
     assert kinds == expected
+
+
+def _reference_stragglers(
+    by_rank: dict[int, RankSummary],
+) -> tuple[dict[str, list[float]], int, list[tuple[int, float, float]]]:
+    """The arrival-skew analysis written plainly, a value at a time through `index_of` and
+    `created_at`: (skews by group, collectives compared, (rank, share, median lag) of the three
+    ranks most often last)."""
+    skews: dict[str, list[float]] = {}
+    last: Counter[int] = Counter()
+    lags: defaultdict[int, list[float]] = defaultdict(list)
+    samples = 0
+    for g in _groups(by_rank, 64):
+        tracks = g.held
+        if len(tracks) < 2 or len(tracks) < len(g.members):
+            continue
+        timed = [t.timed_from for t in tracks.values()]
+        lo = max(t.first_seq for t in tracks.values())
+        hi = min(t.last_seq for t in tracks.values())
+        if None in timed or hi < lo:
+            continue
+        lo = max([lo, hi - strag.SKEW_WINDOW + 1, *(f for f in timed if f is not None)])
+        if hi < lo:
+            continue
+        rows: dict[int, list[int]] = {}
+        for r, t in tracks.items():
+            positions = [t.index_of(seq) for seq in range(lo, hi + 1)]
+            times = [None if i is None else t.created_at(i) for i in positions]
+            if None in times:
+                break
+            rows[r] = [x for x in times if x is not None]
+        else:
+            skews[g.name] = []
+            for k in range(hi - lo + 1):
+                column = {r: row[k] for r, row in rows.items()}
+                first, latest = min(column.values()), max(column.values())
+                last[next(r for r, x in column.items() if x == latest)] += 1
+                skews[g.name].append((latest - first) / NS)
+                for r, x in column.items():
+                    lags[r].append((x - first) / NS)
+            samples += hi - lo + 1
+    top = [(r, n / samples, statistics.median(lags[r])) for r, n in last.most_common(3)]
+    return skews, samples, top
+
+
+@pytest.mark.parametrize(
+    ("kinds", "max_seqs", "max_times"), [(1, 40, 512), (1, 400, 512), (1, 400, 100), (3, 400, 512)]
+)
+@pytest.mark.parametrize("chunk", [1, 200, strag._CHUNK])
+def test_arrival_skew_and_stragglers_are_those_of_a_plain_computation(
+    kinds: int, max_seqs: int, max_times: int, chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over a live server's packed tracks (their enqueue times decoded in bulk, compared a few
+    columns at a time: `chunk` values), the skews and the straggler are those worked out one
+    value at a time, float for float."""
+    monkeypatch.setattr(strag, "_CHUNK", chunk)
+    opts = Options()
+    found = 0
+    for by_rank in _live([], slow=3, kinds=kinds, rounds=16, max_seqs=max_seqs, max_times=max_times)[-3:]:
+        skews, slow = strag._stragglers(_groups(by_rank, 64), by_rank, opts)
+        want_skews, samples, top = _reference_stragglers(by_rank)
+        assert skews == want_skews and samples > 0
+        want = [
+            (r, lag)
+            for r, share, lag in top
+            if share >= opts.straggler_min_share and lag >= opts.straggler_min_lag_s
+        ]
+        if samples < opts.straggler_min_samples:
+            want = []
+        assert [(f.culprit_ranks[0], f.elapsed_s) for f in slow] == want
+        assert all(f" of {samples} recent collectives" in f.detail for f in slow)
+        found += len(slow)
+        assert top[0][0] == 3
+    # Rank 3, 40 ms late in every collective: last at each of the world group's (with more kinds
+    # of groups, at each of its own host's and so on: under the share a finding needs).
+    assert found if kinds == 1 else not found
 
 
 def test_track_accessors_read_what_the_plain_arrays_hold() -> None:

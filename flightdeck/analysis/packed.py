@@ -21,17 +21,23 @@ the column, which is rare.
 
 from __future__ import annotations
 
+import struct
+import sys
 from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import chain, compress, count, islice, repeat
-from operator import ne
+from operator import mul, ne, sub
 from typing import TYPE_CHECKING, Any, SupportsIndex, overload
 
 if TYPE_CHECKING:
     from flightdeck.analysis.summary import GroupTrack
 
 _LOW = 0xFFFFFFFF
+#: Whether an int64 is two 32-bit words, the low one first (`Split` decodes in bulk then).
+_WORDS = sys.byteorder == "little" and array("I").itemsize == 4 and array("q").itemsize == 8
+#: A high word's 4 bytes (a signed 32-bit int: the high half of an int64), in the machine's order.
+_WORD = struct.Struct("=i").pack
 #: Largest code of each code width, and the width after it.
 _WIDER = {"B": ("H", 0xFF), "H": ("I", 0xFFFF)}
 
@@ -375,12 +381,32 @@ class Split(Column):
         return (self._hi[i] << 32) + self._lo[i]
 
     def _slice(self, i: int, j: int) -> array[int]:
-        out = array("q")
-        lo = self._lo
         hi = self._hi
         hi.flush()  # its runs hold every packed value (`_get` reads through its recent ones)
-        for a, b, h in hi._run(i, j):
-            out.extend(map((h << 32).__add__, lo[a:b]) if h else iter(lo[a:b]))
+        if not _WORDS:
+            out = array("q")
+            for a, b, h in hi._run(i, j):
+                out.extend(map((h << 32).__add__, self._lo[a:b]) if h else iter(self._lo[a:b]))
+            return out
+        # In bulk, no int object per value: an int64 is its low 32-bit word then its high one
+        # (little-endian), so the low words are copied into the even words of the result and
+        # the runs' high words (signed: each fits 32 bits, the values being int64) into the odd
+        # ones: strided buffer copies, and loops in C (the arrival-skew analysis
+        # slices 256 times of every rank of every group per diagnosis). The runs of high words
+        # within i..j-1: their starts and values, from the run that holds i to the last one
+        # starting before j.
+        at, v = hi._at, hi._v
+        k = bisect_right(at, i) - 1
+        m = bisect_left(at, j, k + 1)
+        starts = at[k:m]
+        starts[0] = i
+        lengths = map(sub, chain(islice(starts, 1, None), (j,)), starts)
+        high = b"".join(map(mul, map(_WORD, v[k:m]), lengths))
+        out = array("q", bytes(8 * (j - i)))
+        with memoryview(out) as raw, raw.cast("B") as octets, octets.cast("I") as words:
+            words[0::2] = self._lo[i:j]
+            with memoryview(high) as hb, hb.cast("I") as hw:
+                words[1::2] = hw
         return out
 
     def _cut(self, cut: int) -> None:
@@ -420,8 +446,6 @@ _PACKED: tuple[tuple[str, Callable[[array[int]], Column]], ...] = (
 
 def nbytes(obj: Any) -> int:
     """Bytes a column holds (its arrays and tables), for tests and benchmarks."""
-    import sys
-
     if isinstance(obj, array):
         return sys.getsizeof(obj)
     if isinstance(obj, Column):
@@ -430,8 +454,6 @@ def nbytes(obj: Any) -> int:
 
 
 def _packed_bytes(obj: Column) -> int:
-    import sys
-
     if isinstance(obj, Steps):
         return sys.getsizeof(obj) + sys.getsizeof(obj._at) + sys.getsizeof(obj._v)
     if isinstance(obj, Coded):

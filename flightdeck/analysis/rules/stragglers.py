@@ -6,6 +6,7 @@ from __future__ import annotations
 from array import array
 from collections import Counter
 from collections.abc import Iterable
+from itertools import islice
 
 from flightdeck.analysis.findings import Finding, Options
 from flightdeck.analysis.rules.common import NS, _fmt_ranks, _Group, _refs
@@ -13,6 +14,8 @@ from flightdeck.analysis.summary import RankSummary
 
 #: Collectives looked at for arrival skew and stragglers (the most recent ones of the window).
 SKEW_WINDOW = 256
+#: Enqueue times compared at a time (columns of ranks x collectives): about 1 MiB of int objects.
+_CHUNK = 1 << 15
 
 
 def _stragglers(
@@ -53,12 +56,21 @@ def _stragglers(
             rows[r] = times
         else:
             # Column by column (one collective across the ranks), with the loops in C: this
-            # runs over every member of every group, 256 collectives deep.
+            # runs over every member of every group, 256 collectives deep. A few columns at a
+            # time (about `_CHUNK` values): all 256 of a world group at once are an int object
+            # per value (~170 MB at 16,384 ranks), slower to build than ones that stay in cache.
             ranks = list(rows)
-            cols = list(zip(*rows.values(), strict=True))
-            tmins = list(map(min, cols))
-            tmaxs = list(map(max, cols))
-            last_count.update(ranks[col.index(tmax)] for col, tmax in zip(cols, tmaxs, strict=True))
+            tmins: list[int] = []
+            tmaxs: list[int] = []
+            last: list[int] = []
+            columns = zip(*rows.values(), strict=True)
+            while cols := list(islice(columns, max(1, _CHUNK // len(ranks)))):
+                at_min = list(map(min, cols))
+                at_max = list(map(max, cols))
+                last += map(tuple.index, cols, at_max)
+                tmins += at_min
+                tmaxs += at_max
+            last_count.update(map(ranks.__getitem__, last))
             samples += hi - lo + 1
             skews[g.name] = [(b - a) / NS for a, b in zip(tmins, tmaxs, strict=True)]
             compared.append((rows, tmins))
