@@ -138,6 +138,13 @@ def test_collector_to_real_server_through_outage_and_kill(tmp_path: Path, server
             30,
             "the collector to notice the server is down",
         )
+        # The failure noticed may be a heartbeat's, before these files were read: the next
+        # snapshots must not replace them unread (the count below would then never be reached).
+        wait_until(
+            lambda: collector.metric("flightdeck_collector_files_seen_total") >= 2 * len(feeders),
+            30,
+            "the snapshots taken at the outage's start to be read",
+        )
         for f in feeders.values():
             f.write_early(9, age_s=1.5)
         wait_until(
