@@ -82,9 +82,9 @@ def report(label: str) -> None:
     print(f"  {label:18s} RSS {rss_mib(os.getpid()):6.1f} MiB  {heap}", flush=True)
 
 
-def run_job(client: httpx.Client, token: str, job: str, ranks: int, label: str) -> None:
+def run_job(client: httpx.Client, token: str, job: str, ranks: int, label: str, batch_entries: int) -> None:
     """Post a job, report, end it, report."""
-    post_job(client, token, job, ranks, 2000, hang=False)
+    post_job(client, token, job, ranks, 2000, hang=False, batch_entries=batch_entries)
     settle(8)
     report(f"{label} open")
     end_job(client, token, job, ranks)
@@ -97,6 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--ranks", type=int, default=1024)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--warm", type=int, default=0, help="ranks of a job run and ended first")
+    ap.add_argument("--batch-entries", type=int, default=32_000, help="most entries a posted batch")
     ap.add_argument("--trace", action="store_true", help="tracemalloc: what survives the jobs")
     args = ap.parse_args(argv)
     print(f"postgresql, in process, {args.jobs} job(s) of {args.ranks} ranks x 2000", flush=True)
@@ -106,14 +107,14 @@ def main(argv: list[str] | None = None) -> None:
         with TestClient(app) as client:
             client.get("/healthz")
             if args.warm:
-                run_job(client, token, "warm", args.warm, "warm-up job")
+                run_job(client, token, "warm", args.warm, "warm-up job", args.batch_entries)
             settle(3)
             report("baseline")
             if args.trace:
                 tracemalloc.start(8)
                 before = tracemalloc.take_snapshot()
             for k in range(args.jobs):
-                run_job(client, token, f"heap-{k}", args.ranks, f"job {k + 1}")
+                run_job(client, token, f"heap-{k}", args.ranks, f"job {k + 1}", args.batch_entries)
             if args.trace:
                 stats = [
                     s for s in tracemalloc.take_snapshot().compare_to(before, "traceback") if s.size_diff > 0

@@ -12,7 +12,11 @@ and ended). Printed, in MiB:
 
 * the server's RSS at rest before any job (baseline), after each job and the increment of each
   (the median of those after the first: the first job's data also fills the store's caches);
-* after the restart's rebuild (and its peak), and after every job ended.
+* after the restart's rebuild (and its peak), after every job ended, and once the server holds
+  no job (`ended_series_s` later: it then restarts itself in place, `idle_restart_above_mib`).
+
+Batches hold whole rings of at most `--batch-entries` entries (the collector's own limit by
+default).
 
     python -m bench.server_memory --db sqlite --ranks 1024 --entries 2000 --jobs 10
     python -m bench.server_memory --db postgresql --jobs 3
@@ -41,7 +45,11 @@ import httpx
 from bench.server_ingest import allocator_env, make_token, start_server, wait_idle
 from bench.server_synth import snapshot
 from bench.web_server import database, post_batch, post_job, rss_mib
+from flightdeck.collector.settings import CollectorSettings
 from flightdeck.wire import Batch
+
+#: The collector's default batch size: what a server is sent by the collectors it serves.
+MAX_BATCH_ENTRIES: int = CollectorSettings.model_fields["max_batch_entries"].default
 
 ENDED = ("finished", "failed")
 
@@ -52,6 +60,11 @@ def status_mib(pid: int, field: str) -> float:
         if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024
     return 0.0
+
+
+def restarted(pid: int) -> bool:
+    """Whether the server restarted itself in place (its command line names the socket handed over)."""
+    return b"--listen-fd=" in Path(f"/proc/{pid}/cmdline").read_bytes()
 
 
 def end_job(client: httpx.Client, token: str, job: str, ranks: int) -> None:
@@ -106,6 +119,19 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--again", action="store_true", help="then one more job, run and ended")
     ap.add_argument("--release-wait", type=float, default=10.0, help="seconds to wait after the jobs ended")
+    ap.add_argument(
+        "--batch-entries",
+        type=int,
+        default=MAX_BATCH_ENTRIES,
+        help=f"most entries a posted batch (default {MAX_BATCH_ENTRIES}: the collector's max_batch_entries)",
+    )
+    ap.add_argument(
+        "--restart-wait",
+        type=float,
+        default=720.0,
+        help="seconds to wait after the jobs ended for the server's idle restart (ended_series_s, 600 s "
+        "by default, then one diagnosis step); 0: do not wait",
+    )
     args = ap.parse_args(argv)
     # Stopped (`timeout`, a kill): its server stopped and its scratch database dropped all the same.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -126,7 +152,15 @@ def main(argv: list[str] | None = None) -> None:
                 steps = []
                 for i, job in enumerate(jobs):
                     t = time.monotonic()
-                    post_job(client, token, job, args.ranks, args.entries, hang=False)
+                    post_job(
+                        client,
+                        token,
+                        job,
+                        args.ranks,
+                        args.entries,
+                        hang=False,
+                        batch_entries=args.batch_entries,
+                    )
                     wait_status(client, job, ("running",), 300)
                     wait_idle(server.pid)
                     rss = rss_mib(server.pid)
@@ -169,11 +203,33 @@ def main(argv: list[str] | None = None) -> None:
                     f" load {load()})",
                     flush=True,
                 )
+                if args.restart_wait > 0:
+                    # Once the ended jobs' series leave /metrics the server holds no job, and it
+                    # restarts in place (idle_restart_above_mib): the same pid, a new image.
+                    t = time.monotonic()
+                    while time.monotonic() - t < args.restart_wait and not restarted(server.pid):
+                        time.sleep(2)
+                    wait_idle(server.pid)
+                    rss = rss_mib(server.pid)
+                    said = (
+                        f"restarted in place after {time.monotonic() - t:.0f} s more"
+                        if restarted(server.pid)
+                        else "not restarted"
+                    )
+                    print(f"  no job held           {rss:7.0f} MiB   ({said}; load {load()})", flush=True)
                 if args.again:
                     # One more job run and ended: the process's level once its caches have seen
                     # jobs; what an ended job leaves behind adds up here if anything does.
                     job = "mem-again"
-                    post_job(client, token, job, args.ranks, args.entries, hang=False)
+                    post_job(
+                        client,
+                        token,
+                        job,
+                        args.ranks,
+                        args.entries,
+                        hang=False,
+                        batch_entries=args.batch_entries,
+                    )
                     wait_status(client, job, ("running",), 300)
                     wait_idle(server.pid)
                     open_rss = rss_mib(server.pid)

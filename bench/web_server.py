@@ -80,12 +80,22 @@ def _exists(kind: str, keep: Path) -> bool:
         )
 
 
-def post_job(client: httpx.Client, token: str, job: str, ranks: int, entries: int, *, hang: bool) -> None:
-    """Every rank's ring, `per_batch` ranks a batch (a collector's push of a host's ranks)."""
+def post_job(
+    client: httpx.Client,
+    token: str,
+    job: str,
+    ranks: int,
+    entries: int,
+    *,
+    hang: bool,
+    batch_entries: int = 32_000,
+) -> None:
+    """Every rank's ring, whole rings of `batch_entries` entries at most a batch (a collector's push
+    of a host's ranks)."""
     tpl = template()
     now = time.time_ns()
     base = now - (entries + 10) * 1_000_000
-    per_batch = max(1, 32_000 // entries)
+    per_batch = max(1, batch_entries // entries)
     for first in range(0, ranks, per_batch):
         snaps = []
         for r in range(first, min(ranks, first + per_batch)):

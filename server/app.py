@@ -29,6 +29,7 @@ from flightdeck import __version__
 from flightdeck.runtime_tuning import SERVER, tuned
 from flightdeck.server.admin import router as admin_router
 from flightdeck.server.errors import InternalErrorMiddleware, ServerError, UnavailableError, error_answer
+from flightdeck.server.idle_restart import IdleRestart
 from flightdeck.server.ingest_http import IngestEndpoint
 from flightdeck.server.page_data import StoreData
 from flightdeck.server.routes import router
@@ -65,12 +66,14 @@ def create_app(
     http_client: httpx.Client | None = None,
     start_workers: bool = True,
     report: Callable[[str], None] = log.warning,
+    idle_restart: IdleRestart | None = None,
 ) -> FastAPI:
     """The Flightdeck server as an ASGI app; `app.state.services` holds its components.
 
     `start_workers=False` leaves the diagnosis, webhook and retention threads off, so a test can
     drive them step by step (`services.live.step(force=True)`). `report` gets one line per failed
-    attempt to reach the database at start.
+    attempt to reach the database at start. `idle_restart`: told when the server has started
+    and whenever the diagnosis worker holds no job (`flightdeck server` restarts in place).
     """
     services = build_services(
         settings, clock=clock, registry=registry, http_client=http_client, report=report
@@ -81,6 +84,9 @@ def create_app(
         with tuned(SERVER):  # the GC and the GIL switch interval, while the app runs
             if start_workers:
                 services.start()
+            if idle_restart is not None:
+                idle_restart.at_rest()
+                services.live.on_idle = idle_restart.idle
             try:
                 yield
             finally:

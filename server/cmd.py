@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import socket
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -30,6 +32,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "(default: FLIGHTDECK_SERVER_MIGRATE; unset: SQLite yes, PostgreSQL no)",
     )
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    # The listening socket an idle restart hands to the new image (flightdeck/server/idle_restart.py).
+    parser.add_argument("--listen-fd", type=int, default=None, help=argparse.SUPPRESS)
 
 
 #: Exit codes of `flightdeck server` that say why it did not start (1: anything else).
@@ -60,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from flightdeck.server.app import create_app
+    from flightdeck.server.idle_restart import IdleRestart, exec_again, supported
     from flightdeck.server.schema import DatabaseUnreachableError, SchemaError
     from flightdeck.server.settings import ServerSettings, settings_problems
 
@@ -74,14 +79,38 @@ def run(args: argparse.Namespace) -> int:
         for line in settings_problems(exc):
             _say(f"refusing to start: {line}")
         return EXIT_SETTINGS
+    restart = (
+        IdleRestart(above_mib=settings.idle_restart_above_mib, say=_say)
+        if args.as_program and settings.idle_restart_above_mib > 0 and supported()
+        else None
+    )
     try:
-        app = create_app(settings, report=_say)
+        app = create_app(settings, report=_say, idle_restart=restart)
     except DatabaseUnreachableError as exc:
         _say(f"giving up: {exc}")
         return EXIT_DB_UNREACHABLE
     except SchemaError as exc:
         _say(f"refusing to start: {exc}")
         return EXIT_SCHEMA
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=args.log_level)
+    if args.listen_fd is not None:
+        sock = socket.socket(fileno=args.listen_fd)
+        _say(f"restarted in place, serving {settings.host}:{settings.port} again")
+    else:
+        sock = config.bind_socket()
+    server = uvicorn.Server(config)
+    if restart is not None:
+        restart.stop = lambda: setattr(server, "should_exit", True)
+    # uvicorn closes its socket when it stops; this copy keeps the listener open for the new image.
+    kept = os.dup(sock.fileno())
     # The interpreter is tuned for the server in the app's lifespan (flightdeck/runtime_tuning.py).
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.log_level)
+    server.run(sockets=[sock])
+    if restart is not None and restart.requested:
+        # (A SIGTERM during the shutdown ended the process above: it is not restarted.)
+        try:
+            exec_again(sys.argv[1:], kept)
+        except OSError as exc:  # the interpreter gone (a venv replaced): stop, the supervisor restarts
+            _say(f"could not restart in place ({exc}); exiting")
+            return 1
+    os.close(kept)
     return 0

@@ -218,6 +218,18 @@ class ServerSettings(BaseSettings):
         "with every time kept while no rank is more than 256 collectives ahead of the group's "
         "slowest; further apart, it compares the collectives all of them kept.",
     )
+    idle_restart_above_mib: float = Field(
+        default=16.0,
+        ge=0,
+        description="Once the server holds no job (the last one ended and its series left /metrics "
+        "after ended_series_s) and its RSS is more than this many MiB above its RSS at start, "
+        "`flightdeck server` restarts itself in place to give the memory back (CPython's allocator "
+        "keeps the arenas a job's objects were spread over: a 1,024-rank job left 32-65 MiB): "
+        "stopped as SIGTERM stops it, then executed again with the same process id and the "
+        "listening socket kept open, so requests meanwhile wait ~2 s instead of failing. Its "
+        "counters start again from 0 (Prometheus' rate() and increase() take that as a reset). "
+        "0: never.",
+    )
     max_request_bytes: int = Field(
         default=64 * 1024 * 1024,
         ge=1024,

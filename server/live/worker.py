@@ -146,6 +146,8 @@ class LiveDiagnosis(ClusterSteps):
         self._budget = DiagnosisBudget(
             share=settings.diagnosis_max_share, burst_s=settings.diagnosis_interval_s
         )
+        #: Called when the last job this process held is let go (`flightdeck.server.idle_restart`).
+        self.on_idle: Callable[[], None] | None = None
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -292,8 +294,10 @@ class LiveDiagnosis(ClusterSteps):
         if self.cluster is not None:
             jobs = self._cluster_step(jobs, now, now_ns)
         before = self._untrimmed
+        expired = False
         for js in jobs:
             if self._expired(js, now_ns):
+                expired = True
                 continue
             self._fold(js)
             if (
@@ -333,6 +337,11 @@ class LiveDiagnosis(ClusterSteps):
             elif idle and js.summaries is not None and not js.pending:
                 js.summaries = None  # memory: rebuilt from the database should the job return
         folding = self._untrimmed > before
+        if expired and self.on_idle is not None:
+            with self._lock:
+                idle = not self.jobs
+            if idle:
+                self.on_idle()
         if released:
             self.release(released)
         elif self._untrimmed >= TRIM_AFTER_ENTRIES and (
