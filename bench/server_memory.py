@@ -145,13 +145,9 @@ def main(argv: list[str] | None = None) -> None:
         server = start_server(url, env)
         try:
             with httpx.Client(base_url=server.url, timeout=300) as client:
-                wait_idle(server.pid)
-                base = prev = rss_mib(server.pid)
-                print(f"  allocator             {allocator(client)}", flush=True)
-                print(f"  baseline              {base:7.0f} MiB   (load {load()})", flush=True)
-                steps = []
-                for i, job in enumerate(jobs):
-                    t = time.monotonic()
+
+                def post(job: str) -> None:
+                    """Post the job as its collectors would; return once the server is at rest."""
                     post_job(
                         client,
                         token,
@@ -163,6 +159,15 @@ def main(argv: list[str] | None = None) -> None:
                     )
                     wait_status(client, job, ("running",), 300)
                     wait_idle(server.pid)
+
+                wait_idle(server.pid)
+                base = prev = rss_mib(server.pid)
+                print(f"  allocator             {allocator(client)}", flush=True)
+                print(f"  baseline              {base:7.0f} MiB   (load {load()})", flush=True)
+                steps = []
+                for i, job in enumerate(jobs):
+                    t = time.monotonic()
+                    post(job)
                     rss = rss_mib(server.pid)
                     steps.append(rss - prev)
                     print(
@@ -221,17 +226,7 @@ def main(argv: list[str] | None = None) -> None:
                     # One more job run and ended: the process's level once its caches have seen
                     # jobs; what an ended job leaves behind adds up here if anything does.
                     job = "mem-again"
-                    post_job(
-                        client,
-                        token,
-                        job,
-                        args.ranks,
-                        args.entries,
-                        hang=False,
-                        batch_entries=args.batch_entries,
-                    )
-                    wait_status(client, job, ("running",), 300)
-                    wait_idle(server.pid)
+                    post(job)
                     open_rss = rss_mib(server.pid)
                     end_job(client, token, job, args.ranks)
                     wait_status(client, job, ENDED, 300)

@@ -10,6 +10,7 @@ pages), each record with its JSON form beside it; split, every stage would impor
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
@@ -535,8 +536,8 @@ def frames_to_wire(frames: Stack) -> list[list[Any]]:
 
 
 def frames_from_wire(raw: list[list[Any]]) -> Stack:
-    """Decode `frames_to_wire` output."""
-    return tuple(Frame(str(n), str(fn), int(ln)) for n, fn, ln in raw)
+    """Decode `frames_to_wire` output (names and file names interned: every rank sends the same)."""
+    return tuple(Frame(sys.intern(str(n)), sys.intern(str(fn)), int(ln)) for n, fn, ln in raw)
 
 
 Sizes = tuple[tuple[int, ...], ...]

@@ -36,6 +36,7 @@ catch); the column checks they share are most of it.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -341,6 +342,14 @@ def decode_batch(
 MAX_GONE = 4096
 
 
+def _opt_text(d: dict[str, Any], key: str, where: str) -> str | None:
+    """An optional string that every rank of a job sends alike (a version, a backend), interned:
+    one object however many ranks' summaries hold it (an open 1,024-rank job held ~5 KiB a rank
+    of copies of the same strings before the decoder interned them)."""
+    v = _opt(d, key, str, where)
+    return None if v is None else sys.intern(v)
+
+
 def _decode_gone(raw: object) -> list[GoneRank]:
     """The batch's `gone` list, every value checked against what the store holds."""
     if raw is None:
@@ -515,10 +524,10 @@ def _decode_snapshot(
     its snapshots decoded so far (each one itself)."""
     if not isinstance(s, dict):
         raise WireError(f"{where}: expected an object")
-    job = _req(s, "job", str, where)
+    job = sys.intern(_req(s, "job", str, where))
     if not 1 <= len(job) <= 256:
         raise WireError(f"{where}.job: must be 1-256 characters")
-    kind = _req(s, "kind", str, where)
+    kind = sys.intern(_req(s, "kind", str, where))
     if kind not in SNAPSHOT_KINDS:
         raise WireError(f"{where}.kind: {kind!r} is not one of {', '.join(SNAPSHOT_KINDS)}")
     rank = _req(s, "rank", int, where)
@@ -554,7 +563,8 @@ def _decode_snapshot(
         desc = g.get("desc")
         if desc is not None and type(desc) is not str:
             raise WireError(f"{where}.groups[{name!r}].desc: expected a string or null")
-        groups[str(name)] = GroupInfo(str(name), desc or "", members)
+        name = sys.intern(str(name))
+        groups[name] = GroupInfo(name, sys.intern(desc or ""), members)
     threads = []
     for j, t in enumerate(_opt(s, "thread_stacks", list, where) or []):
         tw = f"{where}.thread_stacks[{j}]"
@@ -592,9 +602,9 @@ def _decode_snapshot(
         local_rank=_opt(s, "local_rank", int, where),
         host=_opt(s, "host", str, where),
         pid=_opt(s, "pid", int, where),
-        torch_version=_opt(s, "torch_version", str, where),
-        backend=_opt(s, "backend", str, where),
-        version=_opt(s, "version", str, where) or "",
+        torch_version=_opt_text(s, "torch_version", where),
+        backend=_opt_text(s, "backend", where),
+        version=_opt_text(s, "version", where) or "",
         interval_s=None if iv is None else float(iv),
         exception=_opt(s, "exception", str, where),
         wrapped=bool(s.get("wrapped")),
@@ -602,7 +612,7 @@ def _decode_snapshot(
         groups=groups,
         thread_stacks=tuple(threads),
         entries=columns.entries(),
-        source=_opt(s, "source", str, where) or "",
+        source=_opt_text(s, "source", where) or "",
         config=None if raw_config is None else config_from_dict(raw_config),
         progress=progress,
         columns=columns,
@@ -678,10 +688,13 @@ def _decode_sigs(raw: list[Any]) -> list[Signature]:
             v = _req(d, key, list, where)
             if not all(type(x) is str for x in v):
                 raise WireError(f"{where}.{key}: expected a list of strings")
-            dtypes.append(tuple(v))
-        be = _req(d, "be", str, where)
+            dtypes.append(tuple(map(sys.intern, v)))
+        be = sys.intern(_req(d, "be", str, where))
+        raw_op = sys.intern(raw_op)
         sigs.append(
-            Signature(be, canonical_op(raw_op), raw_op, isp2p, sizes[0], sizes[1], dtypes[0], dtypes[1])
+            Signature(
+                be, sys.intern(canonical_op(raw_op)), raw_op, isp2p, sizes[0], sizes[1], dtypes[0], dtypes[1]
+            )
         )
     return sigs
 
@@ -792,6 +805,8 @@ def _check_columns(
             raise WireError(f"{where}.{key}: expected {what}, got {_type_names(col)}")
         if key == "dur" and int in seen:
             col = [None if v is None else float(v) for v in col]  # JSON writes 1.0 as 1
+        elif str in seen:
+            col = list(map(sys.intern, col))  # as _opt_text: every rank sends the same few
         values[key] = col
     if not set(values["st"]) <= _STATES:
         bad = next(v for v in values["st"] if v not in _STATES)
