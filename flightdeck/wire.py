@@ -805,8 +805,6 @@ def _check_columns(
             raise WireError(f"{where}.{key}: expected {what}, got {_type_names(col)}")
         if key == "dur" and int in seen:
             col = [None if v is None else float(v) for v in col]  # JSON writes 1.0 as 1
-        elif str in seen:
-            col = list(map(sys.intern, col))  # as _opt_text: every rank sends the same few
         values[key] = col
     if not set(values["st"]) <= _STATES:
         bad = next(v for v in values["st"] if v not in _STATES)

@@ -17,8 +17,12 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from flightdeck.server.idle_restart import MIB, IdleRestart
+from tests.support.clock import FakeClock
 from tests.support.paging_stack import ServerProcess, healthy_job
+from tests.support.server_app import healthy_prefix, make_server
 from tests.support.waiting import wait_until
 
 
@@ -76,6 +80,31 @@ def test_server_restarts_in_place_once_its_jobs_are_gone(tmp_path: Path) -> None
         assert _job(server, "restart-a")["status"] == "finished"
         server.post(healthy_job("restart-b"))
         wait_until(lambda: _job(server, "restart-b")["status"] == "finished", 60, "the second job to end")
+
+
+@pytest.mark.parametrize("database_url", ["sqlite", "postgresql"], indirect=True)
+def test_worker_idle_only_once_every_job_it_held_is_gone(database_url: str, clock: FakeClock) -> None:
+    """The worker says it holds no job when the last one's state leaves (its series gone after
+    ended_series_s), not while another job is open, not when a job merely ends."""
+    with make_server(database_url, clock, ended_series_s=60.0) as srv:
+        idle: list[int] = []
+        srv.svc.live.on_idle = lambda: idle.append(len(srv.svc.live.jobs))
+        stuck, finals, _ = healthy_prefix(5)
+        assert srv.push(stuck).status_code == 200  # healthy_4, open: inside its 5th collective
+        assert srv.push(healthy_job("other")).status_code == 200  # ends at once
+        srv.diagnose()
+        assert srv.job("other")["status"] == "finished" and srv.job("healthy_4")["status"] == "hung"
+        clock.advance(61)
+        srv.diagnose()
+        assert "other" not in {js.name for js in srv.svc.live.jobs.values()}
+        assert idle == []  # healthy_4 is still open
+        assert srv.push(finals).status_code == 200
+        srv.diagnose()
+        assert srv.job("healthy_4")["status"] == "finished" and idle == []  # ended, series kept
+        clock.advance(61)
+        srv.diagnose()
+        srv.diagnose()
+        assert idle == [0]
 
 
 def test_restart_asked_only_above_the_threshold_and_once() -> None:
