@@ -201,15 +201,20 @@ class Agent:
                 "finished" if oldest_pending is not None else "started or finished",
                 (now - since) / 1e9,
             )
-            self._write_stall(stacks)
+            self._write_stall(stacks, p.last_progress_ns)
 
-    def _write_stall(self, stacks: list[dict[str, Any]]) -> None:
+    def _write_stall(self, stacks: list[dict[str, Any]], last_progress_ns: int | None) -> None:
         """Write the stall snapshot from a thread of its own: torch symbolizes the entries' frames
         the first time for seconds (9-12 s measured on a loaded 2-core machine; it releases the
         GIL), and the periodic snapshots must go on meanwhile, or the rank would look lost."""
 
         def write() -> None:
-            self._guarded("stall", lambda: self._write("stall", self._dump(True), self._clock_ns(), stacks))
+            self._guarded(
+                "stall",
+                lambda: self._write(
+                    "stall", self._dump(True), self._clock_ns(), stacks, last_progress_ns=last_progress_ns
+                ),
+            )
 
         if self._stall_thread is not None and self._stall_thread.is_alive():
             return  # the previous episode's is still being written
@@ -254,6 +259,7 @@ class Agent:
         stacks: list[dict[str, Any]] | None = None,
         *,
         ring: RingExtent | None = None,
+        last_progress_ns: int | None = None,
     ) -> bool:
         """Write one snapshot (sidecar first); `ring`: it holds only the ring's recent changes."""
         assert self._ident is not None and self._dir is not None
@@ -274,7 +280,11 @@ class Agent:
             "groups": self._groups,
             "exception": self._exception if kind == "final" else None,
             "thread_stacks": stacks if kind != "periodic" else None,
-            "last_progress_ns": self._progress.last_progress_ns,
+            # A stall snapshot's is the one its episode was judged on: the write takes seconds
+            # (torch symbolizes the frames), and the op may have failed or finished meanwhile.
+            "last_progress_ns": self._progress.last_progress_ns
+            if last_progress_ns is None
+            else last_progress_ns,
             "config": self._guarded("config", self._config),
             "progress": None if self.sampler.latest is None else progress_to_dict(self.sampler.latest),
             "ring": ring,
