@@ -10,7 +10,7 @@ keep them: measured in the server's process (`python -m bench.server_heap --rank
 (docs/performance.md, "Server memory"). A fresh process does, and the server already restarts
 safely: everything it knows is in the store, and an open job's summaries are rebuilt from it.
 Measured with the shipped defaults (`python -m bench.server_memory --jobs 3`, three 1,024-rank
-jobs, 2026-12-07): 170-173 MiB held once the jobs ended on PostgreSQL, 114-115 after the restart
+jobs, 2026-12-07): 167-173 MiB held once the jobs ended on PostgreSQL, 114-115 after the restart
 against 115-116 at start (SQLite: 150, then 94 against 95); requests made across a restart
 waited 1.8-2.3 s at most, none failed (`python -m bench.idle_restart`).
 
