@@ -40,6 +40,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 EXIT_SETTINGS = 2
 EXIT_DB_UNREACHABLE = 3
 EXIT_SCHEMA = 4
+#: uvicorn's own when the server did not start (uvicorn.run's STARTUP_FAILURE), kept as it was.
+EXIT_STARTUP = 3
 
 
 def database_failure(exc: DatabaseUnreachableError | SchemaError, say: Callable[[str], None]) -> int:
@@ -104,7 +106,14 @@ def run(args: argparse.Namespace) -> int:
     # uvicorn closes its socket when it stops; this copy keeps the listener open for the new image.
     kept = os.dup(sock.fileno())
     # The interpreter is tuned for the server in the app's lifespan (flightdeck/runtime_tuning.py).
-    server.run(sockets=[sock])
+    try:
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:  # Ctrl-C: a quiet stop, as uvicorn.run has it
+        os.close(kept)
+        return 0
+    if not server.started:  # uvicorn.run's exit code when the app did not start
+        os.close(kept)
+        return EXIT_STARTUP
     if restart is not None and restart.requested:
         # (A SIGTERM during the shutdown ended the process above: it is not restarted.)
         try:
