@@ -209,10 +209,13 @@ class Agent:
         GIL), and the periodic snapshots must go on meanwhile, or the rank would look lost."""
 
         def write() -> None:
+            # Timed when the dump starts (torch copies the ring then): the rest is symbolizing,
+            # which can outlast the op, the job's final snapshot included, which must stay newer.
+            when = self._clock_ns()
             self._guarded(
                 "stall",
                 lambda: self._write(
-                    "stall", self._dump(True), self._clock_ns(), stacks, last_progress_ns=last_progress_ns
+                    "stall", self._dump(True), when, stacks, last_progress_ns=last_progress_ns
                 ),
             )
 
