@@ -107,19 +107,19 @@ def run(args: argparse.Namespace) -> int:
     kept = os.dup(sock.fileno())
     # The interpreter is tuned for the server in the app's lifespan (flightdeck/runtime_tuning.py).
     try:
-        server.run(sockets=[sock])
-    except KeyboardInterrupt:  # Ctrl-C: a quiet stop, as uvicorn.run has it
-        os.close(kept)
-        return 0
-    if not server.started:  # uvicorn.run's exit code when the app did not start
-        os.close(kept)
-        return EXIT_STARTUP
-    if restart is not None and restart.requested:
-        # (A SIGTERM during the shutdown ended the process above: it is not restarted.)
         try:
-            exec_again(sys.argv[1:], kept)
-        except OSError as exc:  # the interpreter gone (a venv replaced): stop, the supervisor restarts
-            _say(f"could not restart in place ({exc}); exiting")
-            return 1
-    os.close(kept)
-    return 0
+            server.run(sockets=[sock])
+        except KeyboardInterrupt:  # Ctrl-C: a quiet stop, as uvicorn.run has it
+            return 0
+        if not server.started:  # uvicorn.run's exit code when the app did not start
+            return EXIT_STARTUP
+        if restart is not None and restart.requested:
+            # (A SIGTERM during the shutdown ended the process above: it is not restarted.)
+            try:
+                exec_again(sys.argv[1:], kept)
+            except OSError as exc:  # the interpreter gone (a venv replaced): the supervisor restarts
+                _say(f"could not restart in place ({exc}); exiting")
+                return 1
+        return 0
+    finally:
+        os.close(kept)  # (an exec that succeeded never comes here: the new image holds it)

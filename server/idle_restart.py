@@ -30,7 +30,6 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import threading
 from collections.abc import Callable, Sequence
 
 log = logging.getLogger(__name__)
@@ -67,7 +66,6 @@ class IdleRestart:
         self._above = above_mib * MIB
         self._rss = rss
         self._say = say
-        self._lock = threading.Lock()
         self.rest_bytes: int | None = None
         #: Set once the restart is asked for (never cleared: the process is going away).
         self.requested = False
@@ -80,14 +78,13 @@ class IdleRestart:
 
     def idle(self) -> None:
         """The diagnosis worker holds no job: restart if the RSS is more than `above_mib` over
-        the RSS at rest."""
+        the RSS at rest. Called from the worker's thread only."""
         now = self._rss()
-        with self._lock:
-            if self.requested or self.stop is None or self.rest_bytes is None or now is None:
-                return
-            if now - self.rest_bytes <= self._above:
-                return
-            self.requested = True
+        if self.requested or self.stop is None or self.rest_bytes is None or now is None:
+            return
+        if now - self.rest_bytes <= self._above:
+            return
+        self.requested = True
         self._say(
             f"no job held and RSS {now / MIB:.0f} MiB, {(now - self.rest_bytes) / MIB:.0f} MiB above "
             f"its {self.rest_bytes / MIB:.0f} MiB at rest (idle_restart_above_mib "
