@@ -21,6 +21,7 @@ from sqlalchemy.exc import OperationalError
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from flightdeck.server.digests import DIGEST_PATH, digest_request
 from flightdeck.server.errors import ServerError, error_answer
 from flightdeck.server.services import Services
 from flightdeck.wire import BATCH_AGE_HEADER
@@ -82,14 +83,16 @@ async def _body(receive: Receive) -> AsyncIterator[bytes]:
 
 
 class IngestEndpoint:
-    """ASGI middleware answering `POST /api/v1/ingest`; every other request goes to `app`."""
+    """ASGI middleware answering `POST /api/v1/ingest` and `POST /api/v1/digest`
+    (`flightdeck.server.digests`); every other request goes to `app`."""
 
     def __init__(self, app: ASGIApp, services: Services) -> None:
         self.app = app
         self.services = services
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] != INGEST_PATH or scope["method"] != "POST":
+        path = scope["path"] if scope["type"] == "http" and scope["method"] == "POST" else None
+        if path != INGEST_PATH and path != DIGEST_PATH:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
@@ -97,7 +100,10 @@ class IngestEndpoint:
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         extra: dict[str, str] = {}
         try:
-            status, answer = 200, await ingest_request(self.services, headers, _body(receive), started)
+            if path == DIGEST_PATH:
+                status, answer = 200, await digest_request(self.services, headers, _body(receive))
+            else:
+                status, answer = 200, await ingest_request(self.services, headers, _body(receive), started)
         except _Disconnected:
             return
         except ServerError as exc:

@@ -134,6 +134,8 @@ class IngestMetrics:
         self.entries = _Count()
         self.latency = _Hist(LATENCY_BUCKETS)
         self.rejects = _LabeledCount(("auth", "schema", "scope", "too_large"))
+        #: Progress digest requests (`POST /api/v1/digest`) by outcome.
+        self.digests = _LabeledCount(("accepted", "rejected"))
         self.db_errors = _Count()
         #: Snapshots and NIXL samples left out of batches for a value the store cannot hold.
         self.refused_snapshots = _Count()
@@ -156,6 +158,11 @@ class IngestMetrics:
         )
         for k, v in sorted(self.rejects.values().items()):
             rejects.add_metric([k], v)
+        digests = CounterMetricFamily(
+            "flightdeck_ingest_digests", "Progress digest requests by outcome.", labels=["outcome"]
+        )
+        for k, v in sorted(self.digests.values().items()):
+            digests.add_metric([k], v)
         entries = CounterMetricFamily(
             "flightdeck_ingest_entries", "Collective entries accepted.", value=self.entries.value
         )
@@ -192,6 +199,7 @@ class IngestMetrics:
         )
         yield from (
             batches,
+            digests,
             entries,
             latency,
             rejects,

@@ -18,6 +18,7 @@ from flightdeck.nixl_rates import RATE_WINDOW_S, window_stats
 from flightdeck.params import AttemptQuery, GroupQuery, JobParam, RankQuery, SeqQuery
 from flightdeck.server import store
 from flightdeck.server.access import check_read
+from flightdeck.server.digests import DIGEST_PATH, digest_request
 from flightdeck.server.errors import NotFoundError
 from flightdeck.server.ingest_http import INGEST_PATH, ingest_request
 from flightdeck.server.models import JOB_STATUSES, FindingRow, Job
@@ -60,6 +61,14 @@ async def ingest(request: Request, svc: ServicesDep) -> dict[str, Any]:
 
     Served by `ingest_http.IngestEndpoint` in front of the app, with the same function."""
     return await ingest_request(svc, request.headers, request.stream(), time.perf_counter())
+
+
+@router.post(DIGEST_PATH, tags=["ingest"], summary="Push progress digests (flightdeck.digest format)")
+async def digest(request: Request, svc: ServicesDep) -> dict[str, Any]:
+    """Fold a collector's per-rank progress digests in; the answer names the jobs whose entries the
+    collector is to ship now. Served by `ingest_http.IngestEndpoint` in front of the app, with the
+    same function."""
+    return await digest_request(svc, request.headers, request.stream())
 
 
 # --- read API ------------------------------------------------------------------------------------

@@ -166,6 +166,22 @@ class ServerSettings(BaseSettings):
         "large jobs' verdicts fresher at the cost of ingest throughput: at 0.5 a 2,048-rank job "
         "fell behind its ingest within minutes.",
     )
+    detail_interval_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="Jobs whose collectors send progress digests (`POST /api/v1/digest`: jobs of at "
+        "least the collector's digest_from_ranks ranks) are asked for their entries in full this "
+        "often while nothing is wrong, and at once, every detail_round_s, while a process group has "
+        "waited in a collective for stall_after_s / 2 or longer; the diagnosis of such a job is "
+        "made from the entries of the latest of these rounds.",
+    )
+    detail_round_s: float = Field(
+        default=4.0,
+        gt=0,
+        description="How long a request for a digest job's entries stays open: every collector that "
+        "sends a digest of the job meanwhile is answered to ship its ranks' entries. At least the "
+        "collectors' push_interval_s, so that each hears it.",
+    )
     straggler_interval_s: float = Field(
         default=10.0,
         ge=0,

@@ -38,10 +38,12 @@ from flightdeck.analysis.findings import CONFIG_KINDS, finding_key
 from flightdeck.analysis.lateness import judged_as_of_ns
 from flightdeck.analysis.lifecycle import end_state, ending, job_end, job_status
 from flightdeck.analysis.live_findings import live_findings, settle_state_mismatches
+from flightdeck.digest import DigestRequest
 from flightdeck.server import store
 from flightdeck.server.cluster import Cluster
 from flightdeck.server.db import Database
 from flightdeck.server.decode_gate import DecodeGate
+from flightdeck.server.live.boards import Boards
 from flightdeck.server.live.cluster_step import ClusterSteps
 from flightdeck.server.live.fold import fold_snapshot
 from flightdeck.server.live.gauges import update_gauges
@@ -148,6 +150,14 @@ class LiveDiagnosis(ClusterSteps):
         )
         #: Called when the last job this process held is let go (`flightdeck.server.idle_restart`).
         self.on_idle: Callable[[], None] | None = None
+        #: The jobs on progress digests (large jobs: their collectors hold the entries back).
+        self.boards = Boards(
+            stall_after_s=settings.stall_after_s,
+            detail_interval_s=settings.detail_interval_s,
+            detail_round_s=settings.detail_round_s,
+            forget_after_s=settings.job_idle_s,
+            monotonic=monotonic,
+        )
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -271,6 +281,20 @@ class LiveDiagnosis(ClusterSteps):
                 if applied.snapshot.world_size:
                     js.world_size = applied.snapshot.world_size
 
+    def take_digests(self, request: DigestRequest) -> list[tuple[str, int]]:
+        """Fold a digest request into its jobs' boards (no transaction: see live/boards.py); the
+        collector and the jobs count as heard from. Returns the (job, attempt) whose entries its
+        collector is to ship now."""
+        detail = self.boards.take(request)
+        now_ns = self._clock()
+        keys = {(b.job, b.attempt) for b in request.blocks}
+        with self._lock:
+            self.heard_ns[request.host] = now_ns
+            for js in self.jobs.values():
+                if (js.name, js.attempt) in keys:
+                    js.heard_ns = now_ns
+        return detail
+
     # --- worker side ----------------------------------------------------------------------------
 
     def run_step(self) -> int:
@@ -289,6 +313,7 @@ class LiveDiagnosis(ClusterSteps):
         s = self._settings
         due: list[JobState] = []
         released: list[JobState] = []
+        self.boards.check()
         with self._lock:
             jobs = list(self.jobs.values())
         if self.cluster is not None:
@@ -324,6 +349,9 @@ class LiveDiagnosis(ClusterSteps):
             elif (
                 js.summaries is not None
                 and not idle
+                # A job on digests is diagnosed when a round's entries come: between rounds its
+                # entries are the last cut, and the verdict on them stays the same.
+                and not self.boards.holds(js.name, js.attempt)
                 and (
                     force
                     or (
@@ -474,14 +502,16 @@ class LiveDiagnosis(ClusterSteps):
         )
         stragglers = now_mono - js.last_stragglers >= every
         started = time.perf_counter()
+        as_of_ns = judged_as_of_ns(
+            js.lags(), now=now_mono, now_ns=now_ns, stall_after_s=self._settings.stall_after_s
+        )
+        if self.boards.holds(js.name, js.attempt):
+            # On digests the entries are the newest round's cut: judged as of it, as a dump is.
+            as_of_ns = min(as_of_ns, newest)
         report = diagnose(
             summaries,
             # An ended job is judged as of its end: the elapsed times of what was open freeze there.
-            now_ns=min(ended_at, now_ns)
-            if ended_at is not None
-            else judged_as_of_ns(
-                js.lags(), now=now_mono, now_ns=now_ns, stall_after_s=self._settings.stall_after_s
-            ),
+            now_ns=min(ended_at, now_ns) if ended_at is not None else as_of_ns,
             options=self._options,
             world_size=js.world_size,
             job=js.name,
