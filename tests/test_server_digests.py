@@ -1,0 +1,203 @@
+"""`POST /api/v1/digest` (server/digests.py) and the boards' rounds (server/live/boards.py): the
+in-process server on real SQLite and PostgreSQL, through the real route, with digests of the
+committed real dumps. A job on digests asks for its entries in rounds; its diagnosis is made
+from the round's entries, judged as of the round; bad digests are refused with their reason."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from flightdeck.digest import RankDigest, decode_digests, encode_digests, progress_of
+from flightdeck.records import RankDump
+from flightdeck.server import store
+from flightdeck.server.ingest import hash_token
+from flightdeck.server.live.boards import Boards
+from flightdeck.wire import Snapshot
+from tests.support.clock import FakeClock
+from tests.support.server_app import AUTH, NS, STALL_S, Server, healthy_prefix, make_server
+from tests.support.server_batches import scenario_dumps, snapshots
+
+JOB = "digest-job"
+
+
+@pytest.fixture
+def server(database_url: str, clock: FakeClock) -> Iterator[Server]:
+    with make_server(database_url, clock) as srv:
+        yield srv
+
+
+def _digests(snaps: list[Snapshot] | list[RankDump], job: str) -> list[RankDigest]:
+    out = []
+    for s in snaps:
+        assert s.snapshot_time_ns is not None
+        out.append(RankDigest(job, 0, s.rank, s.world_size, s.snapshot_time_ns, progress_of(s.entries)))
+    return out
+
+
+def post_digests(
+    srv: Server, digests: list[RankDigest], *, token: str | None = None, host: str = "vm"
+) -> Any:
+    """POST one host's digests, gzip, sent now by the server's clock."""
+    data = gzip.compress(json.dumps(encode_digests(host, srv.clock.now_ns, digests)).encode())
+    auth = AUTH if token is None else {"Authorization": f"Bearer {token}"}
+    return srv.client.post("/api/v1/digest", content=data, headers={**auth, "Content-Encoding": "gzip"})
+
+
+def _live(name: str) -> list[Snapshot]:
+    """Each rank's snapshots of a scenario before its end (periodic and stall), oldest first."""
+    return snapshots([d for ds in scenario_dumps(name).values() for d in ds if d.kind != "final"], job=JOB)
+
+
+def _metric(srv: Server, outcome: str) -> float | None:
+    return srv.svc.registry.get_sample_value("flightdeck_ingest_digests_total", {"outcome": outcome})
+
+
+def test_digests_ask_for_a_round_whose_entries_find_the_real_hang(server: Server) -> None:
+    snaps = _live("subgroup_hang")
+    newest = {s.rank: s for s in sorted(snaps, key=lambda s: s.snapshot_time_ns)}
+    server.clock.now_ns = max(s.snapshot_time_ns for s in snaps) + NS
+    r = post_digests(server, _digests(list(newest.values()), JOB))
+    assert r.status_code == 200, r.text
+    # A job first heard of: its collector ships its ranks' entries now.
+    assert r.json() == {"ranks": 4, "detail": [{"job": JOB, "attempt": 0}]}
+    assert _metric(server, "accepted") == 1
+    assert server.svc.live.boards.holds(JOB, 0)
+    # Its board already shows the stall (in memory: no row was written for a digest).
+    stalls = {s.group: s for s in server.svc.live.boards.stalls(JOB, 0) or _checked(server)}
+    assert (stalls["2"].seq, stalls["2"].culprits, stalls["2"].waiting) == (5, (3,), (2,))
+    assert server.counts().get("entries", 0) == 0
+    # The round's entries arrive through ingest and are diagnosed as usual.
+    assert server.push(snaps).status_code == 200
+    server.diagnose()
+    doc = server.job(JOB)
+    hang = next(f for f in doc["findings"] if f["kind"] == "hang")
+    assert (hang["process_group"], hang["collective_seq_id"], hang["culprit_ranks"]) == ("2", 5, [3])
+
+
+def _checked(srv: Server) -> list[Any]:
+    srv.svc.live.boards.check()
+    return srv.svc.live.boards.stalls(JOB, 0)
+
+
+def test_a_job_on_digests_is_judged_as_of_its_round_not_now(server: Server) -> None:
+    """healthy_4 cut mid-collective (ranks 0-2 inside collective 5 for 0.5 s, rank 3 not there
+    yet): a cut taken then, read long after. On digests the entries are the round's cut, judged
+    as of it: healthy. The same cut without digests is judged as of now: the ranks have waited
+    since (the server cannot tell a cut from a job that stopped)."""
+    stuck, _finals, t_k = healthy_prefix(5)
+    server.clock.now_ns = t_k + 60 * NS
+    assert post_digests(server, _digests(stuck, JOB)).status_code == 200
+    assert server.push(snapshots_as(stuck, JOB)).status_code == 200
+    assert server.push(snapshots_as(stuck, "no-digests")).status_code == 200
+    server.diagnose()
+    assert [f["kind"] for f in server.job(JOB)["findings"]] == []
+    assert "hang" in [f["kind"] for f in server.job("no-digests")["findings"]]
+
+
+def snapshots_as(snaps: list[Snapshot], job: str) -> list[Snapshot]:
+    """The same snapshots under another job name."""
+    return [replace(s, job=job) for s in snaps]
+
+
+def test_bad_digests_get_a_4xx_with_the_reason(server: Server, clock: FakeClock) -> None:
+    good = _digests(_live("healthy_4")[:1], JOB)
+    url = "/api/v1/digest"
+    data = json.dumps(encode_digests("vm", clock.now_ns, good)).encode()
+    assert server.client.post(url, content=data).status_code == 401
+    assert server.client.post(url, content=data, headers={"Authorization": "Bearer nope"}).status_code == 401
+    r = server.client.post(url, content=b"{not json", headers=AUTH)
+    assert r.status_code == 422 and "not JSON" in r.json()["detail"]
+    doc = encode_digests("vm", clock.now_ns, good)
+    doc["jobs"][0]["d"][0] = doc["jobs"][0]["e"][0] + 1
+    r = server.client.post(url, content=json.dumps(doc), headers=AUTH)
+    assert (
+        r.status_code == 422
+        and r.json()["detail"] == "jobs[0].d: a cell finished before sequence id 0 (d > e)"
+    )
+    r = server.client.post(url, content=data, headers={**AUTH, "Content-Encoding": "br"})
+    assert r.status_code == 415
+    r = server.client.post(url, content=b"x" * (4 * 1024 * 1024 + 1), headers=AUTH)
+    assert r.status_code == 413
+    bomb = gzip.compress(b" " * (5 * 1024 * 1024))
+    r = server.client.post(url, content=bomb, headers={**AUTH, "Content-Encoding": "gzip"})
+    assert r.status_code == 413
+    assert _metric(server, "rejected") == 5
+    # Nothing of them reached a board.
+    assert not server.svc.live.boards.holds(JOB, 0)
+
+
+def test_a_scoped_token_sends_only_its_hosts_and_jobs_digests(server: Server, clock: FakeClock) -> None:
+    with server.svc.db.write() as session, session.begin():
+        store.create_token(
+            session=session, name="node-vm", token_hash=hash_token("fdk_scoped-vm-token"), now_ns=clock(),
+            host="vm", job_patterns=["digest-*"],
+        )  # fmt: skip
+    good = _digests(_live("healthy_4")[:1], JOB)
+    assert post_digests(server, good, token="fdk_scoped-vm-token").status_code == 200
+    r = post_digests(server, good, token="fdk_scoped-vm-token", host="node-9")
+    assert r.status_code == 403
+    assert (
+        r.json()["detail"] == "token 'node-vm' is bound to host 'vm'; these digests come from host 'node-9'"
+    )
+    r = post_digests(server, _digests(_live("healthy_4")[:1], "other"), token="fdk_scoped-vm-token")
+    assert r.status_code == 403 and "a digest is of job 'other'" in r.json()["detail"]
+    assert not server.svc.live.boards.holds("other", 0)
+
+
+class Mono:
+    """A monotonic clock moved by hand."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _request(dumps: list[RankDump], sent_ns: int) -> Any:
+    return decode_digests(encode_digests("vm", sent_ns, _digests(dumps, JOB)))
+
+
+def _boards(mono: Mono) -> Boards:
+    return Boards(
+        stall_after_s=STALL_S,
+        detail_interval_s=60.0,
+        detail_round_s=4.0,
+        forget_after_s=600.0,
+        monotonic=mono,
+    )
+
+
+def test_rounds_open_on_first_sight_every_interval_and_back_to_back_while_stalled() -> None:
+    mono = Mono()
+    boards = _boards(mono)
+    healthy = [ds[-1] for ds in scenario_dumps("healthy_4").values()]
+    t = max(d.snapshot_time_ns or 0 for d in healthy)
+    assert boards.take(_request(healthy, t)) == [(JOB, 0)]  # first sight
+    mono.t += 3.9
+    assert boards.take(_request(healthy, t)) == [(JOB, 0)]  # the round is still open
+    mono.t += 0.2
+    boards.check()
+    assert boards.take(_request(healthy, t)) == []  # closed; healthy, interval not passed
+    mono.t += 56.0
+    boards.check()
+    assert boards.take(_request(healthy, t)) == [(JOB, 0)]  # the interval passed
+    # A stalled group: rounds back to back, each as soon as the last one closed.
+    hung = [[d for d in ds if d.kind == "periodic"][-1] for ds in scenario_dumps("subgroup_hang").values()]
+    boards2 = _boards(mono)
+    t = max(d.snapshot_time_ns or 0 for d in hung)
+    boards2.take(_request(hung, t))
+    for _ in range(3):
+        mono.t += 4.0
+        boards2.check()
+        assert boards2.take(_request(hung, t)) == [(JOB, 0)]
+    # Not heard of for forget_after_s: dropped.
+    mono.t += 600.0
+    boards2.check()
+    assert not boards2.holds(JOB, 0)
