@@ -332,6 +332,33 @@ class FeedRow(Base):
     xid: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 
+class DigestFeedRow(Base):
+    """Progress digests as one process of a cluster took them (`flightdeck.digest`), kept a few
+    seconds for the process that owns their job's diagnosis (`flightdeck.server.digest_share`)."""
+
+    __tablename__ = "digest_feed"
+    __table_args__ = (Index("ix_digest_feed_received", "received_ns"),)
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    job: Mapped[str] = mapped_column(String(256))
+    attempt: Mapped[int] = mapped_column(Integer)
+    #: Server clock (epoch ns) when the row was written.
+    received_ns: Mapped[int] = mapped_column(BigInteger)
+    #: The job's digests of the interval, as checked columns (JSON: `digest_share.encode_block`).
+    body: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class DigestRound(Base):
+    """An open request for a digest job's entries (`server.live.boards`), as its owner opened it:
+    whichever process a collector's digests reach answers it with the round."""
+
+    __tablename__ = "digest_rounds"
+    __table_args__ = (PrimaryKeyConstraint("job", "attempt"),)
+    job: Mapped[str] = mapped_column(String(256))
+    attempt: Mapped[int] = mapped_column(Integer)
+    #: Server clock (epoch ns) until which the round is open.
+    until_ns: Mapped[int] = mapped_column(BigInteger)
+
+
 class IngestedBatch(Base):
     """A batch id already applied: the same batch again changes nothing (idempotent ingest)."""
 

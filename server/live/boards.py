@@ -18,11 +18,11 @@ digests are 1,024 requests a second, which the ingest path (~3.4 ms a request) c
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from flightdeck.analysis.board import Board, Stall
-from flightdeck.digest import DigestRequest
+from flightdeck.digest import DigestBlock, DigestRequest
 
 #: Least time between two evaluations of one board's stall rule (a loop over its open groups).
 CHECK_EVERY_S = 0.5
@@ -64,6 +64,8 @@ class Boards:
         self._mono = monotonic
         self._lock = threading.Lock()
         self._boards: dict[tuple[str, int], JobBoard] = {}
+        #: Rounds opened since `check` last returned them.
+        self._opened: list[tuple[str, int]] = []
 
     def take(self, request: DigestRequest) -> list[tuple[str, int]]:
         """Fold a request's digests in; returns the (job, attempt) of its blocks whose round is
@@ -85,9 +87,32 @@ class Boards:
                     detail.append(key)
         return detail
 
-    def check(self) -> None:
+    def fold_blocks(self, blocks: Iterable[DigestBlock]) -> None:
+        """Fold digests read from the cluster's feed (this process owns their jobs); a job's first
+        opens a round, as `take`'s does."""
+        now = self._mono()
+        with self._lock:
+            for block in blocks:
+                key = (block.job, block.attempt)
+                jb = self._boards.get(key)
+                if jb is None:
+                    jb = self._boards[key] = JobBoard()
+                    self._open_round(jb, now)
+                    self._opened.append(key)
+                jb.board.fold(block)
+                jb.heard = now
+
+    def keep(self, keys: set[tuple[str, int]]) -> None:
+        """Drop the boards of every other job (in a cluster: the jobs this process does not own)."""
+        with self._lock:
+            for key in list(self._boards):
+                if key not in keys:
+                    del self._boards[key]
+
+    def check(self) -> list[tuple[str, int, float]]:
         """Open the rounds that are due (the interval passed, or a group stalls) and forget the
-        boards not heard of for `forget_after_s`; called by the diagnosis worker every step."""
+        boards not heard of for `forget_after_s`; called by the diagnosis worker every step.
+        Returns the rounds opened since the last call, (job, attempt, monotonic end)."""
         now = self._mono()
         with self._lock:
             for key, jb in list(self._boards.items()):
@@ -99,6 +124,9 @@ class Boards:
                     jb.stalls = jb.board.stalls(min_wait_s=self._stall_after_s / 2)
                 if now >= jb.round_until and (jb.stalls or now - jb.round_at >= self._interval_s):
                     self._open_round(jb, now)
+                    self._opened.append(key)
+            opened, self._opened = self._opened, []
+            return [(j, a, self._boards[(j, a)].round_until) for j, a in opened if (j, a) in self._boards]
 
     def _open_round(self, jb: JobBoard, now: float) -> None:
         jb.round_at = now

@@ -43,6 +43,7 @@ from flightdeck.server import store
 from flightdeck.server.cluster import Cluster
 from flightdeck.server.db import Database
 from flightdeck.server.decode_gate import DecodeGate
+from flightdeck.server.digest_share import DigestShare
 from flightdeck.server.live.boards import Boards
 from flightdeck.server.live.cluster_step import ClusterSteps
 from flightdeck.server.live.fold import fold_snapshot
@@ -157,6 +158,18 @@ class LiveDiagnosis(ClusterSteps):
             detail_round_s=settings.detail_round_s,
             forget_after_s=settings.job_idle_s,
             monotonic=monotonic,
+        )
+        #: Several servers: the digests and rounds they share (the boards are the owners').
+        self.digest_share = (
+            DigestShare(
+                db=db,
+                clock=clock,
+                monotonic=monotonic,
+                on_db_error=on_db_error,
+                first_round_s=settings.detail_round_s,
+            )
+            if self.cluster is not None
+            else None
         )
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -285,7 +298,10 @@ class LiveDiagnosis(ClusterSteps):
         """Fold a digest request into its jobs' boards (no transaction: see live/boards.py); the
         collector and the jobs count as heard from. Returns the (job, attempt) whose entries its
         collector is to ship now."""
-        detail = self.boards.take(request)
+        if self.digest_share is not None:
+            detail = self.digest_share.add(request)
+        else:
+            detail = self.boards.take(request)
         now_ns = self._clock()
         keys = {(b.job, b.attempt) for b in request.blocks}
         with self._lock:
@@ -313,11 +329,11 @@ class LiveDiagnosis(ClusterSteps):
         s = self._settings
         due: list[JobState] = []
         released: list[JobState] = []
-        self.boards.check()
         with self._lock:
             jobs = list(self.jobs.values())
         if self.cluster is not None:
             jobs = self._cluster_step(jobs, now, now_ns)
+        self._digest_step(jobs, now, now_ns)
         before = self._untrimmed
         expired = False
         for js in jobs:
@@ -396,6 +412,21 @@ class LiveDiagnosis(ClusterSteps):
                 self._observe_duration(took)
             done += 1
         return done
+
+    def _digest_step(self, jobs: list[JobState], now: float, now_ns: int) -> None:
+        """The boards: in a cluster, fold the owned jobs' digests from the shared feed (and drop
+        the boards of jobs owned no more); open the rounds that are due, and in a cluster publish
+        them."""
+        share = self.digest_share
+        if share is not None:
+            owned = {(js.name, js.attempt) for js in jobs}
+            self.boards.fold_blocks(share.step(owned))
+            self.boards.keep(owned)
+        opened = self.boards.check()
+        if share is not None and opened:
+            share.publish(
+                [(job, attempt, now_ns + int((until - now) * NS)) for job, attempt, until in opened]
+            )
 
     def release(self, jobs: Sequence[JobState]) -> None:
         """Drop the summaries of ended jobs and hand the memory back to the system.

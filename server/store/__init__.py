@@ -17,6 +17,7 @@ Callers use this package as one namespace (`from flightdeck.server import store`
 - `nixl`: NIXL agents and their sample history.
 - `jobs`: reads of jobs, ranks, groups and stacks; `entries`: reads of entries and windows.
 - `findings`, `tokens` (collector tokens), `cluster` (several servers on one PostgreSQL),
+  `digests` (the progress digests and rounds those servers share),
   `retention`, `outbox` (webhook deliveries).
 
 Only what callers use is re-exported here (the public names, and `_upsert_entries`, which the
@@ -37,6 +38,7 @@ from flightdeck.server.store.cluster import (
     try_own_job,
 )
 from flightdeck.server.store.configs import checkpoint_peers, rank_configs
+from flightdeck.server.store.digests import add_digests, digests_after, open_round, open_rounds, prune_digests
 from flightdeck.server.store.entries import (
     count_entries,
     group_seq_ranges,
@@ -129,6 +131,7 @@ __all__ = [
     "_upsert_entries",
     "active_jobs",
     "active_token",
+    "add_digests",
     "add_feed",
     "add_webhook_deliveries",
     "apply_findings",
@@ -140,6 +143,7 @@ __all__ = [
     "db_size_bytes",
     "delete_entries_before",
     "delete_nixl_samples_before",
+    "digests_after",
     "disown_job",
     "feed_after",
     "feed_bodies",
@@ -163,9 +167,12 @@ __all__ = [
     "nixl_totals",
     "open_finding_counts",
     "open_findings",
+    "open_round",
+    "open_rounds",
     "ping",
     "progress_of",
     "progress_stack_ids",
+    "prune_digests",
     "prune_feed",
     "prune_webhook_outbox",
     "rank_configs",
