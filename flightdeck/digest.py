@@ -19,8 +19,17 @@ small integers each (`encode_digests` / `decode_digests`):
         "g": [int, ...],             # one per (rank, group) cell: the group's index
         "e": [int, ...],             # newest collective sequence id entered
         "d": [int, ...],             # entered minus finished (0 when nothing is open)
-        "w": [int, ...]}]}           # ms waited in the oldest unfinished one, as of the
+        "w": [int, ...],             # ms waited in the oldest unfinished one, as of the
                                      # snapshot; -1 when nothing is open or its time is unknown
+        "k": [int, ...],             # a newly finished span of SPAN collectives, -1: none
+        "h": [int, ...]}]}           # its fingerprint (32 bits; 0 with k = -1)
+
+Mismatches are caught without the entries by spans: the collectives of a group are cut in
+spans of `SPAN` sequence ids, and a rank that has finished every collective of a span sends
+the span's fingerprint once (`span_fingerprint`: each collective's signature, the part that
+must agree across ranks, `flightdeck.analysis.summary.signature`). Ranks whose fingerprint of a
+span differs from the others' are where the full diagnosis looks (the server asks for that
+span's entries).
 
 Everything decoded is checked against what the board can hold (`DigestError` names the value);
 nothing here knows about HTTP, files or the database.
@@ -28,10 +37,12 @@ nothing here knows about HTTP, files or the database.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from flightdeck.analysis.summary import fingerprint, signature
 from flightdeck.limits import INT32_MAX, INT64_MAX, MAX_GROUP, MAX_HOST, MAX_JOB, MAX_WORLD_SIZE, name_problem
 from flightdeck.records import Entry
 
@@ -48,6 +59,11 @@ MAX_GROUPS = 4096
 MAX_CELLS = 262_144
 #: Longest wait a digest may state (a year, in ms).
 MAX_WAIT_MS = 365 * 86400 * 1000
+#: Collectives per fingerprinted span: span k holds sequence ids k * SPAN + 1 .. (k + 1) * SPAN.
+#: At 10 collectives/s over 4 groups a span completes every ~6 s per group, so its 32-bit
+#: fingerprint costs ~2 B/s per rank and group on the wire.
+SPAN = 16
+MAX_FP = 2**32 - 1
 
 
 class DigestError(ValueError):
@@ -66,6 +82,30 @@ class GroupProgress:
     #: Enqueue time (epoch ns) of the oldest collective entered and not finished; 0 when none
     #: (or when its time is unknown).
     open_since_ns: int = 0
+    #: A finished span of SPAN collectives (its index; -1: none to report) and its fingerprint.
+    span: int = -1
+    span_fp: int = 0
+
+
+def span_fingerprint(fps: Iterable[int]) -> int:
+    """The 32-bit fingerprint of a span from its collectives' signature fingerprints
+    (`flightdeck.analysis.summary.fingerprint`), in sequence order."""
+    h = hashlib.blake2b(digest_size=4)
+    for fp in fps:
+        h.update(fp.to_bytes(8, "big"))
+    return int.from_bytes(h.digest(), "big")
+
+
+def newest_span(finished: int, fps: dict[int, int]) -> tuple[int, int]:
+    """(index, fingerprint) of the newest span all of whose collectives are finished by
+    `finished` and held in `fps` (seq -> signature fingerprint); (-1, 0) when there is none."""
+    k = finished // SPAN - 1
+    if k < 0:
+        return -1, 0
+    seqs = range(k * SPAN + 1, (k + 1) * SPAN + 1)
+    if any(q not in fps for q in seqs):
+        return -1, 0  # not all held (the ring wrapped, or the rank started mid-span)
+    return k, span_fingerprint(fps[q] for q in seqs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,8 +128,8 @@ def progress_of(entries: Iterable[Entry]) -> tuple[GroupProgress, ...]:
     one: a rank waiting in collective 7 while 8 completed (another stream) is still stuck at 7.
     """
     entered: dict[str, int] = {}
-    done: dict[str, int] = {}
     oldest_open: dict[str, tuple[int, int]] = {}  # group -> (seq, created_ns) of the oldest open
+    fps: dict[str, dict[int, int]] = {}  # group -> seq -> signature fingerprint, finished ones
     for e in entries:
         if e.is_p2p or e.collective_seq_id <= 0:
             continue
@@ -97,8 +137,7 @@ def progress_of(entries: Iterable[Entry]) -> tuple[GroupProgress, ...]:
         if seq > entered.get(g, 0):
             entered[g] = seq
         if e.finished:
-            if seq > done.get(g, 0):
-                done[g] = seq
+            fps.setdefault(g, {})[seq] = fingerprint(signature(e))
         else:
             o = oldest_open.get(g)
             if o is None or seq < o[0]:
@@ -106,10 +145,9 @@ def progress_of(entries: Iterable[Entry]) -> tuple[GroupProgress, ...]:
     out = []
     for g, e_seq in entered.items():
         o = oldest_open.get(g)
-        if o is None:
-            out.append(GroupProgress(g, e_seq, max(done.get(g, 0), e_seq)))
-        else:
-            out.append(GroupProgress(g, e_seq, o[0] - 1, max(o[1], 0)))
+        finished, since = (e_seq, 0) if o is None else (o[0] - 1, max(o[1], 0))
+        k, h = newest_span(finished, fps.get(g, {}))
+        out.append(GroupProgress(g, e_seq, finished, since, k, h))
     return tuple(out)
 
 
@@ -131,6 +169,9 @@ class DigestBlock:
     finished: list[int]
     #: Enqueue time (epoch ns) of the oldest open collective per cell, 0 when none.
     open_since_ns: list[int]
+    #: A newly finished span per cell (-1: none) and its fingerprint.
+    span: list[int]
+    span_fp: list[int]
 
     @property
     def cells(self) -> int:
@@ -162,7 +203,7 @@ def encode_digests(host: str, sent_ns: int, digests: Sequence[RankDigest]) -> di
         if b is None:
             b = blocks[key] = {
                 "job": d.job, "attempt": d.attempt, "world_size": d.world_size, "groups": [],
-                "rank": [], "age_ms": [], "n": [], "g": [], "e": [], "d": [], "w": [],
+                "rank": [], "age_ms": [], "n": [], "g": [], "e": [], "d": [], "w": [], "k": [], "h": [],
             }  # fmt: skip
             index[key] = {}
         names = index[key]
@@ -178,6 +219,8 @@ def encode_digests(host: str, sent_ns: int, digests: Sequence[RankDigest]) -> di
             b["e"].append(p.entered)
             b["d"].append(max(0, p.entered - p.finished))
             b["w"].append(max(0, (d.time_ns - p.open_since_ns) // MS) if p.open_since_ns else -1)
+            b["k"].append(p.span)
+            b["h"].append(p.span_fp if p.span >= 0 else 0)
     return {"v": VERSION, "host": host, "sent_ns": sent_ns, "jobs": list(blocks.values())}
 
 
@@ -255,20 +298,22 @@ def _decode_block(raw: dict[str, Any], where: str, sent_ns: int) -> DigestBlock:
     e = _ints(raw.get("e"), f"{where}.e", 0, INT64_MAX)
     d = _ints(raw.get("d"), f"{where}.d", 0, INT64_MAX)
     w = _ints(raw.get("w"), f"{where}.w", -1, MAX_WAIT_MS)
-    if not len(g) == len(e) == len(d) == len(w) == total:
-        raise DigestError(f"{where}: g, e, d and w must hold sum(n) = {total} values each")
+    k = _ints(raw.get("k"), f"{where}.k", -1, INT64_MAX // SPAN)
+    h = _ints(raw.get("h"), f"{where}.h", 0, MAX_FP)
+    if not len(g) == len(e) == len(d) == len(w) == len(k) == len(h) == total:
+        raise DigestError(f"{where}: g, e, d, w, k and h must hold sum(n) = {total} values each")
     finished = [a - b for a, b in zip(e, d, strict=True)]
     if finished and min(finished) < 0:
         raise DigestError(f"{where}.d: a cell finished before sequence id 0 (d > e)")
     time_ns = [sent_ns - a * MS for a in age]
     # Each cell's open-since time from its rank's snapshot time (cells follow their rank's order).
     since: list[int] = []
-    k = 0
+    at = 0
     for t, count in zip(time_ns, n, strict=True):
-        for waited in w[k : k + count]:
+        for waited in w[at : at + count]:
             since.append(max(1, t - waited * MS) if waited >= 0 else 0)
-        k += count
+        at += count
     return DigestBlock(
         job=job, attempt=attempt, world_size=world, groups=groups, rank=rank, time_ns=time_ns,
-        n=n, g=g, entered=e, finished=finished, open_since_ns=since,
+        n=n, g=g, entered=e, finished=finished, open_since_ns=since, span=k, span_fp=h,
     )  # fmt: skip

@@ -18,6 +18,7 @@ rows of the last `LOOKBACK_S` and has the whole board.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -28,6 +29,7 @@ from sqlalchemy.exc import OperationalError
 from flightdeck.digest import DigestBlock, DigestRequest
 from flightdeck.server import store
 from flightdeck.server.db import Database
+from flightdeck.server.live.boards import Detail
 
 NS = 1_000_000_000
 #: How often a process writes the digests it took (one row per job).
@@ -40,13 +42,20 @@ LOOKBACK_S = 10.0
 KEEP_S = 60.0
 
 
+def _spans(text: str) -> dict[str, int]:
+    """A round's spans as stored (written by a server: JSON group -> span)."""
+    raw = json.loads(text)
+    return {str(g): int(k) for g, k in raw.items()} if isinstance(raw, dict) else {}
+
+
 def encode_blocks(blocks: Iterable[DigestBlock]) -> bytes:
     """Checked digest blocks of one job as a feed row's body."""
     return orjson.dumps(
         [
             {
                 "w": b.world_size, "groups": b.groups, "rank": b.rank, "t": b.time_ns, "n": b.n,
-                "g": b.g, "e": b.entered, "f": b.finished, "s": b.open_since_ns,
+                "g": b.g, "e": b.entered, "f": b.finished, "s": b.open_since_ns, "k": b.span,
+                "h": b.span_fp,
             }
             for b in blocks
         ]
@@ -60,6 +69,7 @@ def decode_blocks(job: str, attempt: int, body: bytes) -> list[DigestBlock]:
         DigestBlock(
             job=job, attempt=attempt, world_size=d["w"], groups=d["groups"], rank=d["rank"],
             time_ns=d["t"], n=d["n"], g=d["g"], entered=d["e"], finished=d["f"], open_since_ns=d["s"],
+            span=d["k"], span_fp=d["h"],
         )
         for d in raw
     ]  # fmt: skip
@@ -86,8 +96,9 @@ class DigestShare:
         self._first_round_s = first_round_s
         self._lock = threading.Lock()
         self._out: dict[tuple[str, int], list[DigestBlock]] = {}
-        #: (job, attempt) -> until when (server clock) its round is open, as last read.
-        self._rounds: dict[tuple[str, int], int] = {}
+        #: (job, attempt) -> until when (server clock) its round is open and the spans it asks
+        #: for, as last read.
+        self._rounds: dict[tuple[str, int], tuple[int, dict[str, int]]] = {}
         #: (job, attempt) -> monotonic time this process first heard of it, and last.
         self._first: dict[tuple[str, int], float] = {}
         self._heard: dict[tuple[str, int], float] = {}
@@ -97,21 +108,22 @@ class DigestShare:
         self._rounds_read = float("-inf")
         self._pruned = float("-inf")
 
-    def add(self, request: DigestRequest) -> list[tuple[str, int]]:
+    def add(self, request: DigestRequest) -> list[Detail]:
         """Keep a request's digests for the next write; returns its jobs whose round is open."""
         now, now_ns = self._mono(), self._clock()
-        detail = []
+        detail: dict[tuple[str, int], Detail] = {}
         with self._lock:
             for b in request.blocks:
                 key = (b.job, b.attempt)
                 self._out.setdefault(key, []).append(b)
                 first = self._first.setdefault(key, now)
                 self._heard[key] = now
-                if (
-                    now - first < self._first_round_s or self._rounds.get(key, 0) > now_ns
-                ) and key not in detail:
-                    detail.append(key)
-        return detail
+                until, spans = self._rounds.get(key, (0, {}))
+                if until > now_ns:
+                    detail[key] = Detail(b.job, b.attempt, dict(spans))
+                elif now - first < self._first_round_s:
+                    detail.setdefault(key, Detail(b.job, b.attempt))
+        return list(detail.values())
 
     def step(self, owned: set[tuple[str, int]]) -> list[DigestBlock]:
         """Write what was taken, read the open rounds and the owned jobs' new digests (each at
@@ -131,21 +143,24 @@ class DigestShare:
                 del self._after[key]
         return self._read(owned) if owned else []
 
-    def publish(self, rounds: Iterable[tuple[str, int, int]]) -> None:
-        """Write the rounds this process (a job's owner) opened: (job, attempt, until_ns)."""
+    def publish(self, rounds: Iterable[tuple[Detail, int]]) -> None:
+        """Write the rounds this process (a job's owner) opened, each with its end (server clock)."""
         rounds = list(rounds)
         if not rounds:
             return
         try:
             with self._db.write() as session, session.begin():
-                for job, attempt, until_ns in rounds:
-                    store.open_round(session=session, job=job, attempt=attempt, until_ns=until_ns)
+                for d, until_ns in rounds:
+                    spans = json.dumps(d.spans)
+                    store.open_round(
+                        session=session, job=d.job, attempt=d.attempt, until_ns=until_ns, spans=spans
+                    )
         except OperationalError:
             self._on_db_error()
             return
         with self._lock:
-            for job, attempt, until_ns in rounds:
-                self._rounds[(job, attempt)] = until_ns
+            for d, until_ns in rounds:
+                self._rounds[(d.job, d.attempt)] = (until_ns, dict(d.spans))
 
     def _flush(self) -> None:
         with self._lock:
@@ -168,7 +183,7 @@ class DigestShare:
             self._on_db_error()
             return
         with self._lock:
-            self._rounds = {(j, a): u for j, a, u in rounds}
+            self._rounds = {(j, a): (u, _spans(sp)) for j, a, u, sp in rounds}
 
     def _read(self, owned: set[tuple[str, int]]) -> list[DigestBlock]:
         since = self._clock() - int(LOOKBACK_S * NS)

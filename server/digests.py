@@ -3,7 +3,8 @@
 The collectors of large jobs send one every interval instead of their entries. The request is
 authenticated with the collector tokens of ingest, checked value by value, folded into the jobs'
 boards in memory (`LiveDiagnosis.take_digests`) and answered with the jobs whose entries the
-collector is to ship now (`{"ranks": n, "detail": [{"job": ..., "attempt": ...}]}`). No database
+collector is to ship now (`{"ranks": n, "detail": [{"job": ..., "attempt": ..., "spans": {group:
+span}}]}`, `spans` only when the round is for a mismatch: those spans' entries are shipped too). No database
 transaction and no worker thread: it is answered on the event loop, which is what keeps a digest
 an order of magnitude cheaper than an ingest batch (`bench/loadgen --digests`).
 """
@@ -73,7 +74,7 @@ def take_digests(svc: Services, *, body: bytes, encoding: str | None, sender: Se
         raise ForbiddenError(refusal)
     detail = svc.live.take_digests(request)
     svc.metrics.digests.labels("accepted").inc()
-    return {"ranks": request.ranks, "detail": [{"job": j, "attempt": a} for j, a in detail]}
+    return {"ranks": request.ranks, "detail": [d.to_json() for d in detail]}
 
 
 async def digest_request(

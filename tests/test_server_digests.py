@@ -20,7 +20,7 @@ from flightdeck.digest import RankDigest, decode_digests, encode_digests, progre
 from flightdeck.records import RankDump
 from flightdeck.server import store
 from flightdeck.server.ingest import hash_token
-from flightdeck.server.live.boards import Boards
+from flightdeck.server.live.boards import Boards, Detail
 from flightdeck.wire import Snapshot
 from tests.support.clock import FakeClock
 from tests.support.server_app import (
@@ -190,15 +190,15 @@ def test_rounds_open_on_first_sight_every_interval_and_back_to_back_while_stalle
     boards = _boards(mono)
     healthy = [ds[-1] for ds in scenario_dumps("healthy_4").values()]
     t = max(d.snapshot_time_ns or 0 for d in healthy)
-    assert boards.take(_request(healthy, t)) == [(JOB, 0)]  # first sight
+    assert boards.take(_request(healthy, t)) == [Detail(JOB, 0)]  # first sight
     mono.t += 3.9
-    assert boards.take(_request(healthy, t)) == [(JOB, 0)]  # the round is still open
+    assert boards.take(_request(healthy, t)) == [Detail(JOB, 0)]  # the round is still open
     mono.t += 0.2
     boards.check()
     assert boards.take(_request(healthy, t)) == []  # closed; healthy, interval not passed
     mono.t += 56.0
     boards.check()
-    assert boards.take(_request(healthy, t)) == [(JOB, 0)]  # the interval passed
+    assert boards.take(_request(healthy, t)) == [Detail(JOB, 0)]  # the interval passed
     # A stalled group: rounds back to back, each as soon as the last one closed.
     hung = [[d for d in ds if d.kind == "periodic"][-1] for ds in scenario_dumps("subgroup_hang").values()]
     boards2 = _boards(mono)
@@ -207,7 +207,7 @@ def test_rounds_open_on_first_sight_every_interval_and_back_to_back_while_stalle
     for _ in range(3):
         mono.t += 4.0
         boards2.check()
-        assert boards2.take(_request(hung, t)) == [(JOB, 0)]
+        assert boards2.take(_request(hung, t)) == [Detail(JOB, 0)]
     # Not heard of for forget_after_s: dropped.
     mono.t += 600.0
     boards2.check()
@@ -330,3 +330,31 @@ def test_two_processes_share_one_digest_job_and_a_survivor_takes_it_over(
             log.close()
     errors = [(tmp_path / f"server{i}.log").read_text() for i in range(2)]
     assert not any("Traceback" in e for e in errors), errors
+
+
+def test_a_silent_mismatch_opens_a_round_for_its_span() -> None:
+    """dtype_same_bytes: rank 2 sent collective 14 with another dtype of the same size; gloo
+    completed it (silent). Its fingerprint of span 0 (collectives 1-16) differs from the other
+    ranks': a round opens at once, asking for that span's entries."""
+    mono = Mono()
+    boards = _boards(mono)
+    dumps = [ds[-1] for ds in scenario_dumps("dtype_same_bytes").values()]
+    t = max(d.snapshot_time_ns or 0 for d in dumps)
+    boards.take(_request(dumps, t))
+    mono.t += 4.0
+    boards.check()
+    (m,) = boards.mismatches(JOB, 0)
+    assert (m.group, m.span, m.ranks, m.agreeing, 14 in m.seqs) == ("0", 0, (2,), 3, True)
+    assert boards.take(_request(dumps, t)) == [Detail(JOB, 0, {"0": 0})]
+    # Decided once: the same digests again open nothing more.
+    mono.t += 4.0
+    assert boards.check() == []
+
+
+def test_the_answer_names_the_span_a_mismatch_round_asks_for(server: Server) -> None:
+    dumps = [ds[-1] for ds in scenario_dumps("dtype_same_bytes").values()]
+    server.clock.now_ns = max(d.snapshot_time_ns or 0 for d in dumps) + NS
+    assert post_digests(server, _digests(dumps, JOB)).json()["detail"] == [{"job": JOB, "attempt": 0}]
+    server.svc.live.boards.check()  # what the worker does every step
+    r = post_digests(server, _digests(dumps, JOB))
+    assert r.json()["detail"] == [{"job": JOB, "attempt": 0, "spans": {"0": 0}}]

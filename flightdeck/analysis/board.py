@@ -13,6 +13,12 @@ the longest wait a waiting member reported (as of its own snapshot: stale digest
 it). Whether it is a hang (or a rank busy in a checkpoint save, or a rank gone) is decided by
 the full diagnosis on the entries the stall makes the server ask for; the board says when to ask.
 
+The mismatch rule is the same on span fingerprints (`flightdeck.digest.SPAN`): the members that
+reported a span each vote with its fingerprint; once every member has, or the group is two spans
+further on, a span with more than one fingerprint is a mismatch there, and the ranks outside
+the largest agreeing set are where it differs. Which field differs, and whether it is a fault
+at all, the full diagnosis says from that span's entries.
+
 Pure: no clock, no I/O; the caller passes the digests and the thresholds.
 """
 
@@ -21,7 +27,7 @@ from __future__ import annotations
 from array import array
 from dataclasses import dataclass
 
-from flightdeck.digest import DigestBlock
+from flightdeck.digest import SPAN, DigestBlock
 
 NS = 1_000_000_000
 
@@ -29,7 +35,7 @@ NS = 1_000_000_000
 class GroupCells:
     """One process group's members on the board: a slot per member, one array per field."""
 
-    __slots__ = ("entered", "finished", "rank", "seen", "since", "slot")
+    __slots__ = ("entered", "finished", "rank", "seen", "since", "slot", "span", "votes")
 
     def __init__(self) -> None:
         #: rank -> its slot in the arrays.
@@ -43,6 +49,10 @@ class GroupCells:
         self.since = array("q")
         #: Snapshot time (epoch ns) of the newest digest folded, per slot.
         self.seen = array("q")
+        #: The newest span each member reported, per slot (-1: none).
+        self.span = array("q")
+        #: span -> fingerprint -> the members that reported it, for the spans not decided yet.
+        self.votes: dict[int, dict[int, list[int]]] = {}
 
     def add(self, rank: int) -> int:
         """The slot of a new member."""
@@ -52,7 +62,25 @@ class GroupCells:
         self.finished.append(0)
         self.since.append(0)
         self.seen.append(0)
+        self.span.append(-1)
         return i
+
+
+@dataclass(frozen=True, slots=True)
+class SpanMismatch:
+    """A span of a group's collectives whose fingerprint differs across its members."""
+
+    group: str
+    span: int
+    #: Members outside the largest set that agreed (sorted).
+    ranks: tuple[int, ...]
+    #: How many agreed.
+    agreeing: int
+
+    @property
+    def seqs(self) -> range:
+        """The span's sequence ids."""
+        return range(self.span * SPAN + 1, (self.span + 1) * SPAN + 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +119,7 @@ class Board:
         """Fold one request's block of the job's digests in; returns the cells folded."""
         cells = [self.groups.get(name) or self.groups.setdefault(name, GroupCells()) for name in block.groups]
         g, entered, finished, since = block.g, block.entered, block.finished, block.open_since_ns
+        spans, span_fps = block.span, block.span_fp
         moved = self.moved_ns
         k = 0
         for rank, t, count in zip(block.rank, block.time_ns, block.n, strict=True):
@@ -109,6 +138,10 @@ class Board:
                 # The wait belongs to the oldest open collective as of the newest digest.
                 gc.since[i] = since[c] if gc.finished[i] < gc.entered[i] else 0
                 gc.seen[i] = t
+                span = spans[c]
+                if span > gc.span[i]:
+                    gc.span[i] = span
+                    gc.votes.setdefault(span, {}).setdefault(span_fps[c], []).append(rank)
             k += count
             if t > self.newest_ns:
                 self.newest_ns = t
@@ -140,4 +173,25 @@ class Board:
                         waited = max(waited, gc.seen[i] - gc.since[i])
             if waiting and waited >= min_wait_ns:
                 out.append(Stall(name, seq, tuple(sorted(culprits)), tuple(sorted(waiting)), waited / NS))
+        return out
+
+    def mismatches(self) -> list[SpanMismatch]:
+        """The spans decided since the last call whose fingerprints differ, by group. A span is
+        decided once every member reported it, or the group reported two newer ones (a member
+        that never reports it, its ring wrapped or it is gone, does not hold it open)."""
+        out: list[SpanMismatch] = []
+        for name in sorted(self.groups):
+            gc = self.groups[name]
+            if not gc.votes:
+                continue
+            newest = max(gc.votes)
+            for k in sorted(gc.votes):
+                by_fp = gc.votes[k]
+                if sum(map(len, by_fp.values())) < len(gc.rank) and k >= newest - 1:
+                    continue
+                del gc.votes[k]
+                if len(by_fp) > 1:
+                    biggest = max(by_fp.values(), key=len)
+                    odd = sorted(r for v in by_fp.values() if v is not biggest for r in v)
+                    out.append(SpanMismatch(name, k, tuple(odd), len(biggest)))
         return out

@@ -5,10 +5,11 @@ the entries back; `Boards.take` folds a request's digests into its jobs' boards
 (`flightdeck.analysis.board`) and says which of them are to ship their entries now: a **round**,
 open for `detail_round_s`, so that every collector of the job hears it once and the entries
 arrive as one cut through the job (what the diagnosis compares across ranks). A round opens
-every `detail_interval_s`, when a job is first heard of, and back to back while a group has
-waited in a collective for `stall_after_s / 2` or longer (`check`, from the diagnosis worker):
-the entries of the round after the threshold are what the hang finding is made from, in its
-usual words. Between rounds the job's diagnosis is judged as of its newest round
+every `detail_interval_s`, when a job is first heard of, back to back while a group has
+waited in a collective for `stall_after_s / 2` or longer, and when the members of a group
+disagree on a span's fingerprint (`check`, from the diagnosis worker; that round asks for the
+span's entries too, `Detail.spans`): the entries of the round after the threshold are what the
+hang or mismatch finding is made from, in its usual words. Between rounds the job's diagnosis is judged as of its newest round
 (`LiveDiagnosis.diagnose_job`): the entries are a cut taken then, not a picture of now.
 
 Everything here is in memory and costs no transaction: at 16,384 ranks on 2,048 hosts the
@@ -21,11 +22,30 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from flightdeck.analysis.board import Board, Stall
+from flightdeck.analysis.board import Board, SpanMismatch, Stall
 from flightdeck.digest import DigestBlock, DigestRequest
 
 #: Least time between two evaluations of one board's stall rule (a loop over its open groups).
 CHECK_EVERY_S = 0.5
+#: Span mismatches kept per job (the latest), for the pages and tests.
+KEEP_MISMATCHES = 16
+
+
+@dataclass(frozen=True, slots=True)
+class Detail:
+    """A job whose entries a collector is to ship now, and the spans of its groups to add
+    (group -> span index: `flightdeck.digest.SPAN`) when the round is for a mismatch."""
+
+    job: str
+    attempt: int
+    spans: dict[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, object]:
+        """The answer's form."""
+        doc: dict[str, object] = {"job": self.job, "attempt": self.attempt}
+        if self.spans:
+            doc["spans"] = dict(self.spans)
+        return doc
 
 
 @dataclass(slots=True)
@@ -37,11 +57,15 @@ class JobBoard:
     round_until: float = float("-inf")
     #: When the latest round opened.
     round_at: float = float("-inf")
+    #: The spans the open round asks for.
+    spans: dict[str, int] = field(default_factory=dict)
     #: When a digest of the job last came.
     heard: float = float("-inf")
     checked: float = float("-inf")
     #: The stalls of the latest check.
     stalls: list[Stall] = field(default_factory=list)
+    #: The latest span mismatches found.
+    mismatches: list[SpanMismatch] = field(default_factory=list)
 
 
 class Boards:
@@ -67,29 +91,24 @@ class Boards:
         #: Rounds opened since `check` last returned them.
         self._opened: list[tuple[str, int]] = []
 
-    def take(self, request: DigestRequest) -> list[tuple[str, int]]:
-        """Fold a request's digests in; returns the (job, attempt) of its blocks whose round is
-        open (their collector ships their ranks' entries now)."""
+    def take(self, request: DigestRequest) -> list[Detail]:
+        """Fold a request's digests in; returns its jobs whose round is open (their collector
+        ships their ranks' entries now)."""
+        self.fold_blocks(request.blocks)
         now = self._mono()
-        detail: list[tuple[str, int]] = []
+        out: dict[tuple[str, int], Detail] = {}
         with self._lock:
             for block in request.blocks:
                 key = (block.job, block.attempt)
-                jb = self._boards.get(key)
-                if jb is None:
-                    # A job first heard of: its entries at once (its groups, its metadata, a
-                    # first cut for the pages), then every detail_interval_s.
-                    jb = self._boards[key] = JobBoard()
-                    self._open_round(jb, now)
-                jb.board.fold(block)
-                jb.heard = now
-                if now < jb.round_until and key not in detail:
-                    detail.append(key)
-        return detail
+                jb = self._boards[key]
+                if now < jb.round_until and key not in out:
+                    out[key] = Detail(block.job, block.attempt, dict(jb.spans))
+        return list(out.values())
 
     def fold_blocks(self, blocks: Iterable[DigestBlock]) -> None:
-        """Fold digests read from the cluster's feed (this process owns their jobs); a job's first
-        opens a round, as `take`'s does."""
+        """Fold digests in (a request's, or in a cluster the owned jobs' from the shared feed). A
+        job first heard of gets a round at once: its groups, its metadata, a first cut for the
+        pages; then one every detail_interval_s."""
         now = self._mono()
         with self._lock:
             for block in blocks:
@@ -97,8 +116,7 @@ class Boards:
                 jb = self._boards.get(key)
                 if jb is None:
                     jb = self._boards[key] = JobBoard()
-                    self._open_round(jb, now)
-                    self._opened.append(key)
+                    self._open_round(key, jb, now)
                 jb.board.fold(block)
                 jb.heard = now
 
@@ -109,10 +127,11 @@ class Boards:
                 if key not in keys:
                     del self._boards[key]
 
-    def check(self) -> list[tuple[str, int, float]]:
-        """Open the rounds that are due (the interval passed, or a group stalls) and forget the
-        boards not heard of for `forget_after_s`; called by the diagnosis worker every step.
-        Returns the rounds opened since the last call, (job, attempt, monotonic end)."""
+    def check(self) -> list[tuple[Detail, float]]:
+        """Open the rounds that are due (the interval passed, a group stalls, a span's
+        fingerprints differ) and forget the boards not heard of for `forget_after_s`; called by
+        the diagnosis worker every step. Returns the rounds opened since the last call, with
+        their monotonic end."""
         now = self._mono()
         with self._lock:
             for key, jb in list(self._boards.items()):
@@ -122,15 +141,29 @@ class Boards:
                 if now - jb.checked >= CHECK_EVERY_S:
                     jb.checked = now
                     jb.stalls = jb.board.stalls(min_wait_s=self._stall_after_s / 2)
+                    found = jb.board.mismatches()
+                    if found:
+                        # At once, open or not: the collectors that heard the open round shipped
+                        # without the span.
+                        jb.mismatches = (jb.mismatches + found)[-KEEP_MISMATCHES:]
+                        self._open_round(key, jb, now, {m.group: m.span for m in found})
+                        continue
                 if now >= jb.round_until and (jb.stalls or now - jb.round_at >= self._interval_s):
-                    self._open_round(jb, now)
-                    self._opened.append(key)
+                    self._open_round(key, jb, now)
             opened, self._opened = self._opened, []
-            return [(j, a, self._boards[(j, a)].round_until) for j, a in opened if (j, a) in self._boards]
+            return [
+                (Detail(j, a, dict(self._boards[(j, a)].spans)), self._boards[(j, a)].round_until)
+                for j, a in dict.fromkeys(opened)
+                if (j, a) in self._boards
+            ]
 
-    def _open_round(self, jb: JobBoard, now: float) -> None:
+    def _open_round(
+        self, key: tuple[str, int], jb: JobBoard, now: float, spans: dict[str, int] | None = None
+    ) -> None:
         jb.round_at = now
         jb.round_until = now + self._round_s
+        jb.spans = spans or {}
+        self._opened.append(key)
 
     def holds(self, job: str, attempt: int) -> bool:
         """Whether the job is on digests (its board is held)."""
@@ -140,6 +173,11 @@ class Boards:
         """The job's stalls as of the latest check (empty for a job not on digests)."""
         jb = self._boards.get((job, attempt))
         return list(jb.stalls) if jb is not None else []
+
+    def mismatches(self, job: str, attempt: int) -> list[SpanMismatch]:
+        """The job's latest span mismatches (empty for a job not on digests)."""
+        jb = self._boards.get((job, attempt))
+        return list(jb.mismatches) if jb is not None else []
 
     def cells(self) -> int:
         """(rank, group) cells held across the boards."""

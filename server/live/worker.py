@@ -44,7 +44,7 @@ from flightdeck.server.cluster import Cluster
 from flightdeck.server.db import Database
 from flightdeck.server.decode_gate import DecodeGate
 from flightdeck.server.digest_share import DigestShare
-from flightdeck.server.live.boards import Boards
+from flightdeck.server.live.boards import Boards, Detail
 from flightdeck.server.live.cluster_step import ClusterSteps
 from flightdeck.server.live.fold import fold_snapshot
 from flightdeck.server.live.gauges import update_gauges
@@ -294,10 +294,10 @@ class LiveDiagnosis(ClusterSteps):
                 if applied.snapshot.world_size:
                     js.world_size = applied.snapshot.world_size
 
-    def take_digests(self, request: DigestRequest) -> list[tuple[str, int]]:
+    def take_digests(self, request: DigestRequest) -> list[Detail]:
         """Fold a digest request into its jobs' boards (no transaction: see live/boards.py); the
-        collector and the jobs count as heard from. Returns the (job, attempt) whose entries its
-        collector is to ship now."""
+        collector and the jobs count as heard from. Returns the jobs whose entries its collector
+        is to ship now."""
         if self.digest_share is not None:
             detail = self.digest_share.add(request)
         else:
@@ -424,9 +424,7 @@ class LiveDiagnosis(ClusterSteps):
             self.boards.keep(owned)
         opened = self.boards.check()
         if share is not None and opened:
-            share.publish(
-                [(job, attempt, now_ns + int((until - now) * NS)) for job, attempt, until in opened]
-            )
+            share.publish([(d, now_ns + int((until - now) * NS)) for d, until in opened])
 
     def release(self, jobs: Sequence[JobState]) -> None:
         """Drop the summaries of ended jobs and hand the memory back to the system.
