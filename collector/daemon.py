@@ -37,11 +37,18 @@ files are all older than `spool_retention_s`, is removed at a rescan with its de
 Heartbeat: when nothing was queued for `heartbeat_s` and the queue is empty, an empty batch goes
 out, so the server sees an idle collector alive.
 
+Digest mode (`collector.digests`): the ranks of jobs of `digest_from_ranks` ranks or more are read
+and diffed as above, but their snapshots are held to the end of the flush; one request then sends
+their progress digests, and only the held snapshots of the jobs the server asks for (a detail
+round), and stall and final ones, go into batches. What was read of the others is committed as
+shipped, with no batch.
+
 The parts: this module holds `Collector` itself (its threads, the flush loop, the commit to the
 queue); the class is assembled from one part per concern, each in its module: `reading.FileReading`
 (one dirty file: read, looked at again, or quarantined), `ranks.RankTracking` (gone ranks, spool
-cleanup, heartbeats, forgetting old state), `nixl_telemetry.NixlTelemetry` (NIXL samples) and
-`batches.BatchEncoding` (batches within the size limits).
+cleanup, heartbeats, forgetting old state), `nixl_telemetry.NixlTelemetry` (NIXL samples),
+`batches.BatchEncoding` (batches within the size limits) and `digests.DigestMode` (the ranks of
+large jobs: digests, detail rounds).
 """
 
 from __future__ import annotations
@@ -61,6 +68,7 @@ from prometheus_client import CollectorRegistry
 from watchdog.observers.api import BaseObserver
 
 from flightdeck.collector.batches import BatchEncoding
+from flightdeck.collector.digests import DigestMode, ProgressTracker
 from flightdeck.collector.metrics import CollectorMetrics, MetricsServer
 from flightdeck.collector.nixl_telemetry import NixlTelemetry, _strip_time
 from flightdeck.collector.processes import ProcessLookup, ProcTable
@@ -116,6 +124,10 @@ class FlushResult:
     quarantined: int = 0
     #: Ranks reported gone.
     gone: int = 0
+    #: Ranks whose digests the server took (digest mode).
+    digest_ranks: int = 0
+    #: Snapshots of ranks on digests not shipped (no detail round for their job).
+    held_back: int = 0
     #: An empty batch was queued (nothing else was for heartbeat_s).
     heartbeat: bool = False
     #: Spool directories of ended jobs removed.
@@ -151,7 +163,7 @@ def open_queue(
         raise StateDirError(state_dir, exc) from None
 
 
-class Collector(FileReading, RankTracking, NixlTelemetry, BatchEncoding):
+class Collector(FileReading, RankTracking, NixlTelemetry, BatchEncoding, DigestMode):
     """The daemon; everything that varies is injected (settings hold the paths)."""
 
     def __init__(
@@ -249,6 +261,11 @@ class Collector(FileReading, RankTracking, NixlTelemetry, BatchEncoding):
         )
         #: Per rank: (hash of its groups, monotonic time) when they were last put in a batch.
         self._groups_shipped: dict[RankKey, tuple[int, float]] = {}
+        #: Ranks on digests: their progress, from the changed entries of each read (in memory).
+        self._progress = ProgressTracker()
+        self._digest_url = settings.digest_url
+        #: The last digest request failed (its outage was logged).
+        self._digest_failing = False
         #: Last shipped NIXL sample per identity: (wire without read time, when shipped).
         self._nixl_shipped: dict[tuple[Any, ...], tuple[dict[str, Any], int]] = {}
         self._nixl_errors_logged: set[str] = set()
@@ -353,9 +370,14 @@ class Collector(FileReading, RankTracking, NixlTelemetry, BatchEncoding):
         # is committed (its batches and its ranks' shipped state, in one transaction), so memory
         # stays flat however many ranks changed at once (a collector start reads every ring).
         pending = _Pending()
+        # The ranks on digests: read like the others, but committed at the end of the flush, once
+        # the server has said whether it wants their entries (collector.digests).
+        held = _Pending()
+        #: The state of every rank read in this flush (a rank's files are diffed one after another).
+        read_states: dict[RankKey, RankState] = {}
         items = self._order(dirty)
         for i, (path, root) in enumerate(items):
-            got = self._read(path, root, pending.states, result)
+            got = self._read(path, root, read_states, result)
             if got is not None:
                 sig, key, changed = got
                 snap = snapshot_from_dump(changed.dump)
@@ -369,18 +391,35 @@ class Collector(FileReading, RankTracking, NixlTelemetry, BatchEncoding):
                     self._failed(path, root, sig, InvalidDumpError(str(exc)), result)
                     continue
                 self._bad.pop(path, None)
-                pending.read[path] = (sig, root)
-                pending.states[key] = changed.state
+                read_states[key] = changed.state
+                digest = self._on_digests(snap.world_size)
+                into = held if digest else pending
+                into.read[path] = (sig, root)
+                into.states[key] = changed.state
                 if root.kind == "spool":
-                    pending.ranks[key] = self._rank_record(key, path, snap, pending.ranks.get(key))
-                self._thin_groups(key, snap, now_mono)
-                pending.snapshots.append(snap)
-                pending.entries += len(changed.dump.entries)
+                    into.ranks[key] = self._rank_record(key, path, snap, into.ranks.get(key))
+                if digest:
+                    self._track(key, snap, changed.oldest_record_id)
+                else:
+                    self._thin_groups(key, snap, now_mono)  # held ones: when they ship
+                into.snapshots.append(snap)
+                into.entries += len(changed.dump.entries)
             if pending.entries >= self.settings.max_batch_entries and not self._commit(pending, [], result):
-                self._refuse({p: r for p, r in items[i + 1 :]}, nixl, result)
+                rest = {p: r for p, r in items[i + 1 :]}
+                rest.update((p, r) for p, (_sig, r) in held.read.items())
+                self._refuse(rest, nixl, result)
                 return result
         samples = self._changed_nixl(nixl)
-        if (pending.snapshots or samples) and not self._commit(pending, samples, result):
+        if self.settings.digest_from_ranks > 0:
+            ship = self._settle_digests(held.snapshots, now_mono, result)
+            # One transaction: the snapshots shipped, and the shipped state of every read (those
+            # held back included: the next flush diffs against what was read, shipped or not).
+            pending.snapshots.extend(ship)
+            pending.entries += sum(len(s.entries) for s in ship)
+            pending.read.update(held.read)
+            pending.states.update(held.states)
+            pending.ranks.update(held.ranks)
+        if (pending.snapshots or samples or pending.read) and not self._commit(pending, samples, result):
             self._refuse({}, nixl, result)
             return result
         if gone:
@@ -402,8 +441,12 @@ class Collector(FileReading, RankTracking, NixlTelemetry, BatchEncoding):
     def _commit(
         self, pending: _Pending, samples: list[tuple[dict[str, Any], tuple[Any, ...]]], result: FlushResult
     ) -> bool:
-        """Enqueue what is pending (batches + shipped state, one transaction); False when refused."""
-        batches = self._batches(pending.snapshots, [w for w, _ in samples])
+        """Enqueue what is pending (batches + shipped state, one transaction); False when refused.
+
+        With no snapshot and no sample (ranks on digests held back) the state alone is committed."""
+        batches = (
+            self._batches(pending.snapshots, [w for w, _ in samples]) if pending.snapshots or samples else []
+        )
         delivered = {str(path): sig for path, (sig, _root) in pending.read.items()}
         if not self.queue.enqueue(
             batches,
@@ -418,7 +461,8 @@ class Collector(FileReading, RankTracking, NixlTelemetry, BatchEncoding):
             log.info("queue has room again: batches are being made again")
             self._queue_full = False
         # Committed: now (and only now) remember what was shipped.
-        self._last_enqueue = self.monotonic()
+        if batches:  # state alone is no sign of life to the server: the heartbeat still goes
+            self._last_enqueue = self.monotonic()
         self.shipped.update(pending.states)
         self._ranks.update(pending.ranks)
         for path, (sig, _root) in pending.read.items():

@@ -168,6 +168,23 @@ class CollectorMetrics:
         self.dead_lettered = Counter(
             "dead_lettered", "Batches moved to the dead-letter table.", namespace=NAMESPACE, registry=registry
         )
+        self.digest_requests = Counter(
+            "digest_requests",
+            "Progress digest requests (POST /api/v1/digest, ranks of jobs of digest_from_ranks ranks "
+            "or more), by outcome.",
+            ["outcome"],
+            namespace=NAMESPACE,
+            registry=registry,
+        )
+        for outcome in ("sent", "failed"):
+            self.digest_requests.labels(outcome=outcome)  # exported at 0 before the first request
+        self.snapshots_held_back = Counter(
+            "snapshots_held_back",
+            "Snapshots of ranks on digests not shipped (no detail round for their job); what was "
+            "read is recorded as shipped all the same.",
+            namespace=NAMESPACE,
+            registry=registry,
+        )
         self.loop_errors = Counter(
             "loop_errors",
             "Unexpected errors caught in the collector's loops (a bug: see the log).",

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import orjson
 
 from flightdeck import __version__
+from flightdeck.collector.digests import ProgressTracker
 from flightdeck.collector.metrics import CollectorMetrics
 from flightdeck.collector.processes import ProcessLookup
 from flightdeck.collector.queue import DurableQueue, NewBatch, RankKey, RankRecord
@@ -62,6 +63,7 @@ class RankTracking:
     _ranks: dict[RankKey, RankRecord]
     _gone_since: dict[RankKey, int]
     _groups_shipped: dict[RankKey, tuple[int, float]]
+    _progress: ProgressTracker
     _cleanup_failed: set[str]
     _last_enqueue: float
     _last_prune: int
@@ -81,6 +83,8 @@ class RankTracking:
             self.shipped.pop(key, None)
             self._groups_shipped.pop(key, None)
             self._ranks.pop(key, None)
+        # A rank on digests forgotten here is read in full when it comes back (collector.digests).
+        self._progress.forget(forgotten)
         if forgotten:
             self.queue.forget_ranks(forgotten)
         missing = [p for p in self._done if not p.exists()]

@@ -96,6 +96,10 @@ class FileReading:
     _reader: IncrementalReader
     _budget: DumpBudget
 
+    if TYPE_CHECKING:
+
+        def _reads_in_full(self, head: RankDump, key: RankKey) -> bool: ...  # `DigestMode`'s
+
     def _read(
         self, path: Path, root: WatchRoot, pending: dict[RankKey, RankState], result: FlushResult
     ) -> tuple[Sig, RankKey, ChangedRead] | None:
@@ -126,6 +130,8 @@ class FileReading:
                 self._identity_from_path(head, path, root)
             key = (head.job or "unknown", head.attempt, head.rank)
             keys.append(key)
+            if self._reads_in_full(head, key):
+                return None  # every entry, not the changes since the shipped state (collector.digests)
             return pending.get(key) or self.shipped.get(key)
 
         try:

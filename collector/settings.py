@@ -248,6 +248,16 @@ class CollectorSettings(BaseSettings):
         "empty), it pushes an empty batch: the server's flightdeck_collector_last_push_age_seconds "
         "then stays under heartbeat_s + push_interval_s for a healthy idle host. 0: off.",
     )
+    digest_from_ranks: int = Field(
+        default=2048,
+        ge=0,
+        description="Ranks of a job whose world_size is at least this are on progress digests: each "
+        "flush sends their digests (per process group: newest collective entered, finished up to, "
+        "waiting since) to <server_url>/api/v1/digest and ships their entries only when the server "
+        "asks for them (a detail round: a job first heard of, every detail_interval_s of the server, "
+        "and back to back while a group looks stalled); their stall and final snapshots ship at "
+        "once. Smaller jobs ship every changed entry. 0: never (every job ships its entries).",
+    )
     metrics_listen: str = Field(
         default="127.0.0.1:9478",
         description="host:port of the collector's own /metrics (Prometheus); port 0 picks a free one; "
@@ -323,11 +333,20 @@ class CollectorSettings(BaseSettings):
     @property
     def ingest_url(self) -> str:
         """`<server_url>/api/v1/ingest`; raises SettingsError when server_url is unset."""
+        return self._server_url() + "/api/v1/ingest"
+
+    @property
+    def digest_url(self) -> str:
+        """`<server_url>/api/v1/digest` (digest mode, see digest_from_ranks); raises SettingsError
+        when server_url is unset."""
+        return self._server_url() + "/api/v1/digest"
+
+    def _server_url(self) -> str:
         if not self.server_url:
             raise SettingsError(
                 "server_url is not set (FLIGHTDECK_COLLECTOR_SERVER_URL or server_url in --config)"
             )
-        return self.server_url + "/api/v1/ingest"
+        return self.server_url
 
     @property
     def torch_job(self) -> str:
