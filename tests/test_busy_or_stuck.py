@@ -93,8 +93,10 @@ class Stack:
 
 
 @contextlib.contextmanager
-def control_plane(tmp_path: Path, **server_settings: str) -> Iterator[Stack]:
-    """`flightdeck server` (shipped defaults, plus `server_settings`) and `flightdeck collector`."""
+def control_plane(tmp_path: Path, *, digests: bool = False, **server_settings: str) -> Iterator[Stack]:
+    """`flightdeck server` (shipped defaults, plus `server_settings`) and `flightdeck collector`;
+    `digests`: the collector puts this 3-rank job on progress digests (`digest_from_ranks` 1: the
+    default, 2,048, would put only large jobs there), as it does a large job's ranks."""
     env = clean_env()
     with receiver() as (hooks, url):
         server_env = {
@@ -110,6 +112,8 @@ def control_plane(tmp_path: Path, **server_settings: str) -> Iterator[Stack]:
             spool = tmp_path / "spool"
             spool.mkdir()
             collector_vars = collector_env(env, server.url, tmp_path, spool)
+            if digests:
+                collector_vars["FLIGHTDECK_COLLECTOR_DIGEST_FROM_RANKS"] = "1"
             server.start()
             with open(tmp_path / "collector.log", "wb") as log:
                 collector = subprocess.Popen(
@@ -191,18 +195,21 @@ def _history(stack: Stack, job: str) -> list[dict[str, Any]]:
     return list(json.loads(body)["findings"])
 
 
-def test_a_busy_rank_is_slow_not_hung_and_the_job_goes_on(tmp_path: Path) -> None:
+@pytest.mark.parametrize("digests", [False, True], ids=["entries", "digests"])
+def test_a_busy_rank_is_slow_not_hung_and_the_job_goes_on(tmp_path: Path, digests: bool) -> None:
     """Rank 0 computes and writes for 15 s (3x stall_after) while ranks 1-2 wait in the barrier:
-    a slow_rank finding names rank 0 and save_checkpoint; no hang, ever; the job then finishes."""
+    a slow_rank finding names rank 0 and save_checkpoint; no hang, ever; the job then finishes.
+    The same whether the collector ships every entry or the job is on digests."""
     with (
-        control_plane(tmp_path) as stack,
+        control_plane(tmp_path, digests=digests) as stack,
         torchrun(stack, tmp_path, "busy-job", "--fault", "busy", "--busy-s", "15") as job,
     ):
         wait_until(lambda: "fault: busy in save_checkpoint" in job.text(), 120, "the busy phase", 0.05)
         busy_at = time.monotonic()
         slow = wait_until(lambda: _findings(stack, "busy-job", "slow_rank"), 60, "the slow_rank finding")[0]
         print(
-            f"\n[busy] slow_rank finding in the API {time.monotonic() - busy_at:.1f} s after the busy phase began"
+            f"\n[busy, {'digests' if digests else 'entries'}] slow_rank finding in the API "
+            f"{time.monotonic() - busy_at:.1f} s after the busy phase began"
         )
         assert slow["culprit_ranks"] == [0] and slow["waiting_ranks"] == [1, 2]
         assert slow["op"] == "barrier" and slow["process_group"] == "0"
@@ -237,14 +244,15 @@ def test_a_busy_rank_is_slow_not_hung_and_the_job_goes_on(tmp_path: Path) -> Non
     assert offline[0]["culprit_ranks"] == [0] and "save_checkpoint" in offline[0]["detail"]
 
 
-def test_a_blocked_rank_is_a_hang_whose_first_finding_names_its_line(tmp_path: Path) -> None:
+@pytest.mark.parametrize("digests", [False, True], ids=["entries", "digests"])
+def test_a_blocked_rank_is_a_hang_whose_first_finding_names_its_line(tmp_path: Path, digests: bool) -> None:
     """Rank 0 blocks on an empty queue: a hang after stall_after, and the first hang finding the
-    server opened (its webhook) already names next_batch and its line."""
+    server opened (its webhook) already names next_batch and its line; on digests too."""
     line = next(
         i for i, text in enumerate(JOB_SCRIPT.read_text().splitlines(), 1) if "return source.get()" in text
     )
     with (
-        control_plane(tmp_path) as stack,
+        control_plane(tmp_path, digests=digests) as stack,
         torchrun(stack, tmp_path, "blocked-job", "--fault", "block") as job,
     ):
         wait_until(lambda: "fault: blocked in next_batch" in job.text(), 120, "the block", 0.05)
@@ -252,7 +260,8 @@ def test_a_blocked_rank_is_a_hang_whose_first_finding_names_its_line(tmp_path: P
         wait_until(lambda: stack.hooks.opened("hang"), 60, "the hang webhook", 0.05)
         first = stack.hooks.opened("hang")[0]
         print(
-            f"\n[block] first hang webhook {time.monotonic() - blocked_at:.1f} s after the block (stall_after 5 s)"
+            f"\n[block, {'digests' if digests else 'entries'}] first hang webhook "
+            f"{time.monotonic() - blocked_at:.1f} s after the block (stall_after 5 s)"
         )
         assert first["culprit_ranks"] == [0] and first["waiting_ranks"] == [1, 2]
         assert first["op"] == "barrier" and first["elapsed_s"] >= 5.0
