@@ -8,6 +8,17 @@ snapshot carrying only its new or changed entries (what `flightdeck/readers/delt
 is shipped when it appears, and again when it completes if it was in flight at the snapshot), one
 request in flight per host, retried on 429/503 after `Retry-After` like `collector/pusher.py`.
 
+With `--digests` the hosts speak the protocol of large jobs instead (`flightdeck.digest`, the
+server's `POST /api/v1/digest`): per interval one digest request per host (the document
+`encode_digests` writes of its ranks' entries, built column by column: tests/test_loadgen.py), gzip,
+one request in flight per host; when the answer names the job, that snapshot's batch goes at once
+by ingest, with each rank's new and changed entries and its open ones even if unchanged; else
+nothing (the snapshot's changes are dropped). `--ship-completions` also ships, in a batch asked
+for, the completion of each entry shipped open earlier whose completion fell in a dropped snapshot
+(without it the server holds those open). The report then gives the digests apart (requests/s
+against the one per host and interval expected, latency, bytes, answers asking for entries) and
+counts both request kinds in the wire bytes.
+
 Each rank runs `--rate` collectives per second, round-robin over `--groups` kinds of process
 groups (the world, per-host blocks, same-local-rank stripes, two-host blocks, ...). Faults, as many
 as wanted, each `--fault KIND@SECONDS[:rank=R][:for=S]`: at the first world collective from that
@@ -33,9 +44,13 @@ per `--window-s` window, to show how they move over the run. Traffic goes to 127
     # issue #25's job: a silent mismatch at 60 s, a hang for good at 120 s, figures every 30 s:
     python -m bench.loadgen --spawn postgresql --ranks 16384 --hosts 2048 --groups 4
         --duration 150 --fault mismatch@60:rank=9000:for=0 --fault hang@120:rank=5 --window-s 30
+    # the same job on progress digests, a hang 240 s in:
+    python -m bench.loadgen --spawn postgresql --ranks 16384 --hosts 2048 --groups 4 --digests
+        --duration 300 --fault hang@240:rank=5 --window-s 30
 
-The modules: `job` (the simulated ranks, groups and faults, and each host's batch), `transport` (the
-HTTP sender), `findings` (which fault explains a finding), `stats` (what was observed, the figures
-per window), `resources` (server, generator, PostgreSQL and machine from /proc), `run` (the run and
-its report), `cli` (the command line and the spawned servers); `python -m bench.loadgen` runs `cli.main`.
+The modules: `job` (the simulated ranks, groups and faults, and each host's batch and digests),
+`transport` (the HTTP senders), `findings` (which fault explains a finding), `stats` (what was
+observed, the figures per window), `resources` (server, generator, PostgreSQL and machine from
+/proc), `run` (the run and its report), `cli` (the command line and the spawned servers);
+`python -m bench.loadgen` runs `cli.main`.
 """

@@ -92,6 +92,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--inflight", type=int, help="FLIGHTDECK_SERVER_MAX_INFLIGHT_INGESTS (--spawn; default: the server's)"
     )
     ap.add_argument(
+        "--digests",
+        action="store_true",
+        help="hosts speak the progress-digest protocol of large jobs: a POST /api/v1/digest per "
+        "host and interval, and an ingest batch (the interval's changed entries and the open ones) "
+        "only when the answer asks for the job's entries",
+    )
+    ap.add_argument(
+        "--ship-completions",
+        action="store_true",
+        help="--digests: a batch the server asks for also carries the completion of every entry an "
+        "earlier batch carried open whose completion fell in a snapshot that was not shipped "
+        "(without it the server holds such entries open for ever)",
+    )
+    ap.add_argument(
         "--groups-resend-s",
         type=float,
         default=GROUPS_RESEND_S,
@@ -123,6 +137,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     except ValueError as exc:
         ap.error(f"--fault: {exc}")
     args.faults = faults
+    if args.ship_completions and not args.digests:
+        ap.error("--ship-completions goes with --digests")
     if args.window_s <= 0:
         ap.error("--window-s must be positive")
     if args.kill_owner_at is not None and (not args.spawn or args.servers < 2):

@@ -1,19 +1,25 @@
 """The simulated job: its ranks and process groups, the injected faults, and each host's batch
-as the collector builds it (the wire document, gzip)."""
+as the collector builds it (the wire document, gzip); with `--digests`, each host's progress
+digests (`flightdeck.digest`'s wire document) and the batch it ships when the server asks."""
 
 from __future__ import annotations
 
 import bisect
+import functools
 import gzip
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
 from flightdeck import __version__
-from flightdeck.records import WIRE_VERSION, GroupInfo
+from flightdeck.analysis.summary import fingerprint, signature_of
+from flightdeck.digest import MS, SPAN, span_fingerprint
+from flightdeck.digest import VERSION as DIGEST_VERSION
+from flightdeck.records import WIRE_VERSION, GroupInfo, canonical_op
 from flightdeck.wire import encode_group
 
 NS = 1_000_000_000
@@ -79,15 +85,36 @@ class Topology:
 
 @dataclass(slots=True)
 class RankSim:
-    """One rank: which collectives it created, and which were shipped while still in flight."""
+    """One rank: which collectives it created, and which were in flight at its last snapshot."""
 
     rank: int
     jitter_ns: int
     next_i: int = 0
-    #: Indexes of the collectives shipped as started (shipped again once completed), in order.
+    #: Indexes of the collectives in flight at the last snapshot (shipped as started, and again
+    #: once completed), in order.
     in_flight: dict[int, None] = field(default_factory=dict)
+    #: `--digests --ship-completions`: indexes of the collectives a batch carried as open whose
+    #: completion no batch has carried yet, in order.
+    shipped_open: dict[int, None] = field(default_factory=dict)
+    #: `--digests`: group kind -> the newest span its digests reported (each is reported once).
+    sent_span: dict[int, int] = field(default_factory=dict)
     #: Generator time (epoch ns) the rank last shipped its groups.
     groups_sent_ns: int = 0
+
+
+@dataclass(slots=True)
+class Step:
+    """One rank's snapshot as the collector's delta reader takes it (`Sim.advance`)."""
+
+    now_ns: int
+    #: Collectives in flight at the snapshot before that have completed since.
+    done: list[int]
+    #: Collectives created since the snapshot before.
+    new: range
+    #: Every collective open (entered, not finished) at `now_ns`, in order.
+    open: list[int]
+    #: The newest collective the rank has created (-1: none).
+    last: int
 
 
 @dataclass(slots=True)
@@ -167,12 +194,17 @@ class Sim:
     t0_ns: int
     #: Groups go again after this many seconds (the collector's GROUPS_RESEND_S); 0: every snapshot.
     groups_resend_s: float
+    #: `--digests --ship-completions`: a batch asked for also carries the completion of each entry
+    #: an earlier batch carried open, when the snapshot that saw it complete was not shipped.
+    ship_completions: bool = False
     #: Placed by `plan_faults` (index and time set), in time order.
     faults: list[Fault] = field(default_factory=list)
     ranks: list[RankSim] = field(default_factory=list)
     #: Fault collective index -> its fault; rank -> indexes at which it enters with other sizes.
     _at: dict[int, Fault] = field(default_factory=dict)
     _bad: dict[int, set[int]] = field(default_factory=dict)
+    #: Group kind -> the fingerprint of any of its spans on a rank without a mismatch.
+    _fps: dict[int, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._at = {f.index: f for f in self.faults}
@@ -216,6 +248,39 @@ class Sim:
             floor = f.index
         return max(floor, int((x - shift) * self.rate / NS))
 
+    def advance(self, r: RankSim, now_ns: int) -> Step:
+        """Take the rank's snapshot at `now_ns` as the collector's delta reader sees it: which of
+        the collectives it shipped in flight have completed since, which are new, which are open.
+
+        Cheap (no list per collective): the generator advances every rank every interval, and in
+        `--digests` mode most of these snapshots are never built into entries.
+        """
+        done_by = now_ns - DURATION_NS  # finished at or before: completed at `now_ns`
+        done: list[int] = []
+        for i in list(r.in_flight):
+            _, end = self._times(r, i)
+            if end is not None and end <= now_ns:
+                del r.in_flight[i]
+                done.append(i)
+        last = self.last_index(r, now_ns)
+        new = range(r.next_i, last + 1)
+        r.next_i = max(r.next_i, last + 1)
+        if not self._fault_in(new):
+            # Created in order, DURATION_NS apart from the end: only the newest can be running.
+            base, rate = self.t0_ns + r.jitter_ns + self._shift_ns(new.start), self.rate
+            i = new.stop - 1
+            while i >= new.start and base + int(i * NS / rate) > done_by:
+                i -= 1
+            flying: range | list[int] = range(i + 1, new.stop)
+        else:
+            flying = [i for i in new if (e := self._times(r, i)[1]) is None or e > now_ns]
+        for i in flying:
+            r.in_flight[i] = None
+        return Step(now_ns, done, new, list(r.in_flight), r.next_i - 1)
+
+    def _fault_in(self, new: range) -> bool:
+        return any(new.start <= f.index < new.stop for f in self.faults)
+
     def snapshot_doc(self, r: RankSim, now_ns: int, host: str, sigs: SigTable) -> dict[str, Any]:
         """The rank's periodic snapshot at `now_ns`, only new and changed entries, as the wire
         dict `encode_batch` writes for it (tests/test_loadgen.py checks that it is).
@@ -225,23 +290,32 @@ class Sim:
         encoding them cost it ~10 us per entry (0.4 core at 4,096 ranks); this, with JSON and gzip,
         costs 2.6-4. Collectives between faults take the fast path (one time shift for all).
         """
-        done_by = now_ns - DURATION_NS  # finished at or before: completed at `now_ns`
-        # In-flight ones that completed since the last snapshot go again, then the new ones.
-        idx: list[int] = []
+        return self.step_doc(r, self.advance(r, now_ns), host, sigs)
+
+    def step_doc(
+        self, r: RankSim, step: Step, host: str, sigs: SigTable, extra: Iterable[int] = ()
+    ) -> dict[str, Any]:
+        """The rank's snapshot of `step` (`advance`) as `snapshot_doc` writes it, with the entries
+        of the collectives `extra` as well (created before the step's new ones: what a collector on
+        digests adds when the server asks for the job's entries, `detail_doc`)."""
+        now_ns = step.now_ns
+        done_by = now_ns - DURATION_NS
+        # The in-flight ones completed since (and the extra ones, in order), then the new ones.
+        new = step.new
+        idx = step.done
+        more = set(extra).difference(idx)
+        if more:
+            idx = sorted([*idx, *more])
         created: list[int] = []
         fin: list[int | None] = []
-        for i in list(r.in_flight):
+        for i in idx:
             c, end = self._times(r, i)
-            if end is not None and end <= now_ns:
-                del r.in_flight[i]
-                idx.append(i)
-                created.append(c)
-                fin.append(end)
-        dur: list[float | None] = [(e - c) / 1e6 for c, e in zip(created, fin, strict=True) if e is not None]
-        last = self.last_index(r, now_ns)
-        new = range(r.next_i, last + 1)
-        r.next_i = max(r.next_i, last + 1)
-        if not any(new.start <= f.index < new.stop for f in self.faults):
+            created.append(c)
+            fin.append(end if end is not None and end <= now_ns else None)
+        dur: list[float | None] = [
+            None if e is None else (e - c) / 1e6 for c, e in zip(created, fin, strict=True)
+        ]
+        if not self._fault_in(new):
             base, rate = self.t0_ns + r.jitter_ns + self._shift_ns(new.start), self.rate
             new_created = [base + int(i * NS / rate) for i in new]
             # Created in order: the first k have finished, the rest are in flight.
@@ -256,10 +330,7 @@ class Sim:
             new_created = [c for c, _ in times]
             new_fin = [e if e is not None and e <= now_ns else None for _, e in times]
             dur += [None if e is None else (e - c) / 1e6 for c, e in zip(new_created, new_fin, strict=True)]
-        for i, e in zip(new, new_fin, strict=True):
-            if e is None:
-                r.in_flight[i] = None
-        idx += new
+        idx = idx + list(new)
         created += new_created
         fin += new_fin
         done = [e is not None for e in fin]
@@ -312,7 +383,7 @@ class Sim:
             "interval_s": self.interval_s,
             "exception": None,
             "wrapped": False,
-            "oldest_record_id": max(0, r.next_i - RING),
+            "oldest_record_id": max(0, step.last + 1 - RING),
             "groups": groups,
             "thread_stacks": [],
             "entries": cols,
@@ -322,25 +393,165 @@ class Sim:
 
     def host_doc(self, h: int, now_ns: int) -> dict[str, Any]:
         """Host `h`'s batch at `now_ns` as the JSON document a collector sends."""
-        host = f"sim-{h:05d}"
+        host = host_name(h)
         sigs = SigTable()
         snaps = [self.snapshot_doc(self.ranks[r], now_ns, host, sigs) for r in self.topo.host_ranks(h)]
-        return {
-            "wire_version": WIRE_VERSION,
-            "batch_id": str(uuid.uuid4()),
-            "collector": {"host": host, "version": __version__},
-            "sent_at_ns": time.time_ns(),
-            "stacks": [],
-            "sigs": sigs.table,
-            "snapshots": snaps,
-            "nixl": [],
-        }
+        return batch_doc(host, sigs, snaps)
 
     def host_batch(self, h: int, now_ns: int) -> tuple[str, bytes, int]:
         """(batch id, gzip body, entries) of host `h`'s batch at `now_ns`, as the collector builds it."""
-        doc = self.host_doc(h, now_ns)
-        body = gzip.compress(orjson.dumps(doc), compresslevel=3)
-        return doc["batch_id"], body, sum(s["entries"]["n"] for s in doc["snapshots"])
+        return gzip_batch(self.host_doc(h, now_ns))
+
+    # --- progress digests (`--digests`) ---------------------------------------------------------
+
+    def host_steps(self, h: int, now_ns: int) -> list[Step]:
+        """Advance host `h`'s ranks to their snapshot at `now_ns` (`advance`), in rank order."""
+        return [self.advance(self.ranks[r], now_ns) for r in self.topo.host_ranks(h)]
+
+    def progress(self, r: RankSim, step: Step) -> list[tuple[str, int, int, int, int, int]]:
+        """(group, entered, finished, open since ns or 0, newest finished span or -1, its
+        fingerprint or 0) of each group the rank entered a collective of, in the order of its
+        kinds: what `flightdeck.digest.progress_of` says of its entries at the step
+        (tests/test_loadgen.py checks that it is), from the indexes alone."""
+        kinds = self.topo.kinds
+        member = self.topo.member[r.rank]
+        oldest: dict[int, int] = {}  # kind -> its oldest open collective
+        for i in step.open:
+            oldest.setdefault(i % kinds, i)
+        top = step.last
+        out = []
+        for k in range(min(kinds, top + 1)):
+            entered = (top - (top - k) % kinds) // kinds + 1  # its newest collective of kind k
+            o = oldest.get(k)
+            # Finished up to the one before its oldest open one, waiting since that one came.
+            finished, since = (entered, 0) if o is None else (o // kinds, self._times(r, o)[0])
+            span = finished // SPAN - 1  # every collective of it finished (`newest_span`)
+            out.append((member[k][0], entered, finished, since, span, self._span_fp(r, k, span)))
+        return out
+
+    def _span_fp(self, r: RankSim, k: int, span: int) -> int:
+        """The fingerprint of the rank's span `span` of its group of kind `k` (0 for -1)."""
+        if span < 0:
+            return 0
+        bad = self._bad.get(r.rank)
+        kinds = self.topo.kinds
+        idx = range(span * SPAN * kinds + k, (span + 1) * SPAN * kinds + k, kinds)
+        if not bad or bad.isdisjoint(idx):
+            fp = self._fps.get(k)
+            if fp is None:
+                fp = self._fps[k] = span_fingerprint([sig_fp(k % len(OPS), False)] * SPAN)
+            return fp
+        return span_fingerprint(sig_fp(k % len(OPS), i in bad) for i in idx)
+
+    def digest_doc(self, h: int, steps: list[Step], sent_ns: int) -> dict[str, Any]:
+        """Host `h`'s digest request at `sent_ns` for its ranks' `steps`, as the JSON document
+        `flightdeck.digest.encode_digests` writes (built column by column: no object per rank;
+        tests/test_loadgen.py checks that it is the same document). Each finished span is reported
+        once, as the collector does (`RankSim.sent_span`)."""
+        names: dict[str, int] = {}
+        groups: list[str] = []
+        cols: dict[str, list[int]] = {c: [] for c in ("rank", "age_ms", "n", "g", "e", "d", "w", "k", "h")}
+        rank, age, n, g, e, d, w, ks, hs = cols.values()
+        for r, st in zip(self.topo.host_ranks(h), steps, strict=True):
+            rs = self.ranks[r]
+            cells = self.progress(rs, st)
+            rank.append(r)
+            age.append(max(0, (sent_ns - st.now_ns) // MS))
+            n.append(len(cells))
+            for kind, (name, entered, finished, since, span, fp) in enumerate(cells):
+                i = names.get(name)
+                if i is None:
+                    i = names[name] = len(groups)
+                    groups.append(name)
+                g.append(i)
+                e.append(entered)
+                d.append(entered - finished)
+                w.append(max(0, (st.now_ns - since) // MS) if since else -1)
+                if span > rs.sent_span.get(kind, -1):
+                    rs.sent_span[kind] = span
+                    ks.append(span)
+                    hs.append(fp)
+                else:  # reported before (or none yet)
+                    ks.append(-1)
+                    hs.append(0)
+        block = {"job": self.job, "attempt": 0, "world_size": self.topo.ranks, "groups": groups, **cols}
+        return {"v": DIGEST_VERSION, "host": host_name(h), "sent_ns": sent_ns, "jobs": [block]}
+
+    def digest_body(self, h: int, steps: list[Step], sent_ns: int) -> bytes:
+        """`digest_doc`, gzipped as the collector sends it."""
+        return gzip.compress(orjson.dumps(self.digest_doc(h, steps, sent_ns)), compresslevel=3)
+
+    def detail_doc(self, h: int, steps: list[Step], spans: dict[str, int] | None = None) -> dict[str, Any]:
+        """Host `h`'s batch of its ranks' `steps` when the server asked for the job's entries, as
+        the collector on digests ships it: each snapshot's new and changed entries, the entries
+        still open even if unchanged, and for a mismatch round (`spans`: group -> span) the
+        finished entries it still holds of those spans; with `ship_completions` also the entries
+        shipped open before whose completion was dropped."""
+        host = host_name(h)
+        sigs = SigTable()
+        snaps = []
+        for r, st in zip(self.topo.host_ranks(h), steps, strict=True):
+            rs = self.ranks[r]
+            extra = [i for i in st.open if i < st.new.start]
+            if self.ship_completions:
+                extra += rs.shipped_open
+            if spans:
+                extra += self._span_entries(rs, st, spans)
+            doc = self.step_doc(rs, st, host, sigs, extra)
+            if self.ship_completions:
+                cols = doc["entries"]
+                for i, state in zip(cols["rid"], cols["st"], strict=True):
+                    if state == "completed":
+                        rs.shipped_open.pop(i, None)
+                    else:
+                        rs.shipped_open[i] = None
+            snaps.append(doc)
+        return batch_doc(host, sigs, snaps)
+
+    def _span_entries(self, r: RankSim, step: Step, spans: dict[str, int]) -> list[int]:
+        """The collectives of these spans (group -> span) the rank has finished and its collector
+        still holds (`collector/digests.py` keeps the spans from the one before its newest
+        finished one on)."""
+        kinds = self.topo.kinds
+        out: list[int] = []
+        for k, (name, _, finished, _, _, _) in enumerate(self.progress(r, step)):
+            span = spans.get(name)
+            if span is None:
+                continue
+            low = max(span * SPAN, (finished // SPAN - 2) * SPAN)  # seqs above it are held
+            out += [(q - 1) * kinds + k for q in range(low + 1, min(finished, (span + 1) * SPAN) + 1)]
+        return out
+
+    def detail_batch(
+        self, h: int, steps: list[Step], spans: dict[str, int] | None = None
+    ) -> tuple[str, bytes, int]:
+        """(batch id, gzip body, entries) of `detail_doc`."""
+        return gzip_batch(self.detail_doc(h, steps, spans))
+
+
+def host_name(h: int) -> str:
+    """Simulated host `h`'s name."""
+    return f"sim-{h:05d}"
+
+
+def batch_doc(host: str, sigs: SigTable, snaps: list[dict[str, Any]]) -> dict[str, Any]:
+    """A host's batch document around its snapshots (fresh batch id, sent now)."""
+    return {
+        "wire_version": WIRE_VERSION,
+        "batch_id": str(uuid.uuid4()),
+        "collector": {"host": host, "version": __version__},
+        "sent_at_ns": time.time_ns(),
+        "stacks": [],
+        "sigs": sigs.table,
+        "snapshots": snaps,
+        "nixl": [],
+    }
+
+
+def gzip_batch(doc: dict[str, Any]) -> tuple[str, bytes, int]:
+    """(batch id, gzip body, entries) of a batch document."""
+    body = gzip.compress(orjson.dumps(doc), compresslevel=3)
+    return doc["batch_id"], body, sum(s["entries"]["n"] for s in doc["snapshots"])
 
 
 @dataclass(slots=True)
@@ -371,3 +582,12 @@ class SigTable:
                 }
             )
         return i
+
+
+@functools.cache
+def sig_fp(op: int, mismatched: bool) -> int:
+    """The signature fingerprint (`flightdeck.analysis.summary`) of the entries `SigTable.ref`
+    describes: what a span's fingerprint is made of."""
+    raw_op, size = OPS[op]
+    sz = ((size + mismatched,),)
+    return fingerprint(signature_of(canonical_op(raw_op), sz, sz, ("Float",), ("Float",)))

@@ -1,5 +1,6 @@
-"""The run: the simulated job's batches queued per host and snapshot interval, the senders, the
-findings poller and the sampler, and the report they add up to."""
+"""The run: the simulated job's batches (or, with `--digests`, its snapshots for the digests) queued
+per host and snapshot interval, the senders, the findings poller and the sampler, and the report
+they add up to."""
 
 from __future__ import annotations
 
@@ -16,10 +17,10 @@ import httpx
 
 from bench.loadgen.failover import kill_owner
 from bench.loadgen.findings import explained_by, fault_seq, finding_brief, own_finding
-from bench.loadgen.job import JITTER_NS, NS, RankSim, Sim, Topology, plan_faults
+from bench.loadgen.job import JITTER_NS, NS, RankSim, Sim, Step, Topology, plan_faults
 from bench.loadgen.resources import PG_MEM_SOURCE, sampler, take_sample
 from bench.loadgen.stats import Stats, pct, windows
-from bench.loadgen.transport import Servers, scrape, sender
+from bench.loadgen.transport import Servers, digest_sender, scrape, sender
 
 
 async def poll_findings(
@@ -47,6 +48,28 @@ async def poll_findings(
         await asyncio.sleep(0.2)
 
 
+def digest_figures(args: argparse.Namespace, stats: Stats, wall: float, gen_wall: float) -> dict[str, Any]:
+    """`--digests`: the digest requests apart from the ingest batches: their rate against the one
+    expected (a request per host and interval), latency (all, first and second half), bytes, and
+    how many answers asked for the job's entries (and for spans' entries: a mismatch round)."""
+    lat = [d[1] for d in stats.digests]
+    half = gen_wall / 2
+    early = [d[1] for d in stats.digests if d[0] < half]
+    late = [d[1] for d in stats.digests if half <= d[0] <= gen_wall]
+    return {
+        "requests": len(stats.digests),
+        "requests_per_s": round(len(stats.digests) / wall, 1),
+        "expected_per_s": round(args.hosts / args.interval, 1),
+        "request_ms": {p: round(pct(lat, p) * 1000, 2) for p in (50, 90, 99, 100)},
+        "request_ms_early_late_p50": [round(pct(early, 50) * 1000, 2), round(pct(late, 50) * 1000, 2)],
+        "request_ms_early_late_p99": [round(pct(early, 99) * 1000, 2), round(pct(late, 99) * 1000, 2)],
+        "bytes_per_request": round(stats.digest_bytes / max(1, len(stats.digests))),
+        "bytes_per_rank_per_s": round(stats.digest_bytes / wall / args.ranks, 1),
+        "detail_answers": sum(d[3] for d in stats.digests),
+        "span_answers": stats.span_answers,
+    }
+
+
 async def drive(
     args: argparse.Namespace, urls: list[str], token: str, pids: list[int], db_url: str = ""
 ) -> dict[str, Any]:
@@ -65,6 +88,7 @@ async def drive(
         interval_s=args.interval,
         t0_ns=t0,
         groups_resend_s=args.groups_resend_s,
+        ship_completions=args.ship_completions,
         faults=faults,
         ranks=[RankSim(r, rng.randrange(0, JITTER_NS)) for r in range(args.ranks)],
     )
@@ -74,13 +98,20 @@ async def drive(
     stats.samples.append(await asyncio.to_thread(take_sample, 0.0, pids, {}, db_url))
     stop = asyncio.Event()
     async with httpx.AsyncClient(limits=limits, timeout=60) as client:
-        queues: list[asyncio.Queue[tuple[str, bytes, int, int] | None]] = [
-            asyncio.Queue() for _ in range(args.hosts)
-        ]
-        senders = [
-            asyncio.create_task(sender(servers, h % len(urls), token, queues[h], stats))
-            for h in range(args.hosts)
-        ]
+        queues: list[asyncio.Queue[tuple[str, bytes, int, int] | None]] = []
+        steps: list[asyncio.Queue[tuple[list[Step], int] | None]] = []
+        if args.digests:
+            steps = [asyncio.Queue() for _ in range(args.hosts)]
+            senders = [
+                asyncio.create_task(digest_sender(servers, h % len(urls), token, h, sim, steps[h], stats))
+                for h in range(args.hosts)
+            ]
+        else:
+            queues = [asyncio.Queue() for _ in range(args.hosts)]
+            senders = [
+                asyncio.create_task(sender(servers, h % len(urls), token, queues[h], stats))
+                for h in range(args.hosts)
+            ]
         poller = asyncio.create_task(poll_findings(client, servers, sim.job, sim, stats, stop))
         killer = None
         if args.kill_owner_at is not None:
@@ -103,13 +134,20 @@ async def drive(
                 if time.monotonic() >= end:
                     break
                 now_ns = time.time_ns()
-                batch_id, body, n = sim.host_batch(h, now_ns)
-                queues[h].put_nowait((batch_id, body, n, now_ns))
-                backlog_max = max(backlog_max, queues[h].qsize())
+                if args.digests:
+                    # The snapshot is taken now; its digest is built when it goes out.
+                    steps[h].put_nowait((sim.host_steps(h, now_ns), now_ns))
+                    backlog_max = max(backlog_max, steps[h].qsize())
+                else:
+                    batch_id, body, n = sim.host_batch(h, now_ns)
+                    queues[h].put_nowait((batch_id, body, n, now_ns))
+                    backlog_max = max(backlog_max, queues[h].qsize())
             k += 1
         gen_wall = time.perf_counter() - stats.start
         for q in queues:
             q.put_nowait(None)
+        for sq in steps:
+            sq.put_nowait(None)
         await asyncio.wait(senders, timeout=args.drain_s)
         drained = all(t.done() for t in senders)
         for t in senders:
@@ -182,6 +220,8 @@ async def drive(
     db_growth = last.db_bytes - first.db_bytes
     return {
         "job": sim.job,
+        "digests": args.digests,
+        "ship_completions": args.ship_completions,
         "ranks": args.ranks,
         "hosts": args.hosts,
         "groups": args.groups,
@@ -197,7 +237,10 @@ async def drive(
         "batches_per_s": round(stats.batches / wall, 1),
         "entries": stats.entries,
         "kib_per_batch": round(stats.bytes_sent / max(1, stats.batches) / 1024, 1),
-        "bytes_per_rank_per_s": round(stats.bytes_sent / wall / args.ranks),
+        # Both request kinds (ingest batches and, with --digests, digests): what leaves the hosts.
+        "bytes_per_rank_per_s": round((stats.bytes_sent + stats.digest_bytes) / wall / args.ranks, 1),
+        "ingest_bytes_per_rank_per_s": round(stats.bytes_sent / wall / args.ranks, 1),
+        **({"digest": digest_figures(args, stats, wall, gen_wall)} if args.digests else {}),
         "request_ms": {p: round(pct([s for _, s in request_s], p) * 1000) for p in (50, 90, 99)},
         "request_ms_early_late_p50": [round(pct(early, 50) * 1000), round(pct(late, 50) * 1000)],
         "request_ms_early_late_p99": [round(pct(early, 99) * 1000), round(pct(late, 99) * 1000)],
@@ -215,6 +258,8 @@ async def drive(
         "false_finding_list": false[:20],
         "failover": stats.failover or None,
         "server_cpu": [round(c, 2) for c in cpu],
+        # CPU ms per second of a simulated rank: the cost of one more rank.
+        "server_cpu_ms_per_rank_s": [round(c * 1000 / args.ranks, 4) for c in cpu],
         "server_rss_mib": [round(r / 2**20) for r in rss_peak],
         "server_rss_mib_start_end": [
             [round(a / 2**20), round(b / 2**20)]
@@ -241,6 +286,9 @@ async def drive(
         **(
             {
                 "postgres_cpu": round((last.pg_cpu_s - first.pg_cpu_s) / wall, 2),
+                "postgres_cpu_ms_per_rank_s": round(
+                    (last.pg_cpu_s - first.pg_cpu_s) / wall * 1000 / args.ranks, 4
+                ),
                 "postgres_mem_mib_start_end": [round(first.pg_mem / 2**20), round(last.pg_mem / 2**20)],
                 "postgres_mem_source": PG_MEM_SOURCE[0],
                 "postgres_backends": last.pg_backends,

@@ -18,6 +18,12 @@ class Stats:
     entries: int = 0
     batches: int = 0
     bytes_sent: int = 0
+    #: `--digests`: every answered digest request: (seconds since start, request s, bytes,
+    #: whether the answer asked for the job's entries).
+    digests: list[tuple[float, float, int, bool]] = field(default_factory=list)
+    digest_bytes: int = 0
+    #: Answers asking for spans' entries too (a mismatch round).
+    span_answers: int = 0
     #: Seconds since start of each 429 and 503 answer.
     throttled: list[float] = field(default_factory=list)
     unavailable: list[float] = field(default_factory=list)
@@ -61,7 +67,8 @@ def pct(values: list[float], p: float) -> float:
 
 def windows(stats: Stats, ranks: int, end_s: float, window_s: float) -> list[dict[str, Any]]:
     """The run window by window: delivered entries/s, request and delivery latency, delivery lag,
-    wire bytes per rank-second and 429s by delivery time; resources from the samples."""
+    wire bytes per rank-second (ingest and digests) and 429s by delivery time; with digests, their
+    rate, request latency, bytes and answers asking for the entries; resources from the samples."""
     out = []
     samples = sorted(stats.samples, key=lambda s: s.t)
     bounds = [s.t for s in samples]
@@ -70,6 +77,9 @@ def windows(stats: Stats, ranks: int, end_s: float, window_s: float) -> list[dic
     by_window: list[list[tuple[float, float, float, float, int, int]]] = [[] for _ in bounds]
     for row in stats.delivered:
         by_window[min(bisect.bisect_right(bounds, row[0]), len(bounds) - 1)].append(row)
+    digests: list[list[tuple[float, float, int, bool]]] = [[] for _ in bounds]
+    for d in stats.digests:
+        digests[min(bisect.bisect_right(bounds, d[0]), len(bounds) - 1)].append(d)
     lo = 0.0
     for w, hi in enumerate(bounds):
         if hi <= lo:
@@ -85,9 +95,18 @@ def windows(stats: Stats, ranks: int, end_s: float, window_s: float) -> list[dic
             "request_ms": [round(pct(req, p) * 1000) for p in (50, 90, 99)],
             "delivery_ms": [round(pct(dly, p) * 1000) for p in (50, 99)],
             "lag_s": [round(pct(lag, p), 2) for p in (50, 99, 100)],
-            "bytes_per_rank_per_s": round(sum(r[5] for r in rows) / span / ranks),
+            "bytes_per_rank_per_s": round(
+                (sum(r[5] for r in rows) + sum(d[2] for d in digests[w])) / span / ranks
+            ),
             "throttled_429": sum(lo <= t < hi for t in stats.throttled),
         }
+        if stats.digests:
+            win["digests_per_s"] = round(len(digests[w]) / span, 1)
+            win["digest_request_ms"] = [
+                round(pct([d[1] for d in digests[w]], p) * 1000, 1) for p in (50, 90, 99)
+            ]
+            win["digest_bytes_per_rank_per_s"] = round(sum(d[2] for d in digests[w]) / span / ranks, 1)
+            win["detail_answers"] = sum(d[3] for d in digests[w])
         now = next((s for s in samples if s.t == hi), None)
         before = next((s for s in reversed(samples) if s.t <= lo), None)
         if now is not None and before is not None:

@@ -1,6 +1,6 @@
-"""The HTTP side: one host's batches delivered in order over its own keep-alive connection,
-retried on 429/503 like `collector/pusher.py`, to the servers still alive (`Servers`); the
-servers' metrics (`scrape`)."""
+"""The HTTP side: one host's batches (or, with `--digests`, its digests and the batches the server
+asks for) delivered in order over its own keep-alive connection, retried on 429/503 like
+`collector/pusher.py`, to the servers still alive (`Servers`); the servers' metrics (`scrape`)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,13 @@ import contextlib
 import random
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
+import orjson
 
-from bench.loadgen.job import NS
+from bench.loadgen.job import NS, Sim, Step
 from bench.loadgen.stats import Stats
 from flightdeck.wire import BATCH_AGE_HEADER
 
@@ -103,6 +105,77 @@ class Connection:
             self._rw = None
 
 
+class Link:
+    """One host's way to its server: its connection, moved to the next live server once that one
+    is killed (as a load balancer would), and its requests retried like the pusher's."""
+
+    def __init__(self, servers: Servers, index: int) -> None:
+        self.servers, self.index = servers, index
+        self.url = servers.live_url(index)
+        self.conn = Connection(self.url)
+
+    async def post(
+        self, path: str, headers: Callable[[], dict[str, str]], body: bytes, stats: Stats
+    ) -> tuple[int, bytes, float, float]:
+        """POST `body` (with `headers()` as of each try) until it is answered other than 429/503:
+        retried after `Retry-After` on those, after 0.5 s on a connection error (on the next live
+        server once this one is dead). Returns (status, answer, seconds of the answered request,
+        seconds since the first try)."""
+        first = time.perf_counter()
+        while True:
+            t = time.perf_counter()
+            try:
+                status, got, text = await self.conn.post(path, headers(), body)
+            except OSError:
+                stats.errors += 1
+                if self.servers.live_url(self.index) != self.url:
+                    self.url = self.servers.live_url(self.index)
+                    self.conn = Connection(self.url)
+                await asyncio.sleep(0.5)
+                continue
+            now = time.perf_counter()
+            if status in (429, 503):
+                (stats.throttled if status == 429 else stats.unavailable).append(now - stats.start)
+                retry = float(got.get("retry-after", "1"))
+                await asyncio.sleep(retry * (0.5 + random.random()))
+                continue
+            return status, text, now - t, now - first
+
+    def close(self) -> None:
+        """Drop the connection."""
+        self.conn.close()
+
+
+def _headers(token: str) -> dict[str, str]:
+    return {
+        "Content-Type": "application/json",
+        "Content-Encoding": "gzip",
+        "Authorization": f"Bearer {token}",
+    }
+
+
+async def ingest(link: Link, token: str, batch: tuple[str, bytes, int], snap_ns: int, stats: Stats) -> None:
+    """Deliver one batch (batch id, gzip body, entries) taken at `snap_ns`; count it in `stats`."""
+    batch_id, body, n = batch
+    base = {**_headers(token), "Idempotency-Key": batch_id}
+
+    def headers() -> dict[str, str]:
+        # As the collector does: how long the batch has waited here, by this clock.
+        return {**base, BATCH_AGE_HEADER: f"{(time.time_ns() - snap_ns) / 1e6:.0f}"}
+
+    status, text, took, since_first = await link.post("/api/v1/ingest", headers, body, stats)
+    if status != 200:
+        stats.errors += 1
+        print(f"batch {batch_id}: HTTP {status} {text[:200]!r}", file=sys.stderr)
+        return
+    now = time.perf_counter()
+    lag = (time.time_ns() - snap_ns) / NS
+    stats.delivered.append((now - stats.start, took, since_first, lag, n, len(body)))
+    stats.entries += n
+    stats.batches += 1
+    stats.bytes_sent += len(body)
+
+
 async def sender(
     servers: Servers,
     index: int,
@@ -112,50 +185,62 @@ async def sender(
 ) -> None:
     """Deliver one host's batches in order, one at a time, retrying 429/503 like the pusher, to
     server `index`, or the next live one once it is killed (as a load balancer would)."""
-    headers = {
-        "Content-Type": "application/json",
-        "Content-Encoding": "gzip",
-        "Authorization": f"Bearer {token}",
-    }
-    url = servers.live_url(index)
-    conn = Connection(url)
+    link = Link(servers, index)
     try:
         while True:
             item = await queue.get()
             if item is None:
                 return
             batch_id, body, n, snap_ns = item
-            first = time.perf_counter()
-            while True:
-                t = time.perf_counter()
-                try:
-                    # As the collector does: how long the batch has waited here, by this clock.
-                    age = {BATCH_AGE_HEADER: f"{(time.time_ns() - snap_ns) / 1e6:.0f}"}
-                    status, got, text = await conn.post(
-                        "/api/v1/ingest", {**headers, "Idempotency-Key": batch_id, **age}, body
-                    )
-                except OSError:
-                    stats.errors += 1
-                    if servers.live_url(index) != url:
-                        url = servers.live_url(index)
-                        conn = Connection(url)
-                    await asyncio.sleep(0.5)
-                    continue
-                now = time.perf_counter()
-                if status in (429, 503):
-                    (stats.throttled if status == 429 else stats.unavailable).append(now - stats.start)
-                    retry = float(got.get("retry-after", "1"))
-                    await asyncio.sleep(retry * (0.5 + random.random()))
-                    continue
-                if status != 200:
-                    stats.errors += 1
-                    print(f"batch {batch_id}: HTTP {status} {text[:200]!r}", file=sys.stderr)
-                    break
-                lag = (time.time_ns() - snap_ns) / NS
-                stats.delivered.append((now - stats.start, now - t, now - first, lag, n, len(body)))
-                stats.entries += n
-                stats.batches += 1
-                stats.bytes_sent += len(body)
-                break
+            await ingest(link, token, (batch_id, body, n), snap_ns, stats)
     finally:
-        conn.close()
+        link.close()
+
+
+async def digest_sender(
+    servers: Servers,
+    index: int,
+    token: str,
+    h: int,
+    sim: Sim,
+    queue: asyncio.Queue[tuple[list[Step], int] | None],
+    stats: Stats,
+) -> None:
+    """Host `h` on progress digests, as a collector in digest mode (`collector/digests.py`): for
+    each snapshot of its ranks (their `Step`s, taken at the given epoch ns) one
+    `POST /api/v1/digest`; when the answer names the job, the batch of that snapshot (its changed
+    entries, its open ones, and the spans' entries the answer names) goes at once by
+    `POST /api/v1/ingest`, else nothing more. One request in flight, in order, retried as `sender`
+    (a collector does not retry a digest; no digest failed in the runs measured)."""
+    link = Link(servers, index)
+    base = _headers(token)
+    try:
+        while True:
+            item = await queue.get()
+            if item is None:
+                return
+            steps, snap_ns = item
+            body = sim.digest_body(h, steps, time.time_ns())
+            status, text, took, _ = await link.post("/api/v1/digest", lambda: base, body, stats)
+            now = time.perf_counter() - stats.start
+            if status != 200:
+                stats.errors += 1
+                print(f"digest of host {h}: HTTP {status} {text[:200]!r}", file=sys.stderr)
+                continue
+            try:
+                detail = [
+                    d for d in orjson.loads(text)["detail"] if d["job"] == sim.job and d["attempt"] == 0
+                ]
+            except (orjson.JSONDecodeError, KeyError, TypeError):
+                stats.errors += 1
+                print(f"digest of host {h}: unexpected answer {text[:200]!r}", file=sys.stderr)
+                continue
+            stats.digests.append((now, took, len(body), bool(detail)))
+            stats.digest_bytes += len(body)
+            if detail:
+                # A mismatch round names the spans whose entries go too.
+                spans = {str(g): int(k) for g, k in (detail[0].get("spans") or {}).items()}
+                stats.span_answers += bool(spans)
+                await ingest(link, token, sim.detail_batch(h, steps, spans), snap_ns, stats)
+    finally:
+        link.close()
