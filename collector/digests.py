@@ -74,6 +74,11 @@ MAX_OPEN_PER_GROUP = 64
 #: Fingerprints of finished collectives kept per rank and group, for the spans of SPAN the digest
 #: reports (`flightdeck.digest`): usually the newest span's and the one under way.
 MAX_DONE_PER_GROUP = 4 * SPAN
+#: Of a shipped snapshot's changed entries, the newest this many per group go (besides the open
+#: ones, a mismatch round's spans and the completions of entries shipped open): a round is a cut
+#: through the job, not its history, and at 16,384 ranks every entry since the last round would
+#: be ~10 a rank-second for the store (the ingest path takes ~17 µs an entry). One span's worth.
+DETAIL_PER_GROUP = SPAN
 #: Snapshot kinds shipped at once, detail round or not: an incident's evidence, a rank's end.
 SHIP_AT_ONCE = frozenset({"stall", "final"})
 
@@ -143,6 +148,13 @@ class RankProgress:
     #: When it was last read (the collector's monotonic clock).
     read_at: float = -math.inf
     groups: dict[str, _Group] = field(default_factory=dict)
+    #: Record ids of the entries shipped while open, and those of them that finished since: the
+    #: server holds them open until it gets them finished (`completions`), so they go with the
+    #: rank's next shipped snapshot (a flush that ships nothing drops its changes: without this a
+    #: collective shipped open in one round stayed open on the server, and every stall of the
+    #: job later named its group as hung too).
+    shipped_open: set[int] = field(default_factory=set)
+    finished_since: dict[int, Entry] = field(default_factory=dict)
 
     def take(self, snap: Snapshot, oldest_record_id: int | None, now: float) -> None:
         """Update from a read's snapshot, whose entries are the read's changed ones."""
@@ -164,6 +176,9 @@ class RankProgress:
             if e.finished:
                 g.open.pop(e.record_id, None)
                 g.finish(e)
+                if e.record_id in self.shipped_open:
+                    self.shipped_open.discard(e.record_id)
+                    self.finished_since[e.record_id] = e
             else:
                 g.open[e.record_id] = e
                 if len(g.open) > MAX_OPEN_PER_GROUP:
@@ -209,6 +224,18 @@ class RankProgress:
         """The entries entered and not finished, all groups."""
         return [e for g in self.groups.values() for e in g.open.values()]
 
+    def shipped(self, entries: Iterable[Entry]) -> list[Entry]:
+        """Record a snapshot shipped with `entries`; returns the completions to add to it (entries
+        shipped open before that have finished since)."""
+        extra = list(self.finished_since.values())
+        self.finished_since.clear()
+        for e in entries:
+            if e.finished:
+                self.shipped_open.discard(e.record_id)
+            else:
+                self.shipped_open.add(e.record_id)
+        return extra
+
 
 class ProgressTracker:
     """The tracked progress of the ranks on digests, by rank key."""
@@ -242,6 +269,11 @@ class ProgressTracker:
         p = self._ranks.get(key)
         return p.open_entries() if p is not None else []
 
+    def shipped(self, key: RankKey, entries: Iterable[Entry]) -> list[Entry]:
+        """`RankProgress.shipped` of the rank (nothing when it is not tracked)."""
+        p = self._ranks.get(key)
+        return p.shipped(entries) if p is not None else []
+
     def span_entries(self, key: RankKey, spans: dict[str, int]) -> list[Entry]:
         """The rank's finished entries of these spans (none when it is not tracked)."""
         p = self._ranks.get(key)
@@ -251,6 +283,15 @@ class ProgressTracker:
         """Stop tracking these ranks (their shipped state was forgotten: a later read is a full one)."""
         for key in keys:
             self._ranks.pop(key, None)
+
+
+def newest_per_group(entries: Sequence[Entry], n: int) -> list[Entry]:
+    """The newest `n` entries of each group (by record id; the ring's order), in record order."""
+    by_group: dict[str, list[Entry]] = {}
+    for e in entries:
+        by_group.setdefault(e.group, []).append(e)
+    kept = [e for es in by_group.values() for e in sorted(es, key=lambda e: e.record_id)[-n:]]
+    return sorted(kept, key=lambda e: e.record_id)
 
 
 def split_requests(digests: Sequence[RankDigest]) -> list[list[RankDigest]]:
@@ -330,21 +371,27 @@ class DigestMode:
         # The open entries go with the rank's newest snapshot shipped, unless one of its snapshots
         # carries them already (the server upserts by record id: re-sending one would be harmless).
         newest: dict[RankKey, Snapshot] = {}
-        carried: dict[RankKey, set[int]] = {}
+        carried: dict[RankKey, dict[int, Entry]] = {}
         for snap in ship:
             key = (snap.job, snap.attempt, snap.rank)
+            if len(snap.entries) > DETAIL_PER_GROUP:
+                snap.entries = newest_per_group(snap.entries, DETAIL_PER_GROUP)
+                snap.columns = None
             if key not in newest or snap.snapshot_time_ns >= newest[key].snapshot_time_ns:
                 newest[key] = snap
-            carried.setdefault(key, set()).update(e.record_id for e in snap.entries)
+            carried.setdefault(key, {}).update((e.record_id, e) for e in snap.entries)
         for key, snap in newest.items():
             wanted = self._progress.open_entries(key)
             spans = detail.get((snap.job, snap.attempt))
             if spans:
                 # A mismatch round: the span's entries, which went out (or were held back) long ago.
                 wanted += self._progress.span_entries(key, spans)
-            extra = list({e.record_id: e for e in wanted if e.record_id not in carried[key]}.values())
+            extra = {e.record_id: e for e in wanted if e.record_id not in carried[key]}
+            for e in self._progress.shipped(key, [*carried[key].values(), *extra.values()]):
+                if e.record_id not in carried[key]:
+                    extra[e.record_id] = e
             if extra:
-                snap.entries = sorted([*snap.entries, *extra], key=lambda e: e.record_id)
+                snap.entries = sorted([*snap.entries, *extra.values()], key=lambda e: e.record_id)
                 snap.columns = None
         for snap in ship:
             # Marked shipped only now: a held snapshot's groups were not sent.

@@ -26,11 +26,13 @@ from typing import Any
 import pytest
 
 from flightdeck.collector.daemon import FlushResult
+from flightdeck.collector.digests import RankProgress
 from flightdeck.digest import GroupProgress, progress_of
 from flightdeck.launch.demo.ranks import free_port
 from flightdeck.readers.fr.files import read_dump_file
 from flightdeck.readers.fr.merge import merge
 from flightdeck.records import RankDump
+from flightdeck.wire import snapshot_from_dump
 from tests.support.collector_fixtures import FR_DATA, thread_guard
 from tests.support.collector_harness import Harness, settings_for, stand_ins
 from tests.support.collector_stack import Server, get_json
@@ -441,3 +443,26 @@ def test_tracked_digest_is_progress_of_the_rank_and_stall_and_final_ship_at_once
     # One warning per outage (one per collector process here), not one per flush.
     said = [rec for rec in caplog.records if "progress digests cannot be sent" in rec.getMessage()]
     assert len(said) == 2
+
+
+def test_an_entry_shipped_open_ships_again_once_finished() -> None:
+    """subgroup_hang, rank 0: collective 13 of group 0 is open in its periodic dump and finished
+    (retired) in its final one. Shipped open in a round, its completion is held by a flush outside
+    any round (its changes are dropped) and goes with the rank's next shipped snapshot: the server
+    would otherwise hold it open, and every later stall would name the group as hung too."""
+    dumps = {
+        d.kind: d
+        for d in (read_dump_file(p) for p in sorted((FR_DATA / "subgroup_hang").glob("rank_0*.pkl")))
+    }
+    periodic, final = snapshot_from_dump(dumps["periodic"]), snapshot_from_dump(dumps["final"])
+    (stuck,) = [e for e in periodic.entries if e.group == "0" and e.collective_seq_id == 13]
+    assert not stuck.finished
+    p = RankProgress(periodic.job, periodic.attempt, periodic.rank)
+    p.take(periodic, None, 0.0)
+    assert p.shipped(periodic.entries) == []  # a round: shipped, 13 open among them
+    (done,) = [e for e in final.entries if e.record_id == stuck.record_id]
+    assert done.finished
+    final.entries = [done]  # what the reader gives: the changed entries
+    p.take(final, None, 1.0)  # a flush outside any round: held back
+    assert p.shipped([]) == [done]  # the next shipped snapshot carries it
+    assert p.shipped([]) == []  # once
