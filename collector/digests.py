@@ -363,7 +363,11 @@ class DigestMode:
         detail = self._send_digests(result)
         ship: list[Snapshot] = []
         for snap in held:
-            if (snap.job, snap.attempt) in detail or snap.kind in SHIP_AT_ONCE:
+            asked = detail.get((snap.job, snap.attempt))
+            # A round for a stall's evidence names its ranks (`Asked.ranks`); others name none.
+            if snap.kind in SHIP_AT_ONCE or (
+                asked is not None and (not asked.ranks or snap.rank in asked.ranks)
+            ):
                 ship.append(snap)
         held_back = len(held) - len(ship)
         result.held_back += held_back
@@ -382,7 +386,8 @@ class DigestMode:
             carried.setdefault(key, {}).update((e.record_id, e) for e in snap.entries)
         for key, snap in newest.items():
             wanted = self._progress.open_entries(key)
-            spans = detail.get((snap.job, snap.attempt))
+            asked = detail.get((snap.job, snap.attempt))
+            spans = asked.spans if asked is not None else {}
             if spans:
                 # A mismatch round: the span's entries, which went out (or were held back) long ago.
                 wanted += self._progress.span_entries(key, spans)
@@ -398,12 +403,11 @@ class DigestMode:
             self._thin_groups((snap.job, snap.attempt, snap.rank), snap, now_mono)
         return ship
 
-    def _send_digests(self, result: FlushResult) -> dict[tuple[str, int], dict[str, int]]:
+    def _send_digests(self, result: FlushResult) -> dict[tuple[str, int], Asked]:
         """POST the digests of the ranks read within `DIGEST_WINDOW_S`; the (job, attempt) whose
-        entries the server asks for now, each with the spans it asks for (group -> span index;
-        none when a request failed)."""
+        entries the server asks for now, with what it asks (none when a request failed)."""
         digests = self._progress.digests(self.monotonic())
-        detail: dict[tuple[str, int], dict[str, int]] = {}
+        detail: dict[tuple[str, int], Asked] = {}
         for part in split_requests(digests):
             body = gzip.compress(orjson.dumps(encode_digests(self.host, self.clock(), part)), compresslevel=3)
             headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
@@ -448,9 +452,18 @@ class DigestMode:
         )
 
 
-def _detail(resp: httpx.Response) -> dict[tuple[str, int], dict[str, int]] | None:
-    """The (job, attempt) of a digest answer's `detail`, each with its spans (group -> span);
-    None when the answer is not one."""
+@dataclass(frozen=True, slots=True)
+class Asked:
+    """What a round asks of a job's ranks: the spans to add (group -> span index), and which
+    ranks are to ship (empty: every one)."""
+
+    spans: dict[str, int]
+    ranks: frozenset[int]
+
+
+def _detail(resp: httpx.Response) -> dict[tuple[str, int], Asked] | None:
+    """The (job, attempt) of a digest answer's `detail`, each with what it asks; None when the
+    answer is not one."""
     try:
         doc: Any = resp.json()
     except ValueError:
@@ -458,12 +471,15 @@ def _detail(resp: httpx.Response) -> dict[tuple[str, int], dict[str, int]] | Non
     listed = doc.get("detail") if isinstance(doc, dict) else None
     if not isinstance(listed, list):
         return None
-    out: dict[tuple[str, int], dict[str, int]] = {}
+    out: dict[tuple[str, int], Asked] = {}
     for d in listed:
         if not isinstance(d, dict) or not isinstance(d.get("job"), str) or type(d.get("attempt")) is not int:
             return None
         spans = d.get("spans") or {}
+        ranks = d.get("ranks") or []
         if not isinstance(spans, dict) or not all(type(k) is int for k in spans.values()):
             return None
-        out[(d["job"], d["attempt"])] = {str(g): k for g, k in spans.items()}
+        if not isinstance(ranks, list) or not all(type(r) is int for r in ranks):
+            return None
+        out[(d["job"], d["attempt"])] = Asked({str(g): k for g, k in spans.items()}, frozenset(ranks))
     return out

@@ -255,7 +255,7 @@ class CollectorSettings(BaseSettings):
         "flush sends their digests (per process group: newest collective entered, finished up to, "
         "waiting since) to <server_url>/api/v1/digest and ships their entries only when the server "
         "asks for them (a detail round: a job first heard of, every detail_interval_s of the server, "
-        "and back to back while a group looks stalled); their stall and final snapshots ship at "
+        "when a group looks stalled, when ranks disagree on a span); their stall and final snapshots ship at "
         "once. Smaller jobs ship every changed entry. 0: never (every job ships its entries).",
     )
     metrics_listen: str = Field(

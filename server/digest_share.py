@@ -18,7 +18,6 @@ rows of the last `LOOKBACK_S` and has the whole board.
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -40,12 +39,6 @@ ROUNDS_EVERY_S = 0.5
 LOOKBACK_S = 10.0
 #: Rows older than this are deleted.
 KEEP_S = 60.0
-
-
-def _spans(text: str) -> dict[str, int]:
-    """A round's spans as stored (written by a server: JSON group -> span)."""
-    raw = json.loads(text)
-    return {str(g): int(k) for g, k in raw.items()} if isinstance(raw, dict) else {}
 
 
 def encode_blocks(blocks: Iterable[DigestBlock]) -> bytes:
@@ -96,9 +89,9 @@ class DigestShare:
         self._first_round_s = first_round_s
         self._lock = threading.Lock()
         self._out: dict[tuple[str, int], list[DigestBlock]] = {}
-        #: (job, attempt) -> until when (server clock) its round is open and the spans it asks
-        #: for, as last read.
-        self._rounds: dict[tuple[str, int], tuple[int, dict[str, int]]] = {}
+        #: (job, attempt) -> until when (server clock) its round is open and what it asks, as
+        #: last read.
+        self._rounds: dict[tuple[str, int], tuple[int, Detail]] = {}
         #: (job, attempt) -> monotonic time this process first heard of it, and last.
         self._first: dict[tuple[str, int], float] = {}
         self._heard: dict[tuple[str, int], float] = {}
@@ -118,9 +111,9 @@ class DigestShare:
                 self._out.setdefault(key, []).append(b)
                 first = self._first.setdefault(key, now)
                 self._heard[key] = now
-                until, spans = self._rounds.get(key, (0, {}))
-                if until > now_ns:
-                    detail[key] = Detail(b.job, b.attempt, dict(spans))
+                until, asked = self._rounds.get(key, (0, None))
+                if asked is not None and until > now_ns:
+                    detail[key] = asked
                 elif now - first < self._first_round_s:
                     detail.setdefault(key, Detail(b.job, b.attempt))
         return list(detail.values())
@@ -151,16 +144,15 @@ class DigestShare:
         try:
             with self._db.write() as session, session.begin():
                 for d, until_ns in rounds:
-                    spans = json.dumps(d.spans)
                     store.open_round(
-                        session=session, job=d.job, attempt=d.attempt, until_ns=until_ns, spans=spans
+                        session=session, job=d.job, attempt=d.attempt, until_ns=until_ns, asks=d.asks()
                     )
         except OperationalError:
             self._on_db_error()
             return
         with self._lock:
             for d, until_ns in rounds:
-                self._rounds[(d.job, d.attempt)] = (until_ns, dict(d.spans))
+                self._rounds[(d.job, d.attempt)] = (until_ns, d)
 
     def _flush(self) -> None:
         with self._lock:
@@ -183,7 +175,7 @@ class DigestShare:
             self._on_db_error()
             return
         with self._lock:
-            self._rounds = {(j, a): (u, _spans(sp)) for j, a, u, sp in rounds}
+            self._rounds = {(j, a): (u, Detail.of(j, a, asks)) for j, a, u, asks in rounds}
 
     def _read(self, owned: set[tuple[str, int]]) -> list[DigestBlock]:
         since = self._clock() - int(LOOKBACK_S * NS)

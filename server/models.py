@@ -357,8 +357,8 @@ class DigestRound(Base):
     attempt: Mapped[int] = mapped_column(Integer)
     #: Server clock (epoch ns) until which the round is open.
     until_ns: Mapped[int] = mapped_column(BigInteger)
-    #: The spans the round asks for (JSON: group -> span index), "{}" for none.
-    spans: Mapped[str] = mapped_column(Text, default="{}")
+    #: What the round asks for besides the ranks' newest entries (JSON: `Detail.asks`).
+    asks: Mapped[str] = mapped_column(Text, default="{}")
 
 
 class IngestedBatch(Base):

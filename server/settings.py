@@ -170,10 +170,12 @@ class ServerSettings(BaseSettings):
         default=60.0,
         gt=0,
         description="Jobs whose collectors send progress digests (`POST /api/v1/digest`: jobs of at "
-        "least the collector's digest_from_ranks ranks) are asked for their entries in full this "
-        "often while nothing is wrong, and at once, every detail_round_s, while a process group has "
-        "waited in a collective for stall_after_s / 2 or longer; the diagnosis of such a job is "
-        "made from the entries of the latest of these rounds.",
+        "least the collector's digest_from_ranks ranks) are asked for their entries (a round: each "
+        "rank's newest, its open ones) this often while nothing is wrong; also when first heard of, "
+        "when a process group has waited in a collective for stall_after_s / 2 or longer and a rank "
+        "moved since the last round, and when ranks disagree on a span's fingerprint. Hangs and "
+        "busy ranks of such a job are found from the digests; its other findings from the entries "
+        "of the latest round, judged as of it.",
     )
     detail_round_s: float = Field(
         default=4.0,

@@ -23,10 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from flightdeck.collector.daemon import FlushResult
-from flightdeck.collector.digests import RankProgress
+from flightdeck.collector.digests import Asked, RankProgress, _detail
 from flightdeck.digest import GroupProgress, progress_of
 from flightdeck.launch.demo.ranks import free_port
 from flightdeck.readers.fr.files import read_dump_file
@@ -466,3 +467,28 @@ def test_an_entry_shipped_open_ships_again_once_finished() -> None:
     p.take(final, None, 1.0)  # a flush outside any round: held back
     assert p.shipped([]) == [done]  # the next shipped snapshot carries it
     assert p.shipped([]) == []  # once
+
+
+def test_the_answer_is_read_with_what_each_round_asks() -> None:
+    """A round for a stall's evidence names its ranks; a mismatch round its spans; anything else in
+    the answer's place makes it no answer (the flush then ships nothing but stall and final)."""
+    answer = {
+        "ranks": 8,
+        "detail": [
+            {"job": "a", "attempt": 0},
+            {"job": "b", "attempt": 1, "spans": {"3": 60}},
+            {"job": "c", "attempt": 0, "ranks": [5, 9]},
+        ],
+    }
+    assert _detail(httpx.Response(200, json=answer)) == {
+        ("a", 0): Asked({}, frozenset()),
+        ("b", 1): Asked({"3": 60}, frozenset()),
+        ("c", 0): Asked({}, frozenset({5, 9})),
+    }
+    bad_answers: list[object] = [
+        {"detail": [{"job": "c", "attempt": 0, "ranks": ["5"]}]},
+        {"detail": "x"},
+        [],
+    ]
+    for bad in bad_answers:
+        assert _detail(httpx.Response(200, json=bad)) is None

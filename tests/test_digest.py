@@ -199,12 +199,21 @@ def test_fold_is_idempotent_and_order_free() -> None:
     assert once.moved_ns == again.moved_ns and once.newest_ns == again.newest_ns
 
 
-def test_a_stale_waiter_does_not_age() -> None:
-    """The wait is what the waiting rank said as of its own snapshot: a digest that stopped
-    coming is not made older by the time passing on the server."""
-    b = board_of(periodic("subgroup_hang"))
-    first = {s.group: s.waited_s for s in b.stalls(min_wait_s=0)}
-    assert {s.group: s.waited_s for s in b.stalls(min_wait_s=0)} == first
+def test_a_stall_is_as_old_as_its_first_waiter_as_of_the_newest_digest() -> None:
+    """Judged as of the job's newest digest, not the server's clock (time passing on the server
+    ages nothing), so that two groups' stalls compare: pair23's all_reduce (group 2) was entered
+    before the default group's collective 13, and is the older."""
+    dumps = periodic("subgroup_hang")
+    b = board_of(dumps)
+    newest = max(d.snapshot_time_ns or 0 for d in dumps)
+    stalls = {s.group: s for s in b.stalls(min_wait_s=0)}
+    for g, seq in (("2", 5), ("0", 13)):
+        since = min(
+            e.time_created_ns for d in dumps for e in d.entries if e.group == g and e.collective_seq_id == seq
+        )
+        assert abs(stalls[g].waited_s - (newest - since) / NS) < 0.002  # ms on the wire
+    assert stalls["2"].waited_s > stalls["0"].waited_s
+    assert {s.group: s.waited_s for s in b.stalls(min_wait_s=0)} == {g: s.waited_s for g, s in stalls.items()}
 
 
 def test_span_fingerprints_find_the_silent_mismatch_and_agree_when_healthy() -> None:

@@ -185,7 +185,7 @@ def _boards(mono: Mono) -> Boards:
     )
 
 
-def test_rounds_open_on_first_sight_every_interval_and_back_to_back_while_stalled() -> None:
+def test_rounds_open_on_first_sight_every_interval_and_when_a_stall_needs_a_new_cut() -> None:
     mono = Mono()
     boards = _boards(mono)
     healthy = [ds[-1] for ds in scenario_dumps("healthy_4").values()]
@@ -199,15 +199,33 @@ def test_rounds_open_on_first_sight_every_interval_and_back_to_back_while_stalle
     mono.t += 56.0
     boards.check()
     assert boards.take(_request(healthy, t)) == [Detail(JOB, 0)]  # the interval passed
-    # A stalled group: rounds back to back, each as soon as the last one closed.
+    # A stalled group: a round once the first closed (ranks moved since the first began)...
     hung = [[d for d in ds if d.kind == "periodic"][-1] for ds in scenario_dumps("subgroup_hang").values()]
     boards2 = _boards(mono)
     t = max(d.snapshot_time_ns or 0 for d in hung)
     boards2.take(_request(hung, t))
+    mono.t += 4.0
+    boards2.check()
+    assert boards2.take(_request(hung, t)) == [Detail(JOB, 0)]
+    # ... then, while nothing moves, that round's cut stands: only the evidence of the stalls'
+    # culprits and a few of their waiters is asked for again (here that is every rank of four).
     for _ in range(3):
         mono.t += 4.0
         boards2.check()
-        assert boards2.take(_request(hung, t)) == [Detail(JOB, 0)]
+        assert boards2.take(_request(hung, t)) == [Detail(JOB, 0, {}, (0, 1, 2, 3))]
+    # A rank moves (rank 0 finishes a collective of its other group): the cut is stale, a new round.
+    moved = _digests(hung, JOB)
+    r0 = next(d for d in moved if d.rank == 0)
+    g1 = next(p for p in r0.groups if p.group == "1")
+    bumped = replace(
+        r0,
+        time_ns=t + NS,
+        groups=(*[p for p in r0.groups if p.group != "1"], replace(g1, entered=6, finished=6)),
+    )
+    boards2.take(decode_digests(encode_digests("vm", t + NS, [bumped])))
+    mono.t += 4.0
+    boards2.check()
+    assert boards2.take(_request(hung, t)) == [Detail(JOB, 0)]
     # Not heard of for forget_after_s: dropped.
     mono.t += 600.0
     boards2.check()

@@ -9,8 +9,8 @@ board (what a collector re-sending, or two replicas seeing the same digests, nee
 The stall rule is the hang rule's core on numbers alone: a group whose slowest member finished
 up to `lo` while some member entered beyond it is waiting in collective `lo + 1`; the members
 that never entered it are the culprits, those inside it are waiting, and the stall is as old as
-the longest wait a waiting member reported (as of its own snapshot: stale digests do not age
-it). Whether it is a hang (or a rank busy in a checkpoint save, or a rank gone) is decided by
+its oldest waiter's wait, as of the job's newest digest (as the entries' diagnosis judges a job
+as of its newest snapshot, so that stalls of several groups compare: the older one is the root). Whether it is a hang (or a rank busy in a checkpoint save, or a rank gone) is decided by
 the full diagnosis on the entries the stall makes the server ask for; the board says when to ask.
 
 The mismatch rule is the same on span fingerprints (`flightdeck.digest.SPAN`): the members that
@@ -25,11 +25,22 @@ Pure: no clock, no I/O; the caller passes the digests and the thresholds.
 from __future__ import annotations
 
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from flightdeck.analysis.findings import MISMATCH_KINDS, Finding, Options
+from flightdeck.analysis.progress import refine_hang
+from flightdeck.analysis.rules.common import _fmt_ranks, _main_stack, _refs
+from flightdeck.analysis.rules.consequences import _link_consequences, _order
+from flightdeck.analysis.summary import RankSummary
 from flightdeck.digest import SPAN, DigestBlock
+from flightdeck.records import Entry
 
 NS = 1_000_000_000
+#: The finding kinds a job on digests gets from its board, not from its round's entries
+#: (`stall_findings`): where each rank is comes with every digest, where a round's cut is minutes
+#: old or, at thousands of ranks, still arriving (its missing ranks would read as lost or behind).
+BOARD_KINDS = frozenset({"hang", "slow_rank", "rank_lost", "missing_dump"})
 
 
 class GroupCells:
@@ -94,7 +105,7 @@ class Stall:
     culprits: tuple[int, ...]
     #: Members inside it, not finished (sorted).
     waiting: tuple[int, ...]
-    #: The longest wait a waiting member reported, as of its own snapshot (seconds).
+    #: How long the first waiting member has waited, as of the job's newest digest (seconds).
     waited_s: float
 
 
@@ -161,7 +172,7 @@ class Board:
             if max(gc.entered) <= lo:
                 continue  # every member finished what it entered
             seq = lo + 1
-            waited = 0
+            since = 0
             culprits: list[int] = []
             waiting: list[int] = []
             for i, rank in enumerate(gc.rank):
@@ -169,8 +180,9 @@ class Board:
                     culprits.append(rank)
                 elif gc.finished[i] < seq:
                     waiting.append(rank)
-                    if gc.since[i]:
-                        waited = max(waited, gc.seen[i] - gc.since[i])
+                    if gc.since[i] and (not since or gc.since[i] < since):
+                        since = gc.since[i]
+            waited = self.newest_ns - since if since else 0
             if waiting and waited >= min_wait_ns:
                 out.append(Stall(name, seq, tuple(sorted(culprits)), tuple(sorted(waiting)), waited / NS))
         return out
@@ -195,3 +207,87 @@ class Board:
                     odd = sorted(r for v in by_fp.values() if v is not biggest for r in v)
                     out.append(SpanMismatch(name, k, tuple(odd), len(biggest)))
         return out
+
+
+def stall_findings(
+    stalls: Sequence[Stall], by_rank: dict[int, RankSummary], now_ns: int, opts: Options
+) -> list[Finding]:
+    """The hang findings of a job on digests: one per stall of `stall_after_s` or longer, from the
+    board (where each rank is, as of its last digest: every rank every interval, so no cut of
+    entries need be whole), worded with what the ranks' entries say when a round brought them
+    (the collective's op and signature from a waiting rank's open entry; the culprit's evidence,
+    `refine_hang`: busy is a `slow_rank` finding, stuck names where it is)."""
+    out: list[Finding] = []
+    for st in stalls:
+        if st.waited_s < opts.stall_after_s:
+            continue
+        first = _open_entry(st, by_rank)
+        culprits = list(st.culprits)
+        waiting = list(st.waiting)
+        if culprits:
+            detail = (
+                f"Collective {st.seq} of group {st.group} has not finished: "
+                f"{_fmt_ranks(culprits, by_rank)} never entered it, {_fmt_ranks(waiting, by_rank)} have waited in it "
+                f"{st.waited_s:.1f} s."
+            )
+        else:
+            detail = (
+                f"Collective {st.seq} of group {st.group} has not finished: every member entered it "
+                f"and {_fmt_ranks(waiting, by_rank)} have waited in it {st.waited_s:.1f} s (the transport, or a "
+                "member stuck inside it)."
+            )
+        finding = Finding(
+            kind="hang",
+            detail=detail,
+            process_group=st.group,
+            collective_seq_id=st.seq,
+            op=first.op if first is not None else None,
+            culprit_ranks=culprits,
+            waiting_ranks=waiting,
+            elapsed_s=st.waited_s,
+            culprits=_refs(culprits, by_rank),
+            waiting_frames=first.frames if first is not None else (),
+        )
+        if first is not None:
+            finding.expected = {
+                "op": first.op,
+                "input_sizes": [list(s) for s in first.input_sizes],
+                "output_sizes": [list(s) for s in first.output_sizes],
+                "input_dtypes": list(first.input_dtypes),
+                "output_dtypes": list(first.output_dtypes),
+            }
+        if culprits and (cs := by_rank.get(culprits[0])) is not None:
+            finding.culprit_frames = _main_stack(cs)
+        refined = refine_hang(finding, by_rank, now_ns, opts)
+        if refined is not None:
+            out.append(refined)
+    return out
+
+
+def _open_entry(st: Stall, by_rank: dict[int, RankSummary]) -> Entry | None:
+    """A waiting rank's entry of the stalled collective, when a round brought it."""
+    for r in st.waiting[:64]:
+        s = by_rank.get(r)
+        track = s.tracks.get(st.group) if s is not None else None
+        if track is None:
+            continue
+        for e in reversed(track.tail):
+            if e.collective_seq_id == st.seq and not e.is_p2p:
+                return e
+    return None
+
+
+def merge_findings(board: list[Finding], entries: list[Finding]) -> list[Finding]:
+    """A digest job's findings: the board's (`stall_findings`) with those of its round's entries
+    but the `BOARD_KINDS`, root causes first, each consequence pointing at its root (a hang whose
+    culprits wait in an older hang, one that follows from a mismatch), as `diagnose` orders them."""
+    kept = [f for f in entries if f.kind not in BOARD_KINDS]
+    kept_ids = {id(f) for f in kept}
+    roots: dict[int, Finding] = {}
+    for f in kept:
+        if f.consequence_of is not None and id(root := entries[f.consequence_of]) in kept_ids:
+            roots[id(f)] = root
+    roots.update(_link_consequences(board + [f for f in kept if f.kind in MISMATCH_KINDS]))
+    out = board + kept
+    _order(out, roots)
+    return out

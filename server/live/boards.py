@@ -4,13 +4,15 @@ Collectors of large jobs send a digest per rank every interval (`flightdeck.dige
 the entries back; `Boards.take` folds a request's digests into its jobs' boards
 (`flightdeck.analysis.board`) and says which of them are to ship their entries now: a **round**,
 open for `detail_round_s`, so that every collector of the job hears it once and the entries
-arrive as one cut through the job (what the diagnosis compares across ranks). A round opens
-every `detail_interval_s`, when a job is first heard of, back to back while a group has
-waited in a collective for `stall_after_s / 2` or longer, and when the members of a group
-disagree on a span's fingerprint (`check`, from the diagnosis worker; that round asks for the
-span's entries too, `Detail.spans`): the entries of the round after the threshold are what the
-hang or mismatch finding is made from, in its usual words. Between rounds the job's diagnosis is judged as of its newest round
-(`LiveDiagnosis.diagnose_job`): the entries are a cut taken then, not a picture of now.
+arrive as one cut through the job. A round opens when a job is first heard of, every
+`detail_interval_s`, when a group has waited in a collective for `stall_after_s / 2` or longer
+and a rank moved since the last round began (so one round per hang: once nothing moves the
+last cut stands), and at once when the members of a group disagree on a span's fingerprint
+(`check`, from the diagnosis worker; that round asks for the span's entries too,
+`Detail.spans`). The hangs (and busy ranks) of such a job come from its board
+(`flightdeck.analysis.board.stall_findings`, the kinds of its `BOARD_KINDS`), worded with the
+round's entries; its other findings (mismatches, configuration) from the round's entries,
+judged as of the round (`LiveDiagnosis.diagnose_job`): a cut taken then, not a picture of now.
 
 Everything here is in memory and costs no transaction: at 16,384 ranks on 2,048 hosts the
 digests are 1,024 requests a second, which the ingest path (~3.4 ms a request) could not take.
@@ -18,6 +20,7 @@ digests are 1,024 requests a second, which the ingest path (~3.4 ms a request) c
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -34,18 +37,48 @@ KEEP_MISMATCHES = 16
 @dataclass(frozen=True, slots=True)
 class Detail:
     """A job whose entries a collector is to ship now, and the spans of its groups to add
-    (group -> span index: `flightdeck.digest.SPAN`) when the round is for a mismatch."""
+    (group -> span index: `flightdeck.digest.SPAN`) when the round is for a mismatch; `ranks`:
+    only these ranks' (a stall's culprits and a few of its waiters), empty for every rank."""
 
     job: str
     attempt: int
     spans: dict[str, int] = field(default_factory=dict)
+    ranks: tuple[int, ...] = ()
+
+    def asks(self) -> str:
+        """The spans and ranks as stored for the cluster (`digest_rounds.asks`)."""
+        return json.dumps({"spans": self.spans, "ranks": list(self.ranks)})
+
+    @classmethod
+    def of(cls, job: str, attempt: int, asks: str) -> Detail:
+        """A round as stored (written by a server)."""
+        raw = json.loads(asks)
+        spans = raw.get("spans") or {} if isinstance(raw, dict) else {}
+        ranks = raw.get("ranks") or [] if isinstance(raw, dict) else []
+        return cls(job, attempt, {str(g): int(k) for g, k in spans.items()}, tuple(int(r) for r in ranks))
 
     def to_json(self) -> dict[str, object]:
         """The answer's form."""
         doc: dict[str, object] = {"job": self.job, "attempt": self.attempt}
         if self.spans:
             doc["spans"] = dict(self.spans)
+        if self.ranks:
+            doc["ranks"] = list(self.ranks)
         return doc
+
+
+#: A targeted round asks for at most this many culprits of each stall, and this many waiters.
+EVIDENCE_CULPRITS = 64
+EVIDENCE_WAITERS = 4
+
+
+def _evidence_ranks(stalls: list[Stall]) -> tuple[int, ...]:
+    """The ranks whose evidence a stall's findings read: its culprits, a few of its waiters."""
+    ranks: set[int] = set()
+    for st in stalls:
+        ranks.update(st.culprits[:EVIDENCE_CULPRITS])
+        ranks.update(st.waiting[:EVIDENCE_WAITERS])
+    return tuple(sorted(ranks))
 
 
 @dataclass(slots=True)
@@ -57,15 +90,21 @@ class JobBoard:
     round_until: float = float("-inf")
     #: When the latest round opened.
     round_at: float = float("-inf")
-    #: The spans the open round asks for.
+    #: The spans the open round asks for, and its ranks (empty: all).
     spans: dict[str, int] = field(default_factory=dict)
-    #: When a digest of the job last came.
+    ranks: tuple[int, ...] = ()
+    #: When a digest of the job last came, and when one last moved a rank's progress.
     heard: float = float("-inf")
+    moved: float = float("-inf")
     checked: float = float("-inf")
     #: The stalls of the latest check.
     stalls: list[Stall] = field(default_factory=list)
     #: The latest span mismatches found.
     mismatches: list[SpanMismatch] = field(default_factory=list)
+
+    def detail(self, key: tuple[str, int]) -> Detail:
+        """What the open round asks of the collectors."""
+        return Detail(key[0], key[1], dict(self.spans), self.ranks)
 
 
 class Boards:
@@ -102,7 +141,7 @@ class Boards:
                 key = (block.job, block.attempt)
                 jb = self._boards[key]
                 if now < jb.round_until and key not in out:
-                    out[key] = Detail(block.job, block.attempt, dict(jb.spans))
+                    out[key] = jb.detail(key)
         return list(out.values())
 
     def fold_blocks(self, blocks: Iterable[DigestBlock]) -> None:
@@ -117,8 +156,11 @@ class Boards:
                 if jb is None:
                     jb = self._boards[key] = JobBoard()
                     self._open_round(key, jb, now)
+                before = jb.board.moved_ns
                 jb.board.fold(block)
                 jb.heard = now
+                if jb.board.moved_ns != before:
+                    jb.moved = now
 
     def keep(self, keys: set[tuple[str, int]]) -> None:
         """Drop the boards of every other job (in a cluster: the jobs this process does not own)."""
@@ -148,21 +190,35 @@ class Boards:
                         jb.mismatches = (jb.mismatches + found)[-KEEP_MISMATCHES:]
                         self._open_round(key, jb, now, {m.group: m.span for m in found})
                         continue
-                if now >= jb.round_until and (jb.stalls or now - jb.round_at >= self._interval_s):
+                if now < jb.round_until:
+                    continue
+                if now - jb.round_at >= self._interval_s or (jb.stalls and jb.moved >= jb.round_at):
+                    # Due, or a stall while a rank moved since the last round began: the last cut
+                    # no longer says where the stalled group stands.
                     self._open_round(key, jb, now)
+                elif jb.stalls and now - jb.round_at >= self._stall_after_s / 2:
+                    # Nothing moved: the cut stands, but the culprits' evidence (busy or stuck)
+                    # ages. Theirs, and a few waiters' (what they wait in), every stall_after_s / 2.
+                    self._open_round(key, jb, now, ranks=_evidence_ranks(jb.stalls))
             opened, self._opened = self._opened, []
             return [
-                (Detail(j, a, dict(self._boards[(j, a)].spans)), self._boards[(j, a)].round_until)
+                (self._boards[(j, a)].detail((j, a)), self._boards[(j, a)].round_until)
                 for j, a in dict.fromkeys(opened)
                 if (j, a) in self._boards
             ]
 
     def _open_round(
-        self, key: tuple[str, int], jb: JobBoard, now: float, spans: dict[str, int] | None = None
+        self,
+        key: tuple[str, int],
+        jb: JobBoard,
+        now: float,
+        spans: dict[str, int] | None = None,
+        ranks: tuple[int, ...] = (),
     ) -> None:
         jb.round_at = now
         jb.round_until = now + self._round_s
         jb.spans = spans or {}
+        jb.ranks = ranks
         self._opened.append(key)
 
     def holds(self, job: str, attempt: int) -> bool:

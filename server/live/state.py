@@ -134,6 +134,9 @@ class JobState:
     replaying_since: float | None = None
     #: Whether `summaries` were dropped when the job ended (`LiveDiagnosis.release`).
     released: bool = False
+    #: A job on digests: the verdict of its latest round's entries (before the board's findings
+    #: are added), which stands until the next round's entries come.
+    entries_report: Report | None = None
 
     def lags(self) -> list[tuple[float, float, bool]]:
         """`batch_lag`'s values, copied: ingest threads add collectors while the worker reads

@@ -33,6 +33,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from flightdeck.analysis import Finding, Options, diagnose
+from flightdeck.analysis.board import BOARD_KINDS, merge_findings, stall_findings
 from flightdeck.analysis.config_skew import PeerJob
 from flightdeck.analysis.findings import CONFIG_KINDS, finding_key
 from flightdeck.analysis.lateness import judged_as_of_ns
@@ -365,9 +366,10 @@ class LiveDiagnosis(ClusterSteps):
             elif (
                 js.summaries is not None
                 and not idle
-                # A job on digests is diagnosed when a round's entries come: between rounds its
-                # entries are the last cut, and the verdict on them stays the same.
-                and not self.boards.holds(js.name, js.attempt)
+                # A job on digests is diagnosed when a round's entries come (between rounds its
+                # entries are the last cut, and the verdict on them stays the same), and while a
+                # group stalls or a hang is open (the board's verdict moves with the digests).
+                and (not self.boards.holds(js.name, js.attempt) or self._board_watch(js))
                 and (
                     force
                     or (
@@ -412,6 +414,13 @@ class LiveDiagnosis(ClusterSteps):
                 self._observe_duration(took)
             done += 1
         return done
+
+    def _board_watch(self, js: JobState) -> bool:
+        """Whether a job on digests is to be diagnosed again though no entries came: a group of it
+        stalls, or a finding the board makes is open (it resolves when the stall clears)."""
+        if self.boards.stalls(js.name, js.attempt):
+            return True
+        return js.report is not None and any(f.kind in BOARD_KINDS for f in js.report.findings)
 
     def _digest_step(self, jobs: list[JobState], now: float, now_ns: int) -> None:
         """The boards: in a cluster, fold the owned jobs' digests from the shared feed (and drop
@@ -496,6 +505,7 @@ class LiveDiagnosis(ClusterSteps):
         """Diagnose one job now and store the outcome (findings, status, report)."""
         now_mono = self._mono()
         with self._lock:
+            fresh = js.dirty
             js.dirty = False
         js.last_diagnosis = now_mono
         if not js.summaries:
@@ -534,21 +544,35 @@ class LiveDiagnosis(ClusterSteps):
         as_of_ns = judged_as_of_ns(
             js.lags(), now=now_mono, now_ns=now_ns, stall_after_s=self._settings.stall_after_s
         )
-        if self.boards.holds(js.name, js.attempt):
+        on_digests = self.boards.holds(js.name, js.attempt)
+        if on_digests:
             # On digests the entries are the newest round's cut: judged as of it, as a dump is.
             as_of_ns = min(as_of_ns, newest)
-        report = diagnose(
-            summaries,
-            # An ended job is judged as of its end: the elapsed times of what was open freeze there.
-            now_ns=min(ended_at, now_ns) if ended_at is not None else as_of_ns,
-            options=self._options,
-            world_size=js.world_size,
-            job=js.name,
-            peers=peers,
-            stragglers=stragglers,
-            agreed=js.agreed,
-        )
-        js.agreed = report.agreed
+        if on_digests and not fresh and js.entries_report is not None:
+            # No entries since the last diagnosis: their verdict stands; only the board's moves.
+            report = replace(js.entries_report, findings=list(js.entries_report.findings))
+        else:
+            report = diagnose(
+                summaries,
+                # An ended job is judged as of its end: what was open freezes there.
+                now_ns=min(ended_at, now_ns) if ended_at is not None else as_of_ns,
+                options=self._options,
+                world_size=js.world_size,
+                job=js.name,
+                peers=peers,
+                stragglers=stragglers,
+                agreed=js.agreed,
+            )
+            js.agreed = report.agreed
+        if on_digests:
+            js.entries_report = replace(report, findings=list(report.findings))
+            # Hangs, slow ranks and silent ranks from the board: every rank's digest of every
+            # interval, where the round's entries are a cut that may be minutes old or, at
+            # thousands of ranks, still arriving (its missing ranks would read as lost or behind).
+            board = stall_findings(
+                self.boards.stalls(js.name, js.attempt), js.summaries, now_ns, self._options
+            )
+            report.findings = merge_findings(board, report.findings)
         # Wall time, waits for the GIL included: a busy process diagnoses less often. (Spaced by
         # CPU time instead, a 4,096-rank job was diagnosed three times as often, took 0.6 of the
         # process's time and its ingest fell further behind: docs/dev/performance-history.md,

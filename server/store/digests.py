@@ -45,19 +45,19 @@ def prune_digests(*, session: Session, before_ns: int) -> int:
     return int(getattr(res, "rowcount", 0) or 0)
 
 
-def open_round(*, session: Session, job: str, attempt: int, until_ns: int, spans: str) -> None:
-    """Open a digest job's round until `until_ns`, asking for `spans` (JSON), replacing the last."""
-    stmt = _insert(session, DigestRound).values(job=job, attempt=attempt, until_ns=until_ns, spans=spans)
+def open_round(*, session: Session, job: str, attempt: int, until_ns: int, asks: str) -> None:
+    """Open a digest job's round until `until_ns`, asking for `asks` (JSON), replacing the last."""
+    stmt = _insert(session, DigestRound).values(job=job, attempt=attempt, until_ns=until_ns, asks=asks)
     session.execute(
         stmt.on_conflict_do_update(
-            index_elements=["job", "attempt"], set_={"until_ns": until_ns, "spans": spans}
+            index_elements=["job", "attempt"], set_={"until_ns": until_ns, "asks": asks}
         )
     )
 
 
 def open_rounds(*, session: Session, now_ns: int) -> list[tuple[str, int, int, str]]:
-    """(job, attempt, until_ns, spans JSON) of the rounds open at `now_ns`."""
-    q = select(DigestRound.job, DigestRound.attempt, DigestRound.until_ns, DigestRound.spans).where(
+    """(job, attempt, until_ns, asks JSON) of the rounds open at `now_ns`."""
+    q = select(DigestRound.job, DigestRound.attempt, DigestRound.until_ns, DigestRound.asks).where(
         DigestRound.until_ns > now_ns
     )
     return [(str(j), int(a), int(u), str(sp)) for j, a, u, sp in session.execute(q).tuples()]

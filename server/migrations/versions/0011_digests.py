@@ -33,7 +33,7 @@ def upgrade() -> None:
         sa.Column("job", sa.String(length=256), nullable=False),
         sa.Column("attempt", sa.Integer(), nullable=False),
         sa.Column("until_ns", sa.BigInteger(), nullable=False),
-        sa.Column("spans", sa.Text(), nullable=False),
+        sa.Column("asks", sa.Text(), nullable=False),
         sa.PrimaryKeyConstraint("job", "attempt", name=op.f("pk_digest_rounds")),
     )
 
