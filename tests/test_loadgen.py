@@ -462,14 +462,11 @@ def test_the_owner_killed_mid_run_another_server_diagnoses_the_job_and_finds_a_l
 def test_a_short_run_on_digests_against_a_real_server_finds_the_hang_and_nothing_else() -> None:
     # 64 ranks on 8 hosts on progress digests against a spawned server on SQLite; rank 5 hangs
     # 8 s in: the board sees the stall, the server asks the hosts for their entries, the hang is
-    # found on them; no finding but the hang's. (With --ship-completions: without it, entries
-    # shipped open whose completion was dropped stay open on the server, and in some runs the
-    # stall's diagnosis also reports one of them as a hang of its own: see the test above.)
+    # found on them; no finding but the hang's.
     report = _loadgen(
         "--spawn",
         "sqlite",
         "--digests",
-        "--ship-completions",
         "--ranks",
         "64",
         "--hosts",

@@ -13,9 +13,10 @@ server's `POST /api/v1/digest`): per interval one digest request per host (the d
 `encode_digests` writes of its ranks' entries, built column by column: tests/test_loadgen.py), gzip,
 one request in flight per host; when the answer names the job, that snapshot's batch goes at once
 by ingest, with each rank's new and changed entries and its open ones even if unchanged; else
-nothing (the snapshot's changes are dropped). `--ship-completions` also ships, in a batch asked
-for, the completion of each entry shipped open earlier whose completion fell in a dropped snapshot
-(without it the server holds those open). The report then gives the digests apart (requests/s
+nothing (the snapshot's changes are dropped), but the completion of each entry shipped open
+earlier whose completion fell in a dropped snapshot goes with the next batch (as the collector
+does; `--drop-completions` leaves them out). A round for a stall's evidence names its ranks: only
+those ship. The report then gives the digests apart (requests/s
 against the one per host and interval expected, latency, bytes, answers asking for entries) and
 counts both request kinds in the wire bytes.
 

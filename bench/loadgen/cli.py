@@ -99,11 +99,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "only when the answer asks for the job's entries",
     )
     ap.add_argument(
-        "--ship-completions",
+        "--drop-completions",
         action="store_true",
-        help="--digests: a batch the server asks for also carries the completion of every entry an "
-        "earlier batch carried open whose completion fell in a snapshot that was not shipped "
-        "(without it the server holds such entries open for ever)",
+        help="--digests: do not add to a batch the server asks for the completion of the entries an "
+        "earlier batch carried open whose completion fell in a snapshot that was not shipped (the "
+        "collector adds them: without them the server holds such entries open for ever)",
     )
     ap.add_argument(
         "--groups-resend-s",
@@ -137,8 +137,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     except ValueError as exc:
         ap.error(f"--fault: {exc}")
     args.faults = faults
-    if args.ship_completions and not args.digests:
-        ap.error("--ship-completions goes with --digests")
+    if args.drop_completions and not args.digests:
+        ap.error("--drop-completions goes with --digests")
     if args.window_s <= 0:
         ap.error("--window-s must be positive")
     if args.kill_owner_at is not None and (not args.spawn or args.servers < 2):

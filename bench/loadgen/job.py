@@ -481,16 +481,25 @@ class Sim:
         """`digest_doc`, gzipped as the collector sends it."""
         return gzip.compress(orjson.dumps(self.digest_doc(h, steps, sent_ns)), compresslevel=3)
 
-    def detail_doc(self, h: int, steps: list[Step], spans: dict[str, int] | None = None) -> dict[str, Any]:
+    def detail_doc(
+        self,
+        h: int,
+        steps: list[Step],
+        spans: dict[str, int] | None = None,
+        ranks: frozenset[int] = frozenset(),
+    ) -> dict[str, Any] | None:
         """Host `h`'s batch of its ranks' `steps` when the server asked for the job's entries, as
         the collector on digests ships it: each snapshot's new and changed entries, the entries
         still open even if unchanged, and for a mismatch round (`spans`: group -> span) the
         finished entries it still holds of those spans; with `ship_completions` also the entries
-        shipped open before whose completion was dropped."""
+        shipped open before whose completion was dropped. `ranks`: only those of the host's ranks
+        (none named: all); None when none of them is named."""
         host = host_name(h)
         sigs = SigTable()
         snaps = []
         for r, st in zip(self.topo.host_ranks(h), steps, strict=True):
+            if ranks and r not in ranks:
+                continue
             rs = self.ranks[r]
             extra = [i for i in st.open if i < st.new.start]
             if self.ship_completions:
@@ -506,7 +515,7 @@ class Sim:
                     else:
                         rs.shipped_open[i] = None
             snaps.append(doc)
-        return batch_doc(host, sigs, snaps)
+        return batch_doc(host, sigs, snaps) if snaps else None
 
     def _span_entries(self, r: RankSim, step: Step, spans: dict[str, int]) -> list[int]:
         """The collectives of these spans (group -> span) the rank has finished and its collector
@@ -523,10 +532,15 @@ class Sim:
         return out
 
     def detail_batch(
-        self, h: int, steps: list[Step], spans: dict[str, int] | None = None
-    ) -> tuple[str, bytes, int]:
-        """(batch id, gzip body, entries) of `detail_doc`."""
-        return gzip_batch(self.detail_doc(h, steps, spans))
+        self,
+        h: int,
+        steps: list[Step],
+        spans: dict[str, int] | None = None,
+        ranks: frozenset[int] = frozenset(),
+    ) -> tuple[str, bytes, int] | None:
+        """(batch id, gzip body, entries) of `detail_doc`, None when it ships nothing."""
+        doc = self.detail_doc(h, steps, spans, ranks)
+        return gzip_batch(doc) if doc is not None else None
 
 
 def host_name(h: int) -> str:

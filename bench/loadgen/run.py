@@ -88,7 +88,7 @@ async def drive(
         interval_s=args.interval,
         t0_ns=t0,
         groups_resend_s=args.groups_resend_s,
-        ship_completions=args.ship_completions,
+        ship_completions=not args.drop_completions,
         faults=faults,
         ranks=[RankSim(r, rng.randrange(0, JITTER_NS)) for r in range(args.ranks)],
     )
@@ -221,7 +221,7 @@ async def drive(
     return {
         "job": sim.job,
         "digests": args.digests,
-        "ship_completions": args.ship_completions,
+        "ship_completions": not args.drop_completions,
         "ranks": args.ranks,
         "hosts": args.hosts,
         "groups": args.groups,

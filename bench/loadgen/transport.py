@@ -241,6 +241,10 @@ async def digest_sender(
                 # A mismatch round names the spans whose entries go too.
                 spans = {str(g): int(k) for g, k in (detail[0].get("spans") or {}).items()}
                 stats.span_answers += bool(spans)
-                await ingest(link, token, sim.detail_batch(h, steps, spans), snap_ns, stats)
+                # A round for a stall's evidence names the ranks that ship.
+                ranks = frozenset(int(r) for r in detail[0].get("ranks") or ())
+                batch = sim.detail_batch(h, steps, spans, ranks)
+                if batch is not None:
+                    await ingest(link, token, batch, snap_ns, stats)
     finally:
         link.close()
