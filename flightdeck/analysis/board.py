@@ -171,6 +171,11 @@ class Board:
             lo = min(gc.finished)
             if max(gc.entered) <= lo:
                 continue  # every member finished what it entered
+            oldest = min(filter(None, gc.since), default=0)
+            if not oldest or self.newest_ns - oldest < min_wait_ns:
+                # Nobody has waited that long in anything (a healthy group caught mid-collective):
+                # decided in C, without the loop over its members below.
+                continue
             seq = lo + 1
             since = 0
             culprits: list[int] = []
