@@ -14,6 +14,7 @@ from flightdeck.analysis.board import Board
 from flightdeck.digest import (
     MAX_CELLS,
     DigestError,
+    GroupProgress,
     RankDigest,
     decode_digests,
     encode_digests,
@@ -199,21 +200,41 @@ def test_fold_is_idempotent_and_order_free() -> None:
     assert once.moved_ns == again.moved_ns and once.newest_ns == again.newest_ns
 
 
-def test_a_stall_is_as_old_as_its_first_waiter_as_of_the_newest_digest() -> None:
-    """Judged as of the job's newest digest, not the server's clock (time passing on the server
-    ages nothing), so that two groups' stalls compare: pair23's all_reduce (group 2) was entered
-    before the default group's collective 13, and is the older."""
+def test_a_stall_is_aged_as_of_the_newest_digest_and_counted_by_the_waiters_own() -> None:
+    """Its age is as of the job's newest digest (the server's clock ages nothing), so that two
+    groups' stalls compare: pair23's all_reduce (group 2) was entered before the default group's
+    collective 13, and is the older. Whether it counts is the waiters' own wait as of their own
+    snapshot."""
     dumps = periodic("subgroup_hang")
     b = board_of(dumps)
     newest = max(d.snapshot_time_ns or 0 for d in dumps)
     stalls = {s.group: s for s in b.stalls(min_wait_s=0)}
     for g, seq in (("2", 5), ("0", 13)):
-        since = min(
-            e.time_created_ns for d in dumps for e in d.entries if e.group == g and e.collective_seq_id == seq
-        )
-        assert abs(stalls[g].waited_s - (newest - since) / NS) < 0.002  # ms on the wire
-    assert stalls["2"].waited_s > stalls["0"].waited_s
-    assert {s.group: s.waited_s for s in b.stalls(min_wait_s=0)} == {g: s.waited_s for g, s in stalls.items()}
+        opened = [
+            (e.time_created_ns, d.snapshot_time_ns or 0)
+            for d in dumps
+            for e in d.entries
+            if e.group == g and e.collective_seq_id == seq and not e.finished
+        ]
+        assert abs(stalls[g].age_s - (newest - min(c for c, _ in opened)) / NS) < 0.002  # ms on the wire
+        assert abs(stalls[g].waited_s - max(t - c for c, t in opened) / NS) < 0.002
+    assert stalls["2"].age_s > stalls["0"].age_s
+    assert {s.group: s.age_s for s in b.stalls(min_wait_s=0)} == {g: s.age_s for g, s in stalls.items()}
+
+
+def test_a_late_digest_is_no_stall() -> None:
+    """Rank 0's digest comes a minute late (its collector behind on its queue): it was inside
+    collective 8 for 10 ms when taken. Rank 1 has gone on since. No member has waited 5 s as of
+    its own snapshot: no stall, though the digest is a minute older than the newest."""
+    t = 1_800_000_000 * NS
+    late = RankDigest("job", 0, 0, 2, t, (GroupProgress("0", 8, 7, t - 10_000_000),))
+    ahead = RankDigest("job", 0, 1, 2, t + 60 * NS, (GroupProgress("0", 9, 8, t + 60 * NS - 5_000_000),))
+    b = Board()
+    for d in (ahead, late):
+        b.fold(decode_digests(encode_digests("h", d.time_ns, [d])).blocks[0])
+    assert b.stalls(min_wait_s=5.0) == []
+    (st,) = b.stalls(min_wait_s=0.0)
+    assert (st.seq, st.waiting, st.culprits) == (8, (0,), ()) and st.age_s > 59
 
 
 def test_span_fingerprints_find_the_silent_mismatch_and_agree_when_healthy() -> None:

@@ -303,7 +303,7 @@ class Sim:
         # The in-flight ones completed since (and the extra ones, in order), then the new ones.
         new = step.new
         idx = step.done
-        more = set(extra).difference(idx)
+        more = set(extra).difference(idx).difference(new)
         if more:
             idx = sorted([*idx, *more])
         created: list[int] = []

@@ -122,11 +122,18 @@ class Link:
         server once this one is dead). Returns (status, answer, seconds of the answered request,
         seconds since the first try)."""
         first = time.perf_counter()
+        fresh = False
         while True:
             t = time.perf_counter()
             try:
                 status, got, text = await self.conn.post(path, headers(), body)
             except OSError:
+                if not fresh:
+                    # A kept-alive connection the server closed while idle (uvicorn: after 5 s,
+                    # the batches' connection between rounds): the next try opens a new one, at
+                    # once and not counted as an error.
+                    fresh = True
+                    continue
                 stats.errors += 1
                 if self.servers.live_url(self.index) != self.url:
                     self.url = self.servers.live_url(self.index)
@@ -209,15 +216,30 @@ async def digest_sender(
     """Host `h` on progress digests, as a collector in digest mode (`collector/digests.py`): for
     each snapshot of its ranks (their `Step`s, taken at the given epoch ns) one
     `POST /api/v1/digest`; when the answer names the job, the batch of that snapshot (its changed
-    entries, its open ones, and the spans' entries the answer names) goes at once by
-    `POST /api/v1/ingest`, else nothing more. One request in flight, in order, retried as `sender`
-    (a collector does not retry a digest; no digest failed in the runs measured)."""
+    entries, its open ones, and the spans' entries the answer names) is queued for
+    `POST /api/v1/ingest`, else nothing more. The digests and the batches go on two connections,
+    one request in flight on each, as a collector's flush and its pusher thread send them: a
+    batch refused with 429 delays the next batches, not the digests. Both retried as `sender` (a
+    collector does not retry a digest; no digest failed in the runs measured)."""
     link = Link(servers, index)
     base = _headers(token)
+    batches: asyncio.Queue[tuple[tuple[str, bytes, int], int] | None] = asyncio.Queue()
+
+    async def pusher() -> None:
+        push = Link(servers, index)
+        try:
+            while (queued := await batches.get()) is not None:
+                await ingest(push, token, queued[0], queued[1], stats)
+        finally:
+            push.close()
+
+    pushing = asyncio.ensure_future(pusher())
     try:
         while True:
             item = await queue.get()
             if item is None:
+                batches.put_nowait(None)
+                await pushing
                 return
             steps, snap_ns = item
             body = sim.digest_body(h, steps, time.time_ns())
@@ -245,6 +267,8 @@ async def digest_sender(
                 ranks = frozenset(int(r) for r in detail[0].get("ranks") or ())
                 batch = sim.detail_batch(h, steps, spans, ranks)
                 if batch is not None:
-                    await ingest(link, token, batch, snap_ns, stats)
+                    batches.put_nowait((batch, snap_ns))
     finally:
+        if not pushing.done():
+            pushing.cancel()
         link.close()

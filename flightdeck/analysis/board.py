@@ -8,9 +8,11 @@ board (what a collector re-sending, or two replicas seeing the same digests, nee
 
 The stall rule is the hang rule's core on numbers alone: a group whose slowest member finished
 up to `lo` while some member entered beyond it is waiting in collective `lo + 1`; the members
-that never entered it are the culprits, those inside it are waiting, and the stall is as old as
-its oldest waiter's wait, as of the job's newest digest (as the entries' diagnosis judges a job
-as of its newest snapshot, so that stalls of several groups compare: the older one is the root). Whether it is a hang (or a rank busy in a checkpoint save, or a rank gone) is decided by
+that never entered it are the culprits, those inside it are waiting. A stall counts once a
+waiting member has waited `min_wait_s` as of its own snapshot (`waited_s`: a digest that comes
+late, from a collector behind on its queue, shows an old wait as old as it was then, not as a
+stall); how old it is as of the job's newest digest (`age_s`) orders stalls of several groups,
+as the entries' diagnosis judges a job as of its newest snapshot: the older one is the root. Whether it is a hang (or a rank busy in a checkpoint save, or a rank gone) is decided by
 the full diagnosis on the entries the stall makes the server ask for; the board says when to ask.
 
 The mismatch rule is the same on span fingerprints (`flightdeck.digest.SPAN`): the members that
@@ -105,8 +107,10 @@ class Stall:
     culprits: tuple[int, ...]
     #: Members inside it, not finished (sorted).
     waiting: tuple[int, ...]
-    #: How long the first waiting member has waited, as of the job's newest digest (seconds).
+    #: The longest wait a waiting member reported, as of its own snapshot (seconds).
     waited_s: float
+    #: How long ago the first waiting member entered, as of the job's newest digest (seconds).
+    age_s: float
 
 
 class Board:
@@ -172,12 +176,12 @@ class Board:
             if max(gc.entered) <= lo:
                 continue  # every member finished what it entered
             oldest = min(filter(None, gc.since), default=0)
-            if not oldest or self.newest_ns - oldest < min_wait_ns:
+            if not oldest or max(gc.seen) - oldest < min_wait_ns:
                 # Nobody has waited that long in anything (a healthy group caught mid-collective):
                 # decided in C, without the loop over its members below.
                 continue
             seq = lo + 1
-            since = 0
+            since = waited = 0
             culprits: list[int] = []
             waiting: list[int] = []
             for i, rank in enumerate(gc.rank):
@@ -185,11 +189,15 @@ class Board:
                     culprits.append(rank)
                 elif gc.finished[i] < seq:
                     waiting.append(rank)
-                    if gc.since[i] and (not since or gc.since[i] < since):
-                        since = gc.since[i]
-            waited = self.newest_ns - since if since else 0
+                    if gc.since[i]:
+                        waited = max(waited, gc.seen[i] - gc.since[i])
+                        if not since or gc.since[i] < since:
+                            since = gc.since[i]
             if waiting and waited >= min_wait_ns:
-                out.append(Stall(name, seq, tuple(sorted(culprits)), tuple(sorted(waiting)), waited / NS))
+                age = (self.newest_ns - since) / NS
+                out.append(
+                    Stall(name, seq, tuple(sorted(culprits)), tuple(sorted(waiting)), waited / NS, age)
+                )
         return out
 
     def mismatches(self) -> list[SpanMismatch]:
@@ -233,12 +241,12 @@ def stall_findings(
             detail = (
                 f"Collective {st.seq} of group {st.group} has not finished: "
                 f"{_fmt_ranks(culprits, by_rank)} never entered it, {_fmt_ranks(waiting, by_rank)} have waited in it "
-                f"{st.waited_s:.1f} s."
+                f"{st.age_s:.1f} s."
             )
         else:
             detail = (
                 f"Collective {st.seq} of group {st.group} has not finished: every member entered it "
-                f"and {_fmt_ranks(waiting, by_rank)} have waited in it {st.waited_s:.1f} s (the transport, or a "
+                f"and {_fmt_ranks(waiting, by_rank)} have waited in it {st.age_s:.1f} s (the transport, or a "
                 "member stuck inside it)."
             )
         finding = Finding(
@@ -249,7 +257,7 @@ def stall_findings(
             op=first.op if first is not None else None,
             culprit_ranks=culprits,
             waiting_ranks=waiting,
-            elapsed_s=st.waited_s,
+            elapsed_s=st.age_s,
             culprits=_refs(culprits, by_rank),
             waiting_frames=first.frames if first is not None else (),
         )
