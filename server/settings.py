@@ -167,7 +167,7 @@ class ServerSettings(BaseSettings):
         "fell behind its ingest within minutes.",
     )
     detail_interval_s: float = Field(
-        default=60.0,
+        default=300.0,
         gt=0,
         description="Jobs whose collectors send progress digests (`POST /api/v1/digest`: jobs of at "
         "least the collector's digest_from_ranks ranks) are asked for their entries (a round: each "

@@ -137,6 +137,8 @@ class JobState:
     #: A job on digests: the verdict of its latest round's entries (before the board's findings
     #: are added), which stands until the next round's entries come.
     entries_report: Report | None = None
+    #: Monotonic time the board's findings were last made (a job on digests).
+    last_board: float = 0.0
 
     def lags(self) -> list[tuple[float, float, bool]]:
         """`batch_lag`'s values, copied: ingest threads add collectors while the worker reads

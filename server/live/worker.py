@@ -329,6 +329,8 @@ class LiveDiagnosis(ClusterSteps):
         now_ns = self._clock()
         s = self._settings
         due: list[JobState] = []
+        #: Jobs on digests whose board's findings are due, their entries' verdict standing.
+        board_due: list[JobState] = []
         released: list[JobState] = []
         with self._lock:
             jobs = list(self.jobs.values())
@@ -357,19 +359,31 @@ class LiveDiagnosis(ClusterSteps):
             idle = (now_ns - js.heard_ns) / NS > s.job_idle_s
             # A large job's diagnosis takes long: space them so it gets at most its share of a core.
             rested = now - js.last_diagnosis >= js.diagnosis_s / s.diagnosis_max_share
+            on_digests = self.boards.holds(js.name, js.attempt)
             if js.dirty:
                 quiet = now - js.last_ingest >= s.diagnosis_debounce_s
                 # A job that never goes quiet (thousands of ranks pushing in turn) still gets looked at.
                 starving = now - js.dirty_since >= max(2.0, 4 * s.diagnosis_debounce_s)
                 if force or ((quiet or starving) and rested):
                     due.append(js)
+                    continue
+            if (
+                on_digests
+                and js.entries_report is not None
+                and now - js.last_board >= s.diagnosis_interval_s
+                and self._board_watch(js)
+            ):
+                # The board's verdict moves with the digests, whatever the entries' diagnosis
+                # costs: a stall pages on time though a large job's full diagnosis is spaced out
+                # (`diagnosis_max_share`), and resolves once the stall clears.
+                board_due.append(js)
             elif (
                 js.summaries is not None
                 and not idle
-                # A job on digests is diagnosed when a round's entries come (between rounds its
-                # entries are the last cut, and the verdict on them stays the same), and while a
-                # group stalls or a hang is open (the board's verdict moves with the digests).
-                and (not self.boards.holds(js.name, js.attempt) or self._board_watch(js))
+                and not js.dirty
+                # A job on digests is diagnosed in full when a round's entries come: between
+                # rounds its entries are the last cut, and the verdict on them stays the same.
+                and not on_digests
                 and (
                     force
                     or (
@@ -380,7 +394,7 @@ class LiveDiagnosis(ClusterSteps):
                 )
             ):
                 due.append(js)
-            elif idle and js.summaries is not None and not js.pending:
+            elif idle and js.summaries is not None and not js.pending and not js.dirty:
                 js.summaries = None  # memory: rebuilt from the database should the job return
         folding = self._untrimmed > before
         if expired and self.on_idle is not None:
@@ -403,6 +417,8 @@ class LiveDiagnosis(ClusterSteps):
         # later step is the re-diagnosis of a job that has changed least.
         due.sort(key=lambda js: (not js.dirty, js.last_diagnosis))
         done = 0
+        for js in board_due:
+            self.diagnose_job(js, entries=False)
         for js in due:
             if not force and self._budget.spent(self._mono()):
                 break
@@ -501,13 +517,16 @@ class LiveDiagnosis(ClusterSteps):
         for snap in pending:
             self._untrimmed += fold_snapshot(js, snap, max_seqs=max_seqs, max_times=max_times)
 
-    def diagnose_job(self, js: JobState) -> None:
-        """Diagnose one job now and store the outcome (findings, status, report)."""
+    def diagnose_job(self, js: JobState, *, entries: bool = True) -> None:
+        """Diagnose one job now and store the outcome (findings, status, report). `entries`:
+        False for a job on digests whose last entries' verdict stands: only the board's findings
+        are made again (cheap: not spaced out, not counted in `diagnosis_s`)."""
         now_mono = self._mono()
-        with self._lock:
-            fresh = js.dirty
-            js.dirty = False
-        js.last_diagnosis = now_mono
+        js.last_board = now_mono
+        if entries:
+            with self._lock:
+                js.dirty = False
+            js.last_diagnosis = now_mono
         if not js.summaries:
             return
         now_ns = self._clock()
@@ -548,7 +567,7 @@ class LiveDiagnosis(ClusterSteps):
         if on_digests:
             # On digests the entries are the newest round's cut: judged as of it, as a dump is.
             as_of_ns = min(as_of_ns, newest)
-        if on_digests and not fresh and js.entries_report is not None:
+        if on_digests and not entries and js.entries_report is not None:
             # No entries since the last diagnosis: their verdict stands; only the board's moves.
             report = replace(js.entries_report, findings=list(js.entries_report.findings))
         else:
@@ -577,8 +596,9 @@ class LiveDiagnosis(ClusterSteps):
         # CPU time instead, a 4,096-rank job was diagnosed three times as often, took 0.6 of the
         # process's time and its ingest fell further behind: docs/dev/performance-history.md,
         # "Sixth session".)
-        js.diagnosis_s = time.perf_counter() - started
-        if stragglers:
+        if entries:
+            js.diagnosis_s = time.perf_counter() - started
+        if stragglers and entries:
             js.last_stragglers = now_mono
         elif js.report is not None and all(f.kind in CONFIG_KINDS for f in report.findings):
             # Between straggler analyses the last verdict stands (diagnose adds stragglers only to
