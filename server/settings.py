@@ -171,11 +171,11 @@ class ServerSettings(BaseSettings):
         gt=0,
         description="Jobs whose collectors send progress digests (`POST /api/v1/digest`: jobs of at "
         "least the collector's digest_from_ranks ranks) are asked for their entries (a round: each "
-        "rank's newest, its open ones) this often while nothing is wrong; also when first heard of, "
-        "when a process group has waited in a collective for stall_after_s / 2 or longer and a rank "
-        "moved since the last round, and when ranks disagree on a span's fingerprint. Hangs and "
-        "busy ranks of such a job are found from the digests; its other findings from the entries "
-        "of the latest round, judged as of it.",
+        "rank's newest, its open ones) this often; also when first heard of and when ranks disagree "
+        "on a span's fingerprint. While a process group has waited in a collective for "
+        "stall_after_s / 2 or longer, its culprits and a few of its waiters are asked every "
+        "stall_after_s / 2. Hangs and busy ranks of such a job are found from the digests; its "
+        "other findings from the entries of the latest round, judged as of it.",
     )
     detail_round_s: float = Field(
         default=4.0,

@@ -15,6 +15,7 @@ from flightdeck.wire import Snapshot
 from tests.support.clock import FakeClock
 from tests.support.server_app import AUTH, NS, STALL_S, make_server, start_server_process
 from tests.support.server_batches import body, make_batch, scenario_dumps, skip_stuck_view, snapshots
+from tests.support.server_process import stop_processes
 
 
 @pytest.mark.slow
@@ -158,13 +159,7 @@ def test_two_server_processes_share_jobs_without_duplicates(pg_database: str, tm
         a.close()
         b.close()
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_processes(procs)
         for log in logs:
             log.close()
     errors = [(tmp_path / f"server{i}.log").read_text() for i in range(2)]

@@ -116,12 +116,10 @@ class Stall:
 class Board:
     """One job attempt's digests, folded (see the module's doc)."""
 
-    __slots__ = ("groups", "moved_ns", "newest_ns")
+    __slots__ = ("groups", "newest_ns")
 
     def __init__(self) -> None:
         self.groups: dict[str, GroupCells] = {}
-        #: Newest snapshot time (epoch ns) at which some member's progress moved.
-        self.moved_ns = 0
         #: Newest snapshot time (epoch ns) folded.
         self.newest_ns = 0
 
@@ -135,7 +133,6 @@ class Board:
         cells = [self.groups.get(name) or self.groups.setdefault(name, GroupCells()) for name in block.groups]
         g, entered, finished, since = block.g, block.entered, block.finished, block.open_since_ns
         spans, span_fps = block.span, block.span_fp
-        moved = self.moved_ns
         k = 0
         for rank, t, count in zip(block.rank, block.time_ns, block.n, strict=True):
             for c in range(k, k + count):
@@ -145,11 +142,10 @@ class Board:
                     i = gc.add(rank)
                 if t < gc.seen[i]:
                     continue  # older than what the board holds for this member: nothing to learn
-                e, f = entered[c], finished[c]
-                if e > gc.entered[i] or f > gc.finished[i]:
-                    moved = max(moved, t)
-                    gc.entered[i] = max(e, gc.entered[i])
-                    gc.finished[i] = max(f, gc.finished[i])
+                if entered[c] > gc.entered[i]:
+                    gc.entered[i] = entered[c]
+                if finished[c] > gc.finished[i]:
+                    gc.finished[i] = finished[c]
                 # The wait belongs to the oldest open collective as of the newest digest.
                 gc.since[i] = since[c] if gc.finished[i] < gc.entered[i] else 0
                 gc.seen[i] = t
@@ -160,7 +156,6 @@ class Board:
             k += count
             if t > self.newest_ns:
                 self.newest_ns = t
-        self.moved_ns = moved
         return k
 
     def stalls(self, *, min_wait_s: float) -> list[Stall]:

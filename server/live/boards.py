@@ -5,11 +5,10 @@ the entries back; `Boards.take` folds a request's digests into its jobs' boards
 (`flightdeck.analysis.board`) and says which of them are to ship their entries now: a **round**,
 open for `detail_round_s`, so that every collector of the job hears it once and the entries
 arrive as one cut through the job. A round opens when a job is first heard of, every
-`detail_interval_s`, when a group has waited in a collective for `stall_after_s / 2` or longer
-and a rank moved since the last round began (so one round per hang: once nothing moves the
-last cut stands), and at once when the members of a group disagree on a span's fingerprint
+`detail_interval_s`, and at once when the members of a group disagree on a span's fingerprint
 (`check`, from the diagnosis worker; that round asks for the span's entries too,
-`Detail.spans`). The hangs (and busy ranks) of such a job come from its board
+`Detail.spans`). While a group has waited in a collective for `stall_after_s / 2` or longer, a
+round of its culprits and a few of its waiters (`Detail.ranks`) every `stall_after_s / 2`. The hangs (and busy ranks) of such a job come from its board
 (`flightdeck.analysis.board.stall_findings`, the kinds of its `BOARD_KINDS`), worded with the
 round's entries; its other findings (mismatches, configuration) from the round's entries,
 judged as of the round (`LiveDiagnosis.diagnose_job`): a cut taken then, not a picture of now.
@@ -88,14 +87,14 @@ class JobBoard:
     board: Board = field(default_factory=Board)
     #: A round is open until then.
     round_until: float = float("-inf")
-    #: When the latest round opened.
+    #: When the latest round opened, and the latest of every rank (not only a stall's).
     round_at: float = float("-inf")
+    whole_at: float = float("-inf")
     #: The spans the open round asks for, and its ranks (empty: all).
     spans: dict[str, int] = field(default_factory=dict)
     ranks: tuple[int, ...] = ()
-    #: When a digest of the job last came, and when one last moved a rank's progress.
+    #: When a digest of the job last came.
     heard: float = float("-inf")
-    moved: float = float("-inf")
     checked: float = float("-inf")
     #: The stalls of the latest check.
     stalls: list[Stall] = field(default_factory=list)
@@ -156,11 +155,8 @@ class Boards:
                 if jb is None:
                     jb = self._boards[key] = JobBoard()
                     self._open_round(key, jb, now)
-                before = jb.board.moved_ns
                 jb.board.fold(block)
                 jb.heard = now
-                if jb.board.moved_ns != before:
-                    jb.moved = now
 
     def keep(self, keys: set[tuple[str, int]]) -> None:
         """Drop the boards of every other job (in a cluster: the jobs this process does not own)."""
@@ -192,13 +188,13 @@ class Boards:
                         continue
                 if now < jb.round_until:
                     continue
-                if now - jb.round_at >= self._interval_s or (jb.stalls and jb.moved >= jb.round_at):
-                    # Due, or a stall while a rank moved since the last round began: the last cut
-                    # no longer says where the stalled group stands.
+                if now - jb.whole_at >= self._interval_s:
                     self._open_round(key, jb, now)
                 elif jb.stalls and now - jb.round_at >= self._stall_after_s / 2:
-                    # Nothing moved: the cut stands, but the culprits' evidence (busy or stuck)
-                    # ages. Theirs, and a few waiters' (what they wait in), every stall_after_s / 2.
+                    # The board makes a stall's findings; their words (what the waiters wait in,
+                    # whether the culprits are busy or stuck) come from the culprits' and a few
+                    # waiters' entries and evidence, asked for every stall_after_s / 2 while it
+                    # lasts: a whole round at 16,384 ranks is 2,048 batches for ingest.
                     self._open_round(key, jb, now, ranks=_evidence_ranks(jb.stalls))
             opened, self._opened = self._opened, []
             return [
@@ -216,6 +212,8 @@ class Boards:
         ranks: tuple[int, ...] = (),
     ) -> None:
         jb.round_at = now
+        if not ranks:
+            jb.whole_at = now
         jb.round_until = now + self._round_s
         jb.spans = spans or {}
         jb.ranks = ranks

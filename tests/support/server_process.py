@@ -8,7 +8,7 @@ import contextlib
 import signal
 import subprocess
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Self
 
@@ -105,3 +105,15 @@ class ServerProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(timeout=10)
+
+
+def stop_processes(procs: Sequence[subprocess.Popen[bytes]], timeout_s: float = 20.0) -> None:
+    """Terminate each process still running, then wait for each (killed if it outlives `timeout_s`)."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
