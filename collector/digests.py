@@ -165,7 +165,7 @@ class RankProgress:
             # ids start again, and it re-sends every entry (new creation times) to rebuild from.
             self.groups.clear()
         for e in snap.entries:
-            # As `flightdeck.digest.progress_of`: point-to-point ops have no collective sequence id.
+            # As `flightdeck.analysis.board.progress_of`: point-to-point ops have no collective sequence id.
             if e.is_p2p or e.collective_seq_id <= 0:
                 continue
             g = self.groups.get(e.group)

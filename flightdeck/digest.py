@@ -42,9 +42,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from flightdeck.analysis.summary import fingerprint, signature
 from flightdeck.limits import INT32_MAX, INT64_MAX, MAX_GROUP, MAX_HOST, MAX_JOB, MAX_WORLD_SIZE, name_problem
-from flightdeck.records import Entry
 
 NS = 1_000_000_000
 MS = 1_000_000
@@ -118,37 +116,6 @@ class RankDigest:
     world_size: int | None
     time_ns: int
     groups: tuple[GroupProgress, ...]
-
-
-def progress_of(entries: Iterable[Entry]) -> tuple[GroupProgress, ...]:
-    """Each group's progress as a rank's flight-recorder entries say it (point-to-point entries
-    have no collective sequence id and are left out; they ship in full around an incident).
-
-    `finished` is the newest id below the oldest unfinished collective, not the newest finished
-    one: a rank waiting in collective 7 while 8 completed (another stream) is still stuck at 7.
-    """
-    entered: dict[str, int] = {}
-    oldest_open: dict[str, tuple[int, int]] = {}  # group -> (seq, created_ns) of the oldest open
-    fps: dict[str, dict[int, int]] = {}  # group -> seq -> signature fingerprint, finished ones
-    for e in entries:
-        if e.is_p2p or e.collective_seq_id <= 0:
-            continue
-        g, seq = e.group, e.collective_seq_id
-        if seq > entered.get(g, 0):
-            entered[g] = seq
-        if e.finished:
-            fps.setdefault(g, {})[seq] = fingerprint(signature(e))
-        else:
-            o = oldest_open.get(g)
-            if o is None or seq < o[0]:
-                oldest_open[g] = (seq, e.time_created_ns)
-    out = []
-    for g, e_seq in entered.items():
-        o = oldest_open.get(g)
-        finished, since = (e_seq, 0) if o is None else (o[0] - 1, max(o[1], 0))
-        k, h = newest_span(finished, fps.get(g, {}))
-        out.append(GroupProgress(g, e_seq, finished, since, k, h))
-    return tuple(out)
 
 
 @dataclass(slots=True)

@@ -26,9 +26,10 @@ from typing import Any
 import httpx
 import pytest
 
+from flightdeck.analysis.board import progress_of
 from flightdeck.collector.daemon import FlushResult
 from flightdeck.collector.digests import Asked, RankProgress, _detail
-from flightdeck.digest import GroupProgress, progress_of
+from flightdeck.digest import GroupProgress
 from flightdeck.launch.demo.ranks import free_port
 from flightdeck.readers.fr.files import read_dump_file
 from flightdeck.readers.fr.merge import merge

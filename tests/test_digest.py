@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from flightdeck.analysis.board import Board
+from flightdeck.analysis.board import Board, progress_of
 from flightdeck.digest import (
     MAX_CELLS,
     DigestError,
@@ -18,7 +18,6 @@ from flightdeck.digest import (
     RankDigest,
     decode_digests,
     encode_digests,
-    progress_of,
 )
 from flightdeck.records import RankDump
 from tests.support.server_batches import scenario_dumps

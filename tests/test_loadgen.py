@@ -22,8 +22,8 @@ from bench.loadgen.cli import parse_args
 from bench.loadgen.findings import explained_by
 from bench.loadgen.job import NS, Fault, RankSim, Sim, Topology, plan_faults
 from bench.loadgen.stats import Sample, Stats, windows
-from flightdeck.analysis.board import Board
-from flightdeck.digest import MS, DigestBlock, RankDigest, decode_digests, encode_digests, progress_of
+from flightdeck.analysis.board import Board, progress_of
+from flightdeck.digest import MS, DigestBlock, RankDigest, decode_digests, encode_digests
 from flightdeck.records import Entry
 from flightdeck.wire import decode_batch, encode_batch
 

@@ -16,7 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
-from flightdeck.digest import RankDigest, decode_digests, encode_digests, progress_of
+from flightdeck.analysis.board import progress_of
+from flightdeck.digest import RankDigest, decode_digests, encode_digests
 from flightdeck.records import RankDump
 from flightdeck.server import store
 from flightdeck.server.ingest import hash_token

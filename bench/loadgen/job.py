@@ -411,7 +411,7 @@ class Sim:
     def progress(self, r: RankSim, step: Step) -> list[tuple[str, int, int, int, int, int]]:
         """(group, entered, finished, open since ns or 0, newest finished span or -1, its
         fingerprint or 0) of each group the rank entered a collective of, in the order of its
-        kinds: what `flightdeck.digest.progress_of` says of its entries at the step
+        kinds: what `flightdeck.analysis.board.progress_of` says of its entries at the step
         (tests/test_loadgen.py checks that it is), from the indexes alone."""
         kinds = self.topo.kinds
         member = self.topo.member[r.rank]

@@ -21,21 +21,24 @@ further on, a span with more than one fingerprint is a mismatch there, and the r
 the largest agreeing set are where it differs. Which field differs, and whether it is a fault
 at all, the full diagnosis says from that span's entries.
 
+What a rank's entries say of its progress (`progress_of`: what a collector sends, and what its
+tracked digest must equal) is here too: it reads the signatures the analysis compares.
+
 Pure: no clock, no I/O; the caller passes the digests and the thresholds.
 """
 
 from __future__ import annotations
 
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from flightdeck.analysis.findings import MISMATCH_KINDS, Finding, Options
 from flightdeck.analysis.progress import refine_hang
 from flightdeck.analysis.rules.common import _fmt_ranks, _main_stack, _refs
 from flightdeck.analysis.rules.consequences import _link_consequences, _order
-from flightdeck.analysis.summary import RankSummary
-from flightdeck.digest import SPAN, DigestBlock
+from flightdeck.analysis.summary import RankSummary, fingerprint, signature
+from flightdeck.digest import SPAN, DigestBlock, GroupProgress, newest_span
 from flightdeck.records import Entry
 
 NS = 1_000_000_000
@@ -43,6 +46,37 @@ NS = 1_000_000_000
 #: (`stall_findings`): where each rank is comes with every digest, where a round's cut is minutes
 #: old or, at thousands of ranks, still arriving (its missing ranks would read as lost or behind).
 BOARD_KINDS = frozenset({"hang", "slow_rank", "rank_lost", "missing_dump"})
+
+
+def progress_of(entries: Iterable[Entry]) -> tuple[GroupProgress, ...]:
+    """Each group's progress as a rank's flight-recorder entries say it (point-to-point entries
+    have no collective sequence id and are left out; they ship in full around an incident).
+
+    `finished` is the newest id below the oldest unfinished collective, not the newest finished
+    one: a rank waiting in collective 7 while 8 completed (another stream) is still stuck at 7.
+    """
+    entered: dict[str, int] = {}
+    oldest_open: dict[str, tuple[int, int]] = {}  # group -> (seq, created_ns) of the oldest open
+    fps: dict[str, dict[int, int]] = {}  # group -> seq -> signature fingerprint, finished ones
+    for e in entries:
+        if e.is_p2p or e.collective_seq_id <= 0:
+            continue
+        g, seq = e.group, e.collective_seq_id
+        if seq > entered.get(g, 0):
+            entered[g] = seq
+        if e.finished:
+            fps.setdefault(g, {})[seq] = fingerprint(signature(e))
+        else:
+            o = oldest_open.get(g)
+            if o is None or seq < o[0]:
+                oldest_open[g] = (seq, e.time_created_ns)
+    out = []
+    for g, e_seq in entered.items():
+        o = oldest_open.get(g)
+        finished, since = (e_seq, 0) if o is None else (o[0] - 1, max(o[1], 0))
+        k, h = newest_span(finished, fps.get(g, {}))
+        out.append(GroupProgress(g, e_seq, finished, since, k, h))
+    return tuple(out)
 
 
 class GroupCells:
