@@ -233,13 +233,16 @@ def healthy_job(tmp_path_factory: pytest.TempPathFactory) -> JobResult:
 @pytest.fixture(scope="module")
 def hung_job(tmp_path_factory: pytest.TempPathFactory) -> JobResult:
     spool = tmp_path_factory.mktemp("spool")
+    # Rank 0 blocks for pg_timeout_s: its stall snapshot is written 2 s in, and a dump under load
+    # (CI on a shared 2-core machine) took most of the 2 s left at 4 s, so 8 (rank 1 leaves after
+    # rank 0 timed out, so that the exception is the timeout's).
     return run_job(
         TEST_SCENARIOS["t_skip"],
         spool,
         interval_s=0.2,
-        pg_timeout_s=4.0,
-        leave_s=5.0,
-        deadline_s=30,
+        pg_timeout_s=8.0,
+        leave_s=10.0,
+        deadline_s=40,
     )
 
 
