@@ -91,7 +91,7 @@ def quiet_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
 
 @pytest.fixture
 def stall_server(tmp_path: Path) -> Iterator[Live]:
-    """Rounds back to back while a group has waited in a collective for 1 s or more."""
+    """A round of a stall's ranks every second while a group has waited in a collective for 1 s or more."""
     yield from start_server(tmp_path, detail_interval_s="3600", detail_round_s="1", stall_after_s="2")
 
 
@@ -262,8 +262,9 @@ def test_a_round_ships_the_entries_then_only_digests_go_until_a_final(
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_in_a_stall_round_a_waiting_rank_ships_what_it_waits_in(tmp_path: Path, stall_server: Live) -> None:
-    """A hung job: the server opens rounds back to back; a rank whose ring did not change ships
-    its snapshot with the entries it waits in (the server's cut shows where each rank is)."""
+    """A hung job: while it stalls the server asks for its culprits' and a few waiters' entries
+    (here every rank of four); a rank whose ring did not change ships its snapshot with the
+    entries it waits in."""
     live = stall_server
     h = harness(tmp_path, live.server.url, live.token, digest_from_ranks=1)
     try:

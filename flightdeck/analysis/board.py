@@ -157,11 +157,6 @@ class Board:
         #: Newest snapshot time (epoch ns) folded.
         self.newest_ns = 0
 
-    @property
-    def cells(self) -> int:
-        """(rank, group) cells held."""
-        return sum(len(c.rank) for c in self.groups.values())
-
     def fold(self, block: DigestBlock) -> int:
         """Fold one request's block of the job's digests in; returns the cells folded."""
         cells = [self.groups.get(name) or self.groups.setdefault(name, GroupCells()) for name in block.groups]

@@ -232,8 +232,3 @@ class Boards:
         """The job's latest span mismatches (empty for a job not on digests)."""
         jb = self._boards.get((job, attempt))
         return list(jb.mismatches) if jb is not None else []
-
-    def cells(self) -> int:
-        """(rank, group) cells held across the boards."""
-        with self._lock:
-            return sum(jb.board.cells for jb in self._boards.values())
