@@ -266,6 +266,9 @@ class Collector(FileReading, RankTracking, NixlTelemetry, BatchEncoding, DigestM
         self._digest_url = settings.digest_url
         #: The last digest request failed (its outage was logged).
         self._digest_failing = False
+        #: (job, attempt) -> the id of the latest round this collector shipped for (a round stays
+        #: open over two intervals, so that every collector hears it; each answers it once).
+        self._rounds_answered: dict[tuple[str, int], int] = {}
         #: Last shipped NIXL sample per identity: (wire without read time, when shipped).
         self._nixl_shipped: dict[tuple[Any, ...], tuple[dict[str, Any], int]] = {}
         self._nixl_errors_logged: set[str] = set()

@@ -79,6 +79,8 @@ MAX_DONE_PER_GROUP = 4 * SPAN
 #: through the job, not its history, and at 16,384 ranks every entry since the last round would
 #: be ~10 a rank-second for the store (the ingest path takes ~17 µs an entry). One span's worth.
 DETAIL_PER_GROUP = SPAN
+#: Jobs whose latest answered round a collector remembers (the least recently asked go first).
+ROUNDS_REMEMBERED = 256
 #: Snapshot kinds shipped at once, detail round or not: an incident's evidence, a rank's end.
 SHIP_AT_ONCE = frozenset({"stall", "final"})
 
@@ -332,6 +334,7 @@ class DigestMode:
     _progress: ProgressTracker
     _digest_url: str
     _digest_failing: bool
+    _rounds_answered: dict[tuple[str, int], int]
 
     if TYPE_CHECKING:
 
@@ -361,6 +364,16 @@ class DigestMode:
         or a stall or final snapshot), with each rank's open entries added. The rest are counted
         held back."""
         detail = self._send_digests(result)
+        for job, heard in list(detail.items()):
+            # A round heard again (it stays open over two intervals): answered already. (Round 0:
+            # a server that names none; every hearing is a round.)
+            if heard.round and self._rounds_answered.get(job) == heard.round:
+                del detail[job]
+            else:
+                self._rounds_answered.pop(job, None)
+                self._rounds_answered[job] = heard.round
+                if len(self._rounds_answered) > ROUNDS_REMEMBERED:
+                    del self._rounds_answered[next(iter(self._rounds_answered))]
         ship: list[Snapshot] = []
         for snap in held:
             asked = detail.get((snap.job, snap.attempt))
@@ -454,11 +467,12 @@ class DigestMode:
 
 @dataclass(frozen=True, slots=True)
 class Asked:
-    """What a round asks of a job's ranks: the spans to add (group -> span index), and which
-    ranks are to ship (empty: every one)."""
+    """What a round asks of a job's ranks: the spans to add (group -> span index), which ranks
+    are to ship (empty: every one), and the round's id (0: none given)."""
 
     spans: dict[str, int]
     ranks: frozenset[int]
+    round: int = 0
 
 
 def _detail(resp: httpx.Response) -> dict[tuple[str, int], Asked] | None:
@@ -481,5 +495,10 @@ def _detail(resp: httpx.Response) -> dict[tuple[str, int], Asked] | None:
             return None
         if not isinstance(ranks, list) or not all(type(r) is int for r in ranks):
             return None
-        out[(d["job"], d["attempt"])] = Asked({str(g): k for g, k in spans.items()}, frozenset(ranks))
+        round_id = d.get("round", 0)
+        if type(round_id) is not int:
+            return None
+        out[(d["job"], d["attempt"])] = Asked(
+            {str(g): k for g, k in spans.items()}, frozenset(ranks), round_id
+        )
     return out

@@ -58,6 +58,21 @@ class WebHeadersMiddleware:
             await self.app(scope, receive, send)
 
 
+class FlightdeckApp(FastAPI):
+    """The FastAPI app, with ingest and digests answered ahead of its middleware stack
+    (`fast_path`: `IngestEndpoint`, within `InternalErrorMiddleware`). The stack (Starlette's and
+    FastAPI's own layers, then ours) is a few hundred µs a request in all: at 16,384 ranks a
+    thousand digests a second, where a digest's own work is ~0.1 ms."""
+
+    fast_path: ASGIApp | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.fast_path is not None and IngestEndpoint.serves(scope):
+            await self.fast_path(scope, receive, send)
+        else:
+            await super().__call__(scope, receive, send)
+
+
 def create_app(
     settings: ServerSettings,
     *,
@@ -67,7 +82,7 @@ def create_app(
     start_workers: bool = True,
     report: Callable[[str], None] = log.warning,
     idle_restart: IdleRestart | None = None,
-) -> FastAPI:
+) -> FlightdeckApp:
     """The Flightdeck server as an ASGI app; `app.state.services` holds its components.
 
     `start_workers=False` leaves the diagnosis, webhook and retention threads off, so a test can
@@ -92,7 +107,7 @@ def create_app(
             finally:
                 services.close()
 
-    app = FastAPI(
+    app = FlightdeckApp(
         title="Flightdeck",
         version=__version__,
         description="Live hang and mismatch detection for PyTorch distributed jobs.",
@@ -147,7 +162,9 @@ def create_app(
     web = StoreData(db=services.db, live=services.live, clock=clock, job_idle_s=settings.job_idle_s)
     app.include_router(make_router(web, WebSettings(token=settings.web_token)))
     app.add_middleware(WebHeadersMiddleware)
-    app.add_middleware(IngestEndpoint, services=services)  # see its module
     # Outermost: an unexpected error anywhere (ingest included) is a 500 with an id.
     app.add_middleware(InternalErrorMiddleware, on_error=services.metrics.server_errors.inc)
+    app.fast_path = InternalErrorMiddleware(
+        IngestEndpoint(services), on_error=services.metrics.server_errors.inc
+    )
     return app

@@ -18,6 +18,7 @@ rows of the last `LOOKBACK_S` and has the whole board.
 
 from __future__ import annotations
 
+import random
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -94,6 +95,8 @@ class DigestShare:
         self._rounds: dict[tuple[str, int], tuple[int, Detail]] = {}
         #: (job, attempt) -> monotonic time this process first heard of it, and last.
         self._first: dict[tuple[str, int], float] = {}
+        #: (job, attempt) -> the id of the first round this process gave it (`_first_id`).
+        self._first_ids: dict[tuple[str, int], int] = {}
         self._heard: dict[tuple[str, int], float] = {}
         #: Per owned job, the id of the newest feed row folded.
         self._after: dict[tuple[str, int], int] = {}
@@ -115,8 +118,17 @@ class DigestShare:
                 if asked is not None and until > now_ns:
                     detail[key] = asked
                 elif now - first < self._first_round_s:
-                    detail.setdefault(key, Detail(b.job, b.attempt))
+                    # One id per process and job: its collectors answer this first round once.
+                    detail.setdefault(key, Detail(b.job, b.attempt, round=self._first_id(key)))
         return list(detail.values())
+
+    def _first_id(self, key: tuple[str, int]) -> int:
+        """The id of the round this process opens for a job it first hears of (random, as
+        `Boards`' round ids: another process's differ)."""
+        rid = self._first_ids.get(key)
+        if rid is None:
+            rid = self._first_ids[key] = random.getrandbits(52) or 1
+        return rid
 
     def step(self, owned: set[tuple[str, int]]) -> list[DigestBlock]:
         """Write what was taken, read the open rounds and the owned jobs' new digests (each at
@@ -204,6 +216,7 @@ class DigestShare:
             # A job not heard of for KEEP_S is forgotten: if it comes back, it is first heard of again.
             self._heard = {k: t for k, t in self._heard.items() if now - t < KEEP_S}
             self._first = {k: t for k, t in self._first.items() if k in self._heard}
+            self._first_ids = {k: i for k, i in self._first_ids.items() if k in self._heard}
         try:
             with self._db.write() as session, session.begin():
                 store.prune_digests(session=session, before_ns=self._clock() - int(KEEP_S * NS))

@@ -261,6 +261,28 @@ def test_a_round_ships_the_entries_then_only_digests_go_until_a_final(
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
+def test_a_round_heard_twice_is_answered_once(tmp_path: Path) -> None:
+    """A round stays open over two intervals so that every collector hears it: a collector that
+    heard it already holds its next snapshots back, as outside a round."""
+    for live in start_server(tmp_path, detail_interval_s="3600", detail_round_s="600", stall_after_s="3600"):
+        h = harness(tmp_path, live.server.url, live.token, digest_from_ranks=1)
+        try:
+            files = copy_fresh("healthy_4", tmp_path / "spool" / "healthy_4" / "0")
+            r = h.collector.flush()
+            assert h.collector.pusher.drain(timeout_s=10)
+            assert (r.digest_ranks, r.snapshots, r.held_back) == (4, 4, 0)
+            batches = live.batches_accepted()
+            touch(files)
+            r = h.collector.flush()  # the round is open for 10 minutes
+            assert h.collector.pusher.drain(timeout_s=10)
+            assert (r.digest_ranks, r.snapshots, r.held_back) == (4, 0, 4)
+            assert live.batches_accepted() == batches
+        finally:
+            h.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
 def test_in_a_stall_round_a_waiting_rank_ships_what_it_waits_in(tmp_path: Path, stall_server: Live) -> None:
     """A hung job: while it stalls the server asks for its culprits' and a few waiters' entries
     (here every rank of four); a rank whose ring did not change ships its snapshot with the
@@ -479,16 +501,17 @@ def test_the_answer_is_read_with_what_each_round_asks() -> None:
         "detail": [
             {"job": "a", "attempt": 0},
             {"job": "b", "attempt": 1, "spans": {"3": 60}},
-            {"job": "c", "attempt": 0, "ranks": [5, 9]},
+            {"job": "c", "attempt": 0, "ranks": [5, 9], "round": 77},
         ],
     }
     assert _detail(httpx.Response(200, json=answer)) == {
         ("a", 0): Asked({}, frozenset()),
         ("b", 1): Asked({"3": 60}, frozenset()),
-        ("c", 0): Asked({}, frozenset({5, 9})),
+        ("c", 0): Asked({}, frozenset({5, 9}), 77),
     }
     bad_answers: list[object] = [
         {"detail": [{"job": "c", "attempt": 0, "ranks": ["5"]}]},
+        {"detail": [{"job": "c", "attempt": 0, "round": "77"}]},
         {"detail": "x"},
         [],
     ]

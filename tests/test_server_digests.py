@@ -21,7 +21,7 @@ from flightdeck.digest import RankDigest, decode_digests, encode_digests
 from flightdeck.records import RankDump
 from flightdeck.server import store
 from flightdeck.server.ingest import hash_token
-from flightdeck.server.live.boards import Boards, Detail
+from flightdeck.server.live.boards import ENTRIES_DIAGNOSED_S, Boards, Detail
 from flightdeck.wire import Snapshot
 from tests.support.clock import FakeClock
 from tests.support.server_app import (
@@ -77,9 +77,14 @@ def test_digests_ask_for_a_round_whose_entries_find_the_real_hang(server: Server
     server.clock.now_ns = max(s.snapshot_time_ns for s in snaps) + NS
     r = post_digests(server, _digests(list(newest.values()), JOB))
     assert r.status_code == 200, r.text
-    # A job first heard of: its collector ships its ranks' entries now.
-    assert r.json() == {"ranks": 4, "detail": [{"job": JOB, "attempt": 0}]}
-    assert _metric(server, "accepted") == 1
+    # A job first heard of: its collector ships its ranks' entries now, once for the round's id.
+    (asked,) = r.json()["detail"]
+    assert r.json()["ranks"] == 4 and asked.pop("round") > 0
+    assert asked == {"job": JOB, "attempt": 0}
+    # Heard again while the round is open: the same round.
+    again = post_digests(server, _digests(list(newest.values()), JOB)).json()["detail"]
+    assert again == r.json()["detail"]
+    assert _metric(server, "accepted") == 2
     assert server.svc.live.boards.holds(JOB, 0)
     # Its board already shows the stall (in memory: no row was written for a digest).
     stalls = {s.group: s for s in server.svc.live.boards.stalls(JOB, 0) or _checked(server)}
@@ -91,6 +96,14 @@ def test_digests_ask_for_a_round_whose_entries_find_the_real_hang(server: Server
     doc = server.job(JOB)
     hang = next(f for f in doc["findings"] if f["kind"] == "hang")
     assert (hang["process_group"], hang["collective_seq_id"], hang["culprit_ranks"]) == ("2", 5, [3])
+    # The oldest unfinished collective per group (a gauge) is the board's, not the round's cut.
+    (js,) = [js for js in server.svc.live.jobs_snapshot() if js.name == JOB]
+    frontiers = server.svc.live.boards.frontiers(JOB, 0)
+    assert frontiers is not None
+    assert js.oldest_unfinished_ns == {g: t for g, (t, _) in frontiers.items() if t is not None}
+    waiting = next(e for e in newest[2].entries if e.group == "2" and e.collective_seq_id == 5)
+    # (A digest says the wait in ms: the time comes back to the ms.)
+    assert abs(js.oldest_unfinished_ns["2"] - waiting.time_created_ns) < 1_000_000
 
 
 def _checked(srv: Server) -> list[Any]:
@@ -345,17 +358,51 @@ def test_a_silent_mismatch_opens_a_round_for_its_span() -> None:
     mono.t += 4.0
     boards.check()
     (m,) = boards.mismatches(JOB, 0)
-    assert (m.group, m.span, m.ranks, m.agreeing, 14 in m.seqs) == ("0", 0, (2,), 3, True)
-    assert boards.take(_request(dumps, t)) == [Detail(JOB, 0, {"0": 0})]
+    assert (m.group, m.span, m.ranks, m.agreeing, m.agreed, 14 in m.seqs) == (
+        "0",
+        0,
+        (2,),
+        3,
+        (0, 1, 3),
+        True,
+    )
+    # Of the odd rank and of more of those that agreed: here every rank of four.
+    assert boards.take(_request(dumps, t)) == [Detail(JOB, 0, {"0": 0}, (0, 1, 2, 3))]
     # Decided once: the same digests again open nothing more.
     mono.t += 4.0
     assert boards.check() == []
 
 
+def test_which_entries_go_to_the_full_diagnosis_and_when() -> None:
+    """A round of every rank, or a mismatch's, brings entries for the full diagnosis for
+    ENTRIES_DIAGNOSED_S; a stall's evidence after that only words the board's findings. While a
+    mismatch round is open its entries are awaited; once it closes they are diagnosed at once."""
+    mono = Mono()
+    boards = _boards(mono)
+    dumps = [ds[-1] for ds in scenario_dumps("dtype_same_bytes").values()]
+    t = max(d.snapshot_time_ns or 0 for d in dumps)
+    boards.take(_request(dumps, t))  # first sight: a round of every rank
+    assert boards.entries_due(JOB, 0) and boards.mismatch_round(JOB, 0) is None
+    mono.t += ENTRIES_DIAGNOSED_S
+    assert not boards.entries_due(JOB, 0)
+    boards.check()  # the span's fingerprints disagree: a mismatch round
+    assert boards.entries_due(JOB, 0) and boards.mismatch_round(JOB, 0) == "open"
+    mono.t += 4.0  # detail_round_s
+    assert boards.mismatch_round(JOB, 0) == "closed"
+    mono.t += 4.0
+    assert boards.mismatch_round(JOB, 0) is None
+    assert boards.entries_due(JOB, 0)
+    assert boards.entries_due("unknown", 0)  # not on digests: every batch is for the diagnosis
+
+
 def test_the_answer_names_the_span_a_mismatch_round_asks_for(server: Server) -> None:
     dumps = [ds[-1] for ds in scenario_dumps("dtype_same_bytes").values()]
     server.clock.now_ns = max(d.snapshot_time_ns or 0 for d in dumps) + NS
-    assert post_digests(server, _digests(dumps, JOB)).json()["detail"] == [{"job": JOB, "attempt": 0}]
+    (first,) = post_digests(server, _digests(dumps, JOB)).json()["detail"]
+    assert {k: v for k, v in first.items() if k != "round"} == {"job": JOB, "attempt": 0}
     server.svc.live.boards.check()  # what the worker does every step
     r = post_digests(server, _digests(dumps, JOB))
-    assert r.json()["detail"] == [{"job": JOB, "attempt": 0, "spans": {"0": 0}}]
+    (asked,) = r.json()["detail"]
+    # A round of its own (the first one's collectors answered that one already).
+    assert asked.pop("round") not in (0, first["round"])
+    assert asked == {"job": JOB, "attempt": 0, "spans": {"0": 0}, "ranks": [0, 1, 2, 3]}

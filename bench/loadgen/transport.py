@@ -234,6 +234,7 @@ async def digest_sender(
             push.close()
 
     pushing = asyncio.ensure_future(pusher())
+    answered = 0  # the latest round shipped for (a collector answers each round once)
     try:
         while True:
             item = await queue.get()
@@ -259,6 +260,11 @@ async def digest_sender(
                 continue
             stats.digests.append((now, took, len(body), bool(detail)))
             stats.digest_bytes += len(body)
+            round_id = int(detail[0].get("round") or 0) if detail else 0
+            if round_id and round_id == answered:
+                detail = []
+            elif detail:
+                answered = round_id
             if detail:
                 # A mismatch round names the spans whose entries go too.
                 spans = {str(g): int(k) for g, k in (detail[0].get("spans") or {}).items()}

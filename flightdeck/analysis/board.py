@@ -79,6 +79,10 @@ def progress_of(entries: Iterable[Entry]) -> tuple[GroupProgress, ...]:
     return tuple(out)
 
 
+#: Ranks of a span mismatch's largest agreeing set that it keeps (`SpanMismatch.agreed`).
+AGREED_KEPT = 128
+
+
 class GroupCells:
     """One process group's members on the board: a slot per member, one array per field."""
 
@@ -123,6 +127,8 @@ class SpanMismatch:
     ranks: tuple[int, ...]
     #: How many agreed.
     agreeing: int
+    #: The first of those that agreed (sorted; at most `AGREED_KEPT`), to compare the odd with.
+    agreed: tuple[int, ...] = ()
 
     @property
     def seqs(self) -> range:
@@ -224,6 +230,17 @@ class Board:
                 )
         return out
 
+    def frontiers(self) -> dict[str, tuple[int | None, int]]:
+        """group -> (enqueue time in epoch ns of the oldest collective a member is inside, None
+        when none is; the newest sequence id every member finished): the board's counterpart of
+        `flightdeck.analysis.frontier.group_frontiers`, for collectives only (point-to-point
+        entries carry no sequence id and are not on the board)."""
+        return {
+            name: (min(filter(None, gc.since), default=None), min(gc.finished))
+            for name, gc in self.groups.items()
+            if gc.rank
+        }
+
     def mismatches(self) -> list[SpanMismatch]:
         """The spans decided since the last call whose fingerprints differ, by group. A span is
         decided once every member reported it, or the group reported two newer ones (a member
@@ -242,7 +259,8 @@ class Board:
                 if len(by_fp) > 1:
                     biggest = max(by_fp.values(), key=len)
                     odd = sorted(r for v in by_fp.values() if v is not biggest for r in v)
-                    out.append(SpanMismatch(name, k, tuple(odd), len(biggest)))
+                    agreed = tuple(sorted(biggest)[:AGREED_KEPT])
+                    out.append(SpanMismatch(name, k, tuple(odd), len(biggest), agreed))
         return out
 
 

@@ -20,6 +20,7 @@ digests are 1,024 requests a second, which the ingest path (~3.4 ms a request) c
 from __future__ import annotations
 
 import json
+import random
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -29,6 +30,10 @@ from flightdeck.digest import DigestBlock, DigestRequest
 
 #: Least time between two evaluations of one board's stall rule (a loop over its open groups).
 CHECK_EVERY_S = 0.5
+#: How long after a round of every rank (or of a mismatch) opens its job's new entries go to the
+#: full diagnosis (`Boards.entries_due`): at 16,384 ranks a whole round's batches came within
+#: ~30 s in the load generator's runs.
+ENTRIES_DIAGNOSED_S = 120.0
 #: Span mismatches kept per job (the latest), for the pages and tests.
 KEEP_MISMATCHES = 16
 
@@ -43,22 +48,35 @@ class Detail:
     attempt: int
     spans: dict[str, int] = field(default_factory=dict)
     ranks: tuple[int, ...] = ()
+    #: The round's id, opaque (0: none): a round stays open over two intervals so that every
+    #: collector hears it, and a collector ships once per id.
+    round: int = field(default=0, compare=False)
 
     def asks(self) -> str:
-        """The spans and ranks as stored for the cluster (`digest_rounds.asks`)."""
-        return json.dumps({"spans": self.spans, "ranks": list(self.ranks)})
+        """The spans, ranks and id as stored for the cluster (`digest_rounds.asks`)."""
+        return json.dumps({"spans": self.spans, "ranks": list(self.ranks), "round": self.round})
 
     @classmethod
     def of(cls, job: str, attempt: int, asks: str) -> Detail:
         """A round as stored (written by a server)."""
         raw = json.loads(asks)
-        spans = raw.get("spans") or {} if isinstance(raw, dict) else {}
-        ranks = raw.get("ranks") or [] if isinstance(raw, dict) else []
-        return cls(job, attempt, {str(g): int(k) for g, k in spans.items()}, tuple(int(r) for r in ranks))
+        if not isinstance(raw, dict):
+            raw = {}
+        spans = raw.get("spans") or {}
+        ranks = raw.get("ranks") or []
+        return cls(
+            job,
+            attempt,
+            {str(g): int(k) for g, k in spans.items()},
+            tuple(int(r) for r in ranks),
+            int(raw.get("round") or 0),
+        )
 
     def to_json(self) -> dict[str, object]:
         """The answer's form."""
         doc: dict[str, object] = {"job": self.job, "attempt": self.attempt}
+        if self.round:
+            doc["round"] = self.round
         if self.spans:
             doc["spans"] = dict(self.spans)
         if self.ranks:
@@ -80,6 +98,18 @@ def _evidence_ranks(stalls: list[Stall]) -> tuple[int, ...]:
     return tuple(sorted(ranks))
 
 
+def _mismatch_ranks(found: list[SpanMismatch]) -> tuple[int, ...]:
+    """The ranks whose span entries a mismatch's finding reads: the odd ones (up to
+    `EVIDENCE_CULPRITS`) and more of those that agreed than that, so that the entries' majority
+    rule, which says which field differs and where, sees the same majority as the board."""
+    ranks: set[int] = set()
+    for m in found:
+        odd = m.ranks[:EVIDENCE_CULPRITS]
+        ranks.update(odd)
+        ranks.update(m.agreed[: len(odd) + EVIDENCE_WAITERS])
+    return tuple(sorted(ranks))
+
+
 @dataclass(slots=True)
 class JobBoard:
     """One job attempt's board and its rounds (monotonic times)."""
@@ -87,12 +117,17 @@ class JobBoard:
     board: Board = field(default_factory=Board)
     #: A round is open until then.
     round_until: float = float("-inf")
-    #: When the latest round opened, and the latest of every rank (not only a stall's).
+    #: When the latest round opened, the latest of every rank (not only a stall's), and the
+    #: latest whose entries the full diagnosis reads (every rank's, or a mismatch's spans).
     round_at: float = float("-inf")
     whole_at: float = float("-inf")
-    #: The spans the open round asks for, and its ranks (empty: all).
+    entries_at: float = float("-inf")
+    #: Until when the latest mismatch round is to be diagnosed without waiting (`mismatch_round`).
+    urgent_until: float = float("-inf")
+    #: The spans the open round asks for, its ranks (empty: all) and its id (`Detail.round`).
     spans: dict[str, int] = field(default_factory=dict)
     ranks: tuple[int, ...] = ()
+    round_id: int = 0
     #: When a digest of the job last came.
     heard: float = float("-inf")
     checked: float = float("-inf")
@@ -103,7 +138,7 @@ class JobBoard:
 
     def detail(self, key: tuple[str, int]) -> Detail:
         """What the open round asks of the collectors."""
-        return Detail(key[0], key[1], dict(self.spans), self.ranks)
+        return Detail(key[0], key[1], dict(self.spans), self.ranks, self.round_id)
 
 
 class Boards:
@@ -184,7 +219,9 @@ class Boards:
                         # At once, open or not: the collectors that heard the open round shipped
                         # without the span.
                         jb.mismatches = (jb.mismatches + found)[-KEEP_MISMATCHES:]
-                        self._open_round(key, jb, now, {m.group: m.span for m in found})
+                        self._open_round(
+                            key, jb, now, {m.group: m.span for m in found}, _mismatch_ranks(found)
+                        )
                         continue
                 if now < jb.round_until:
                     continue
@@ -214,10 +251,37 @@ class Boards:
         jb.round_at = now
         if not ranks:
             jb.whole_at = now
+        if not ranks or spans:
+            jb.entries_at = now
+        if spans:
+            jb.urgent_until = now + 2 * self._round_s
         jb.round_until = now + self._round_s
         jb.spans = spans or {}
         jb.ranks = ranks
+        # Random: ids of rounds a process taking the job over opens differ from its old owner's.
+        jb.round_id = random.getrandbits(52) or 1
         self._opened.append(key)
+
+    def entries_due(self, job: str, attempt: int) -> bool:
+        """Whether new entries of a job on digests are for its full diagnosis: they came within
+        `ENTRIES_DIAGNOSED_S` of a round of every rank or of a mismatch. Others are a stall's
+        evidence (a few ranks' entries every `stall_after_s / 2`), which the board's findings
+        read: at 16,384 ranks a full diagnosis is seconds for nothing new."""
+        jb = self._boards.get((job, attempt))
+        return jb is None or self._mono() - jb.entries_at < ENTRIES_DIAGNOSED_S
+
+    def mismatch_round(self, job: str, attempt: int) -> str | None:
+        """Where a job's latest mismatch round is: "open" (its entries arriving: the full
+        diagnosis waits for them), "closed" (for `detail_round_s` after: the entries are
+        diagnosed at once, not spaced by the diagnosis's cost nor its budget, since the
+        mismatch's finding is made from them), or None (long closed, or none)."""
+        jb = self._boards.get((job, attempt))
+        if jb is None:
+            return None
+        now = self._mono()
+        if now >= jb.urgent_until:
+            return None
+        return "open" if now < jb.round_until else "closed"
 
     def holds(self, job: str, attempt: int) -> bool:
         """Whether the job is on digests (its board is held)."""
@@ -227,6 +291,12 @@ class Boards:
         """The job's stalls as of the latest check (empty for a job not on digests)."""
         jb = self._boards.get((job, attempt))
         return list(jb.stalls) if jb is not None else []
+
+    def frontiers(self, job: str, attempt: int) -> dict[str, tuple[int | None, int]] | None:
+        """The job's board's frontiers (`Board.frontiers`), None for a job not on digests."""
+        with self._lock:
+            jb = self._boards.get((job, attempt))
+            return jb.board.frontiers() if jb is not None else None
 
     def mismatches(self, job: str, attempt: int) -> list[SpanMismatch]:
         """The job's latest span mismatches (empty for a job not on digests)."""

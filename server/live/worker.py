@@ -331,6 +331,8 @@ class LiveDiagnosis(ClusterSteps):
         due: list[JobState] = []
         #: Jobs on digests whose board's findings are due, their entries' verdict standing.
         board_due: list[JobState] = []
+        #: Jobs whose due diagnosis neither waits for its rest nor counts against the budget.
+        urgent: set[int] = set()
         released: list[JobState] = []
         with self._lock:
             jobs = list(self.jobs.values())
@@ -360,11 +362,27 @@ class LiveDiagnosis(ClusterSteps):
             # A large job's diagnosis takes long: space them so it gets at most its share of a core.
             rested = now - js.last_diagnosis >= js.diagnosis_s / s.diagnosis_max_share
             on_digests = self.boards.holds(js.name, js.attempt)
-            if js.dirty:
+            mismatch_round = self.boards.mismatch_round(js.name, js.attempt) if on_digests else None
+            if (
+                js.dirty
+                and on_digests
+                and js.entries_report is not None
+                and not self.boards.entries_due(js.name, js.attempt)
+            ):
+                # A stall's evidence came: it words the board's findings; the entries' verdict stands.
+                with self._lock:
+                    js.dirty = False
+                board_due.append(js)
+                continue
+            # While a mismatch round is open its entries are arriving: they are diagnosed once it
+            # closes, at once (not spaced, not counted in the budget).
+            if js.dirty and (force or mismatch_round != "open"):
                 quiet = now - js.last_ingest >= s.diagnosis_debounce_s
                 # A job that never goes quiet (thousands of ranks pushing in turn) still gets looked at.
                 starving = now - js.dirty_since >= max(2.0, 4 * s.diagnosis_debounce_s)
-                if force or ((quiet or starving) and rested):
+                if mismatch_round == "closed":
+                    urgent.add(js.job_id)
+                if force or ((quiet or starving) and (rested or mismatch_round == "closed")):
                     due.append(js)
                     continue
             if (
@@ -415,12 +433,12 @@ class LiveDiagnosis(ClusterSteps):
             _malloc_trim()
         # Jobs with new data first, then the longest undiagnosed: what the budget leaves for a
         # later step is the re-diagnosis of a job that has changed least.
-        due.sort(key=lambda js: (not js.dirty, js.last_diagnosis))
+        due.sort(key=lambda js: (js.job_id not in urgent, not js.dirty, js.last_diagnosis))
         done = 0
         for js in board_due:
             self.diagnose_job(js, entries=False)
         for js in due:
-            if not force and self._budget.spent(self._mono()):
+            if not force and js.job_id not in urgent and self._budget.spent(self._mono()):
                 break
             started = time.perf_counter()
             self.diagnose_job(js)
@@ -661,7 +679,12 @@ class LiveDiagnosis(ClusterSteps):
         js.ended_at_ns = ended_at
         if ended_at is not None:
             log.info("job %s ended %s", js.name, status)
-        update_gauges(js, report)
+        update_gauges(
+            js,
+            report,
+            frontiers=self.boards.frontiers(js.name, js.attempt) if on_digests else None,
+            skews=entries,
+        )
         if events:
             self._on_events(js, events)
 
