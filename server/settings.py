@@ -171,18 +171,19 @@ class ServerSettings(BaseSettings):
         gt=0,
         description="Jobs whose collectors send progress digests (`POST /api/v1/digest`: jobs of at "
         "least the collector's digest_from_ranks ranks) are asked for their entries (a round: each "
-        "rank's newest, its open ones) this often; also when first heard of and when ranks disagree "
-        "on a span's fingerprint. While a process group has waited in a collective for "
-        "stall_after_s / 2 or longer, its culprits and a few of its waiters are asked every "
-        "stall_after_s / 2. Hangs and busy ranks of such a job are found from the digests; its "
-        "other findings from the entries of the latest round, judged as of it.",
+        "rank's newest, its open ones) this often, and when first heard of. When ranks disagree on "
+        "a span's fingerprint, the odd ranks and more of those that agreed are asked for that span "
+        "at once. While a process group has waited in a collective for stall_after_s / 2 or "
+        "longer, its culprits and a few of its waiters are asked every stall_after_s / 2. Hangs and "
+        "busy ranks of such a job are found from the digests; its other findings from the entries "
+        "of the latest rounds, judged as of them.",
     )
     detail_round_s: float = Field(
         default=4.0,
         gt=0,
         description="How long a request for a digest job's entries stays open: every collector that "
-        "sends a digest of the job meanwhile is answered to ship its ranks' entries. At least the "
-        "collectors' push_interval_s, so that each hears it.",
+        "sends a digest of the job meanwhile is answered to ship its ranks' entries (once per "
+        "round). At least the collectors' push_interval_s, so that each hears it.",
     )
     straggler_interval_s: float = Field(
         default=10.0,

@@ -3,15 +3,19 @@
 Collectors of large jobs send a digest per rank every interval (`flightdeck.digest`) and hold
 the entries back; `Boards.take` folds a request's digests into its jobs' boards
 (`flightdeck.analysis.board`) and says which of them are to ship their entries now: a **round**,
-open for `detail_round_s`, so that every collector of the job hears it once and the entries
-arrive as one cut through the job. A round opens when a job is first heard of, every
-`detail_interval_s`, and at once when the members of a group disagree on a span's fingerprint
-(`check`, from the diagnosis worker; that round asks for the span's entries too,
-`Detail.spans`). While a group has waited in a collective for `stall_after_s / 2` or longer, a
-round of its culprits and a few of its waiters (`Detail.ranks`) every `stall_after_s / 2`. The hangs (and busy ranks) of such a job come from its board
+open for `detail_round_s` so that every collector of the job hears it, and answered once per
+collector (`Detail.round`), so that the entries arrive as one cut through the job. A round of
+every rank opens when a job is first heard of and every `detail_interval_s`. Two kinds name
+their ranks (`Detail.ranks`): when the members of a group disagree on a span's fingerprint, at
+once, a round of the odd ranks and more of those that agreed, asking for the span's entries too
+(`Detail.spans`); while a group has waited in a collective for `stall_after_s / 2` or longer,
+a round of its culprits and a few of its waiters every `stall_after_s / 2`.
+
+The hangs (and busy ranks) of such a job come from its board
 (`flightdeck.analysis.board.stall_findings`, the kinds of its `BOARD_KINDS`), worded with the
-round's entries; its other findings (mismatches, configuration) from the round's entries,
-judged as of the round (`LiveDiagnosis.diagnose_job`): a cut taken then, not a picture of now.
+stall rounds' entries; its other findings (mismatches, configuration) from the entries of the
+rounds of every rank and of mismatches (`entries_due`, `mismatch_round`), judged as of the round
+(`LiveDiagnosis.diagnose_job`): a cut taken then, not a picture of now.
 
 Everything here is in memory and costs no transaction: at 16,384 ranks on 2,048 hosts the
 digests are 1,024 requests a second, which the ingest path (~3.4 ms a request) could not take.
