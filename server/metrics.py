@@ -340,10 +340,11 @@ class StateCollector(Collector):
             lost_ranks: set[int] = set()
             open_kinds: Tally[str] = Tally()
             # Until its first diagnosis after a restart, a job's open findings as stored (so an
-            # open incident is exported from the first scrape on: neither resolved nor re-fired).
+            # open incident is exported from the first scrape on: neither resolved nor re-fired);
+            # after it, those kept as stored while a job on digests awaits its entries.
             # An ended job's gauges read 0 at once (its findings closed as ended), until its
             # series go `ended_series_s` later (`LiveDiagnosis` drops its state).
-            findings = report.findings if report is not None else js.restored
+            findings = [*report.findings, *js.restored] if report is not None else js.restored
             ended = js.ended_at_ns is not None
             if not ended and js.status != "finished":
                 for f in findings:

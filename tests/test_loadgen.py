@@ -423,13 +423,16 @@ def test_a_short_run_against_a_real_server_reports_each_fault_and_no_false_findi
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("protocol", [[], ["--digests"]], ids=["entries", "digests"])
 def test_the_owner_killed_mid_run_another_server_diagnoses_the_job_and_finds_a_later_hang(
-    pg_database: str,
+    pg_database: str, protocol: list[str]
 ) -> None:
-    # Two servers in cluster mode on PostgreSQL; the one diagnosing the job is SIGKILLed 6 s in
-    # (its advisory lock dies with its connection), its collectors move to the other one, and a
-    # rank hangs 8 s after that: the survivor takes the job over, diagnoses it and finds the hang.
+    # Two servers in cluster mode on PostgreSQL; the one owning the job (the one exporting its
+    # series) is SIGKILLed 6 s in (its advisory lock dies with its connection), its collectors
+    # move to the other one, and a rank hangs 8 s after that: the survivor takes the job over,
+    # diagnoses it and finds the hang. On digests too, whose full diagnoses are minutes apart.
     report = _loadgen(
+        *protocol,
         "--spawn",
         "postgresql",
         "--servers",

@@ -115,7 +115,7 @@ async def drive(
         poller = asyncio.create_task(poll_findings(client, servers, sim.job, sim, stats, stop))
         killer = None
         if args.kill_owner_at is not None:
-            killer = asyncio.create_task(kill_owner(client, servers, args.kill_owner_at, stats))
+            killer = asyncio.create_task(kill_owner(client, servers, sim.job, args.kill_owner_at, stats))
         sampling = asyncio.create_task(sampler(pids, db_url, args.window_s, stats, stop))
         # Hosts snapshot at their own phase within the interval, like independent collectors.
         phase = [args.interval * h / args.hosts for h in range(args.hosts)]

@@ -31,10 +31,18 @@ def rebuild_summaries(
     on_db_error: Callable[[], None],
     max_seqs: int,
     max_times: int,
+    entries: bool = True,
+    awaiting_since: float = 0.0,
 ) -> int:
     """Summaries of every rank of the job from the database (restart, or another server's job),
     each track cut as the fold cuts it (`fold.bound_track`: `max_seqs` collectives, the enqueue
     times of the newest `max_times`).
+
+    `entries`: False for a job on progress digests: the ranks' metadata only. Its board (from the
+    digests) finds its hangs, and the round of every rank its new board opens brings the entries
+    the rest of its diagnosis reads; reading back every stored entry of a 16,384-rank job held
+    the diagnosis worker for 20–30 s (the load generator, `--kill-owner-at`). The job is then
+    awaiting its entries from `awaiting_since` (`JobState.awaiting_entries_since`).
 
     The entries are read and folded in a few ranks at a time (`store.rank_entries`): all of a
     1,024-rank x 2,000-collective job's entries as records at once took 1.2 GB. Returns how many
@@ -64,13 +72,15 @@ def rebuild_summaries(
             sids |= store.progress_stack_ids(r for r, _ in ranks)
             stacks = store.stacks_by_id(session=session, ids=sids)
             configs = store.rank_configs(session=session, job_id=js.job_id)
-            # The job's groups, one object each, shared by every rank (a world-sized member
+            # The job's groups, one object each, shared by their members (a world-sized member
             # list per rank would be ranks x world ints; diagnosis counts member lists by object).
             js.member_lists, js.lowest_member = {}, {}
             infos = {
                 n: GroupInfo(n, g.desc, None if g.ranks is None else js.intern_members(tuple(g.ranks)))
                 for n, g in groups.items()
             }
+            of_rank = _groups_of_ranks(infos)
+            unknown = {n: i for n, i in infos.items() if i.ranks is None}
             for r, host in ranks:
                 summaries[r.rank] = RankSummary(
                     rank=r.rank,
@@ -89,7 +99,7 @@ def rebuild_summaries(
                     interval_s=r.interval_s,
                     exception=r.exception,
                     wrapped=r.wrapped,
-                    groups=dict(infos),
+                    groups=of_rank.get(r.rank) or dict(unknown),
                     thread_stacks=store.thread_stacks_of(r, stacks),
                     config=configs.get(r.rank),
                     progress=store.progress_of(r, stacks),
@@ -97,10 +107,15 @@ def rebuild_summaries(
                 seen[r.rank] = r.last_snapshot_ns
                 if r.gone_at_ns is not None:
                     gone[r.rank] = r.gone_at_ns
-            for rank, entries in store.rank_entries(session=session, job_id=js.job_id, ranks=list(summaries)):
+            held_by_rank = (
+                store.rank_entries(session=session, job_id=js.job_id, ranks=list(summaries))
+                if entries
+                else ()
+            )
+            for rank, held in held_by_rank:
                 s = summaries[rank]
-                add_entries(s, entries)
-                folded += len(entries)
+                add_entries(s, held)
+                folded += len(held)
                 for t in s.tracks.values():
                     pack_track(t)
                     bound_track(t, max_seqs=max_seqs, max_times=max_times)
@@ -113,4 +128,21 @@ def rebuild_summaries(
     js.released = False
     js.agreed = {}
     js.dirty = True
+    js.awaiting_entries_since = None if entries else awaiting_since
     return folded
+
+
+def _groups_of_ranks(infos: dict[str, GroupInfo]) -> dict[int, dict[str, GroupInfo]]:
+    """Each rank's groups, as its own snapshots said them: those it is a member of, and those
+    whose members no rank said (given to every rank). Not every group to every rank: a job of
+    16,384 ranks in 3,081 groups made that 50 M dict entries, 2.7 GB, and a diagnosis walking
+    them for more than 30 s after a takeover (the load generator, `--kill-owner-at`)."""
+    unknown = {n: i for n, i in infos.items() if i.ranks is None}
+    out: dict[int, dict[str, GroupInfo]] = {}
+    for name, info in infos.items():
+        for r in info.ranks or ():
+            mine = out.get(r)
+            if mine is None:
+                mine = out[r] = dict(unknown)
+            mine[name] = info
+    return out

@@ -98,8 +98,14 @@ class JobState:
     report: Report | None = None
     #: The job's open findings as stored, loaded at start (one process alone): what the metrics
     #: export until the job's first diagnosis here sets `report`, so that an open incident stays
-    #: exported across a restart (Prometheus' first scrape must not see it resolved).
+    #: exported across a restart (Prometheus' first scrape must not see it resolved); after it,
+    #: those kept as stored while the job awaits its entries (`awaiting_entries_since`).
     restored: list[Finding] = field(default_factory=list)
+    #: Monotonic time a job on digests was rebuilt without its entries (a takeover, a restart:
+    #: `rebuild.rebuild_summaries`); None once its entries are in. Until then the open findings
+    #: its board does not make stay open as stored: judged on no entries, they would resolve,
+    #: and open again (a second page) once the entries came.
+    awaiting_entries_since: float | None = None
     #: (group, seq) -> epoch ns a state_mismatch there was first diagnosed (`settle_state_mismatches`).
     state_mismatch_since: dict[tuple[str | None, int | None], int] = field(default_factory=dict)
     #: The last diagnosis's `Report.agreed`, for the next (reset when the summaries are rebuilt).

@@ -32,10 +32,10 @@ from typing import Any
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
-from flightdeck.analysis import Finding, Options, diagnose
+from flightdeck.analysis import Finding, Options, RankSummary, diagnose
 from flightdeck.analysis.board import BOARD_KINDS, merge_findings, stall_findings
 from flightdeck.analysis.config_skew import PeerJob
-from flightdeck.analysis.findings import CONFIG_KINDS, finding_key
+from flightdeck.analysis.findings import CONFIG_KINDS, FindingKey, finding_key
 from flightdeck.analysis.lateness import judged_as_of_ns
 from flightdeck.analysis.lifecycle import end_state, ending, job_end, job_status
 from flightdeck.analysis.live_findings import live_findings, settle_state_mismatches
@@ -73,6 +73,22 @@ def _stored_finding(data: dict[str, Any]) -> Finding:
         waiting_ranks=[int(r) for r in data.get("waiting_ranks") or []],
         elapsed_s=None if elapsed is None else float(elapsed),
     )
+
+
+def _kept_findings(
+    session: Session, job_id: int, seen: Sequence[Finding]
+) -> tuple[set[FindingKey], list[Finding]]:
+    """The job's open findings that a diagnosis awaiting its entries does not see and its board
+    does not make: kept open as stored (their keys, and as findings for the metrics)."""
+    current = {finding_key(f) for f in seen}
+    keys: set[FindingKey] = set()
+    kept: list[Finding] = []
+    for row in store.open_findings(session=session, job_id=job_id):
+        key = (row.kind, row.group_key, row.seq_key, row.rank_key)
+        if row.kind not in BOARD_KINDS and key not in current:
+            keys.add(key)
+            kept.append(_stored_finding(row.data))
+    return keys, kept
 
 
 def _malloc_trim() -> None:
@@ -529,6 +545,8 @@ class LiveDiagnosis(ClusterSteps):
                     on_db_error=self._on_db_error,
                     max_seqs=self._settings.max_summary_seqs,
                     max_times=self._settings.enqueue_times_kept,
+                    entries=not self.boards.holds(js.name, js.attempt),
+                    awaiting_since=self._mono(),
                 )
             return
         max_seqs, max_times = self._settings.max_summary_seqs, self._settings.enqueue_times_kept
@@ -655,8 +673,12 @@ class LiveDiagnosis(ClusterSteps):
             status = job_status(report, summaries, js.world_size)
             if status == "running" and no_data(js, now_ns, self.heard_ns, self._settings):
                 status = "no_data"
+        kept: list[Finding] = []
         try:
             with self._db.write() as session, session.begin():
+                keep: set[FindingKey] = set()
+                if on_digests and self._awaiting_entries(js, summaries, expected, now_mono):
+                    keep, kept = _kept_findings(session, js.job_id, report.findings)
                 events = store.apply_findings(
                     session=session,
                     job_id=js.job_id,
@@ -666,6 +688,7 @@ class LiveDiagnosis(ClusterSteps):
                     now_ns=now_ns,
                     last_seen_ns=js.last_seen_ns or None,
                     ended_at_ns=ended_at,
+                    keep=keep,
                 )
                 if events and self._record_events is not None:
                     self._record_events(session, js, events)
@@ -675,6 +698,7 @@ class LiveDiagnosis(ClusterSteps):
                 js.dirty = True  # try again on the next tick
             return
         js.report = report
+        js.restored = kept
         js.status = status
         js.ended_at_ns = ended_at
         if ended_at is not None:
@@ -687,6 +711,20 @@ class LiveDiagnosis(ClusterSteps):
         )
         if events:
             self._on_events(js, events)
+
+    def _awaiting_entries(
+        self, js: JobState, summaries: list[RankSummary], expected: int, now: float
+    ) -> bool:
+        """Whether a job on digests rebuilt without its entries still awaits them: until every
+        rank's entries are in (the round its new board opened asks for them) or, ranks without
+        collectives never sending any, for `job_settle_s`."""
+        since = js.awaiting_entries_since
+        if since is None:
+            return False
+        if now - since >= self._settings.job_settle_s or sum(1 for x in summaries if x.tracks) >= expected:
+            js.awaiting_entries_since = None
+            return False
+        return True
 
     def forget_all(self) -> None:
         """Drop every job held (the database they came from is gone: a recreated one has none of

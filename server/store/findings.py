@@ -4,7 +4,7 @@ the stored findings (`apply_findings`); a finding's identity across diagnoses is
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,6 +65,7 @@ def apply_findings(
     now_ns: int,
     last_seen_ns: int | None = None,
     ended_at_ns: int | None = None,
+    keep: Container[FindingKey] = (),
 ) -> list[FindingEvent]:
     """Reconcile a diagnosis with the stored findings: open new ones, update the ones still seen,
     resolve the ones that disappeared; store the report and the job status.
@@ -74,7 +75,8 @@ def apply_findings(
     still sees is closed at that time with resolution `ended`, its data (elapsed times) as of the
     end; the others resolve as usual; one it sees for the first time is stored closed (`ended`)
     at once, without an event (nothing pages for a job that is over). Without it, a job that had
-    ended is running again (a newer snapshot)."""
+    ended is running again (a newer snapshot). An open finding whose key is in `keep` and that
+    the diagnosis does not see stays as stored (a diagnosis that cannot judge it yet)."""
     current: dict[FindingKey, Finding] = {}
     for f in findings:
         current.setdefault(finding_key(f), f)  # identical identities in one report: keep the first
@@ -90,6 +92,8 @@ def apply_findings(
             row.updated_at_ns = now_ns
             row.resolution = RESOLUTION_ENDED
             events.append(FindingEvent("finding.resolved", row.id, row.kind, row.data))
+        elif seen is None and key in keep:
+            continue
         elif seen is None:
             row.resolved_at_ns = now_ns
             row.updated_at_ns = now_ns
