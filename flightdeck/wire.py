@@ -407,12 +407,18 @@ def member_runs(ranks: tuple[int, ...]) -> tuple[tuple[int, int, int], ...] | No
     return tuple(runs)
 
 
+def sent_runs(ranks: tuple[int, ...]) -> tuple[tuple[int, int, int], ...] | None:
+    """The runs `encode_group` sends `ranks` as, or None when it sends them as they are."""
+    runs = member_runs(ranks) if len(ranks) > 6 else None
+    return runs if runs is not None and 3 * len(runs) < len(ranks) else None
+
+
 def encode_group(g: GroupInfo) -> dict[str, Any]:
     """A group on the wire: its member list as runs when that is shorter (`member_runs`)."""
     if g.ranks is None:
         return {"desc": g.desc, "ranks": None}
-    runs = member_runs(g.ranks) if len(g.ranks) > 6 else None
-    if runs is not None and 3 * len(runs) < len(g.ranks):
+    runs = sent_runs(g.ranks)
+    if runs is not None:
         return {"desc": g.desc, "runs": [list(r) for r in runs]}
     return {"desc": g.desc, "ranks": list(g.ranks)}
 
@@ -459,6 +465,15 @@ class MemberLists:
         self._by_id[id(members)] = got
         self._held += len(members)
         return members
+
+    def as_sent(self, ranks: tuple[int, ...]) -> tuple[int, ...]:
+        """`ranks` as the object a batch that sends them gets: `expand` of their runs when they
+        go as runs (`sent_runs`). A list read back from the store is then the one object the
+        job's later batches bring, which `JobState.intern_members` finds by identity: another
+        object equal to it is hashed and compared, all of a 16,384-rank world, at every batch
+        that carries it (26 % of the diagnosis worker of the owner that took such a job over)."""
+        runs = sent_runs(ranks)
+        return ranks if runs is None else self.expand(runs)
 
     def bounds(self, members: tuple[int, ...]) -> tuple[int, int] | None:
         """(lowest, highest) of a list this holds (the very object `expand` returned), else None."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from flightdeck.analysis import RankSummary
 from flightdeck.server.live import JobState
+from flightdeck.wire import MEMBER_LISTS
 from tests.support.clock import FakeClock
 from tests.support.server_app import make_server
 from tests.support.server_batches import scenario_snapshots
@@ -47,9 +48,11 @@ def test_a_rebuilt_rank_holds_its_own_groups_and_the_verdict_stays(
         again.diagnose()
         assert js.summaries is not None
         assert _groups(js.summaries) == live_groups
-        # Member lists stay one object per group, shared by its members.
+        # Member lists stay one object per group, shared by its members, and the one the job's
+        # later batches bring (sent as runs: found by identity, not hashed at every batch).
         world = {id(s.groups["0"].ranks) for s in js.summaries.values()}
-        assert len(world) == 1
+        assert world == {id(MEMBER_LISTS.expand(((0, 16, 1),)))}
+        assert js.intern_members(MEMBER_LISTS.expand(((0, 16, 1),))) is js.summaries[0].groups["0"].ranks
         assert again.job(JOB)["findings"] == live_findings
     finally:
         again.svc.close()

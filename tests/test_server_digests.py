@@ -17,11 +17,15 @@ import httpx
 import pytest
 
 from flightdeck.analysis.board import progress_of
+from flightdeck.analysis.lateness import late_after_s
 from flightdeck.digest import RankDigest, decode_digests, encode_digests
 from flightdeck.records import RankDump
 from flightdeck.server import store
 from flightdeck.server.ingest import hash_token
+from flightdeck.server.live import JobState
 from flightdeck.server.live.boards import ENTRIES_DIAGNOSED_S, Boards, Detail
+from flightdeck.server.live.policy import filling_in
+from flightdeck.server.settings import ServerSettings
 from flightdeck.wire import Snapshot
 from tests.support.clock import FakeClock
 from tests.support.server_app import (
@@ -465,3 +469,16 @@ def test_the_answer_names_the_span_a_mismatch_round_asks_for(server: Server) -> 
     # A round of its own (the first one's collectors answered that one already).
     assert asked.pop("round") not in (0, first["round"])
     assert asked == {"job": JOB, "attempt": 0, "spans": {"0": 0}, "ranks": [0, 1, 2, 3]}
+
+
+def test_a_collector_catching_up_holds_a_job_on_entries_back_but_not_its_board() -> None:
+    """A collector whose latest batch is older than the job's newest by more than late_after_s is
+    catching up: a job shipping every entry waits for it (its hang could be that batch's lag). A
+    job on digests does not: its hangs come from its board, and a round's batches at 16,384 ranks
+    arrive over tens of seconds (429s), which held a hang back that long."""
+    settings = ServerSettings(database_url="sqlite://")
+    js = JobState(job_id=1, name=JOB, attempt=0, summaries={}, last_seen_ns=100 * NS)
+    now = 1000.0
+    js.data_lag["host-1"] = (late_after_s(settings.stall_after_s) + 1.0, now - 1.0)
+    assert filling_in(js, now, 100 * NS, 0, settings)
+    assert not filling_in(js, now, 100 * NS, 0, settings, lagging=False)

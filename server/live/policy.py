@@ -39,7 +39,9 @@ def replaying(js: JobState, now: float, settings: ServerSettings) -> bool:
     return now - js.replaying_since < settings.stall_after_s
 
 
-def filling_in(js: JobState, now: float, now_ns: int, expected: int, settings: ServerSettings) -> bool:
+def filling_in(
+    js: JobState, now: float, now_ns: int, expected: int, settings: ServerSettings, *, lagging: bool = True
+) -> bool:
     """Whether the job's picture is still being filled in. Within `job_settle_s` of the first
     data this process received of it, while its batches still come (the last less than
     `stall_after_s` ago): while fewer than `expected` ranks are in, or while its newest
@@ -47,7 +49,11 @@ def filling_in(js: JobState, now: float, now_ns: int, expected: int, settings: S
     the newer snapshots are queued behind). At any time: while a collector's latest batch for
     the job, less than `stall_after_s` ago, carried only snapshots `late_after_s` older than
     the job's newest (it is catching up with the others). A picture complete and old (a job
-    that ended before the collector started) is judged once its batches stop coming."""
+    that ended before the collector started) is judged once its batches stop coming.
+
+    `lagging`: False for a job on progress digests: its hangs come from its board, every rank's
+    digest of every interval, not from the batches a round brings in, which at 16,384 ranks come
+    over tens of seconds (429s) and held a hang back that long."""
     assert js.summaries is not None
     late = late_after_s(settings.stall_after_s)
     stall = settings.stall_after_s
@@ -58,7 +64,7 @@ def filling_in(js: JobState, now: float, now_ns: int, expected: int, settings: S
     )
     if settling and (len(js.summaries) < expected or now_ns - js.last_seen_ns > late * NS):
         return True
-    return any(age > late and now - at < stall for age, at in list(js.data_lag.values()))
+    return lagging and any(age > late and now - at < stall for age, at in list(js.data_lag.values()))
 
 
 def no_data(js: JobState, now_ns: int, heard_ns: dict[str, int], settings: ServerSettings) -> bool:

@@ -21,6 +21,7 @@ from flightdeck.server.cluster import Cluster
 from flightdeck.server.db import Database
 from flightdeck.server.live.fold import bound_track
 from flightdeck.server.live.state import JobState
+from flightdeck.wire import MEMBER_LISTS
 
 
 def rebuild_summaries(
@@ -76,7 +77,11 @@ def rebuild_summaries(
             # list per rank would be ranks x world ints; diagnosis counts member lists by object).
             js.member_lists, js.lowest_member = {}, {}
             infos = {
-                n: GroupInfo(n, g.desc, None if g.ranks is None else js.intern_members(tuple(g.ranks)))
+                n: GroupInfo(
+                    n,
+                    g.desc,
+                    None if g.ranks is None else js.intern_members(MEMBER_LISTS.as_sent(tuple(g.ranks))),
+                )
                 for n, g in groups.items()
             }
             of_rank = _groups_of_ranks(infos)

@@ -379,6 +379,15 @@ class LiveDiagnosis(ClusterSteps):
             rested = now - js.last_diagnosis >= js.diagnosis_s / s.diagnosis_max_share
             on_digests = self.boards.holds(js.name, js.attempt)
             mismatch_round = self.boards.mismatch_round(js.name, js.attempt) if on_digests else None
+            # The board's verdict moves with the digests, whatever the entries' diagnosis costs or
+            # waits for (spaced out by `diagnosis_max_share`, seconds apart at 16,384 ranks while
+            # a round's entries stream in): a stall pages on time, and resolves once it clears.
+            board_now = (
+                on_digests
+                and js.entries_report is not None
+                and now - js.last_board >= s.diagnosis_interval_s
+                and self._board_watch(js)
+            )
             if (
                 js.dirty
                 and on_digests
@@ -390,6 +399,8 @@ class LiveDiagnosis(ClusterSteps):
                     js.dirty = False
                 board_due.append(js)
                 continue
+            if board_now:
+                board_due.append(js)
             # While a mismatch round is open its entries are arriving: they are diagnosed once it
             # closes, at once (not spaced, not counted in the budget).
             if js.dirty and (force or mismatch_round != "open"):
@@ -401,17 +412,9 @@ class LiveDiagnosis(ClusterSteps):
                 if force or ((quiet or starving) and (rested or mismatch_round == "closed")):
                     due.append(js)
                     continue
+            if board_now:
+                continue  # its board's verdict is made this step; its entries' stands
             if (
-                on_digests
-                and js.entries_report is not None
-                and now - js.last_board >= s.diagnosis_interval_s
-                and self._board_watch(js)
-            ):
-                # The board's verdict moves with the digests, whatever the entries' diagnosis
-                # costs: a stall pages on time though a large job's full diagnosis is spaced out
-                # (`diagnosis_max_share`), and resolves once the stall clears.
-                board_due.append(js)
-            elif (
                 js.summaries is not None
                 and not idle
                 and not js.dirty
@@ -645,7 +648,7 @@ class LiveDiagnosis(ClusterSteps):
         js.state_mismatch_since, unsettled = settle_state_mismatches(report, js.state_mismatch_since, now_ns)
         open_before = list(js.report.findings) if js.report is not None else []
         held = ended_at is None and (
-            filling_in(js, now_mono, now_ns, expected, self._settings)
+            filling_in(js, now_mono, now_ns, expected, self._settings, lagging=not on_digests)
             or ending(js.summaries, js.gone, now_ns, self._settings.stall_after_s)
         )
         report.findings = live_findings(
