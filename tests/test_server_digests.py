@@ -321,6 +321,8 @@ class _Pair:
 
     def close(self) -> None:
         """Stop the processes; no traceback in their logs."""
+        for c in self.clients:
+            c.close()
         stop_processes(self.procs)
         for log in self.logs:
             log.close()

@@ -3,10 +3,10 @@ diagnoses the job again.
 
 Which process owns a job is whichever holds its advisory lock; from outside, it is the one that
 exports the job's series (`flightdeck.server.export.ExportPolicy`: only the owner does). At the
-chosen moment the owner is killed with SIGKILL (no clean shutdown:
-its connections, and with them its locks, die with it), the senders that were talking to it move
-to the next live server as a load balancer would send them, and the other servers' diagnosis
-counts are polled until one of them moves: the seconds from the kill to that are the failover.
+chosen moment the owner is killed with SIGKILL (no clean shutdown: its connections, and with them
+its locks, die with it), the senders that were talking to it move to the next live server as a
+load balancer would send them, and the other servers' diagnosis counts are polled until one of
+them moves: the seconds from the kill to that are the failover.
 A job on digests is diagnosed in full only when a round's entries come, minutes apart, but the
 process taking it over rebuilds it from the store and diagnoses it at once: until then its board
 cannot page, so that diagnosis is the takeover's end there too.

@@ -84,8 +84,7 @@ def rebuild_summaries(
                 )
                 for n, g in groups.items()
             }
-            of_rank = _groups_of_ranks(infos)
-            unknown = {n: i for n, i in infos.items() if i.ranks is None}
+            of_rank = _groups_of_ranks(infos, [r.rank for r, _ in ranks])
             for r, host in ranks:
                 summaries[r.rank] = RankSummary(
                     rank=r.rank,
@@ -104,7 +103,7 @@ def rebuild_summaries(
                     interval_s=r.interval_s,
                     exception=r.exception,
                     wrapped=r.wrapped,
-                    groups=of_rank.get(r.rank) or dict(unknown),
+                    groups=of_rank[r.rank],
                     thread_stacks=store.thread_stacks_of(r, stacks),
                     config=configs.get(r.rank),
                     progress=store.progress_of(r, stacks),
@@ -137,17 +136,16 @@ def rebuild_summaries(
     return folded
 
 
-def _groups_of_ranks(infos: dict[str, GroupInfo]) -> dict[int, dict[str, GroupInfo]]:
-    """Each rank's groups, as its own snapshots said them: those it is a member of, and those
-    whose members no rank said (given to every rank). Not every group to every rank: a job of
-    16,384 ranks in 3,081 groups made that 50 M dict entries, 2.7 GB, and a diagnosis walking
+def _groups_of_ranks(infos: dict[str, GroupInfo], ranks: list[int]) -> dict[int, dict[str, GroupInfo]]:
+    """Each of `ranks`' groups, as its own snapshots said them: those it is a member of, and
+    those whose members no rank said (given to every rank). Not every group to every rank: a job
+    of 16,384 ranks in 3,081 groups made that 50 M dict entries, 2.7 GB, and a diagnosis walking
     them for more than 30 s after a takeover (the load generator, `--kill-owner-at`)."""
     unknown = {n: i for n, i in infos.items() if i.ranks is None}
-    out: dict[int, dict[str, GroupInfo]] = {}
+    out = {r: dict(unknown) for r in ranks}
     for name, info in infos.items():
         for r in info.ranks or ():
             mine = out.get(r)
-            if mine is None:
-                mine = out[r] = dict(unknown)
-            mine[name] = info
+            if mine is not None:
+                mine[name] = info
     return out
