@@ -94,7 +94,9 @@ def run(args: argparse.Namespace) -> int:
     except SchemaError as exc:
         _say(f"refusing to start: {exc}")
         return EXIT_SCHEMA
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=args.log_level)
+    config = uvicorn.Config(
+        app, host=settings.host, port=settings.port, log_level=args.log_level, access_log=settings.access_log
+    )
     if args.listen_fd is not None:
         sock = socket.socket(fileno=args.listen_fd)
         _say(f"restarted in place, serving {settings.host}:{settings.port} again")

@@ -117,6 +117,14 @@ class ServerSettings(BaseSettings):
     )
     host: str = Field(default="127.0.0.1", description="Address the HTTP server binds to.")
     port: int = Field(default=8470, ge=1, le=65535, description="TCP port the HTTP server listens on.")
+    access_log: bool = Field(
+        default=False,
+        description="Log every HTTP request (uvicorn's access log, at --log-level info). Off by "
+        "default: collectors send a request per host every interval (1,024 a second for a "
+        "16,384-rank job on digests), a line each. Requests are counted by outcome either way "
+        "(flightdeck_ingest_batches_total, flightdeck_ingest_digests_total, "
+        "flightdeck_ingest_rejects_total).",
+    )
     stall_after_s: float = Field(
         default=5.0,
         ge=1.0,
