@@ -5,7 +5,9 @@ a job's board lives with the one process that owns its diagnosis (`flightdeck.se
 So each process keeps the digests it took in memory and writes them every `FLUSH_EVERY_S` as
 one row per job (`store.add_digests`: one statement for all the requests of that time, not a
 transaction per request); the owner reads its jobs' new rows every `READ_EVERY_S` and folds them
-into its boards. The rounds the owner opens are written to `digest_rounds` (`publish`) and
+into its boards. The digests the owner takes itself it folds at once, as a single process does
+(`owns`), and its reads skip the rows it wrote (`writer`); it still writes them, for a process
+that takes the job over. The rounds the owner opens are written to `digest_rounds` (`publish`) and
 read by every process every `ROUNDS_EVERY_S` (`round_open`), so a collector is told to ship
 its entries whichever process its digest reached.
 
@@ -13,7 +15,8 @@ Why no row needs exactly-once delivery: a board folds by maximum (`flightdeck.an
 so a row read twice changes nothing, and every rank sends its whole progress every interval, so
 a row missed (a transaction committing after a later id was read) is made good by the next
 interval's. For the same reason a process taking a job over needs no checkpoint: it folds the
-rows of the last `LOOKBACK_S` and has the whole board.
+rows of the last `LOOKBACK_S` and has the whole board. Its own rows among them included: it
+folded none of those (it did not own the job when it took them).
 """
 
 from __future__ import annotations
@@ -92,7 +95,11 @@ class DigestShare:
         self._mono = monotonic
         self._on_db_error = on_db_error
         self._first_round_s = first_round_s
+        #: This process's id in the rows it writes (random: another process's differs).
+        self.writer = random.getrandbits(62) or 1
         self._lock = threading.Lock()
+        #: The jobs this process owned at the last step: it folds their digests at once (`owns`).
+        self._owned: frozenset[tuple[str, int]] = frozenset()
         self._out: dict[tuple[str, int], list[DigestBlock]] = {}
         #: (job, attempt) -> until when (server clock) its round is open and what it asks, as
         #: last read.
@@ -127,6 +134,11 @@ class DigestShare:
                     detail.setdefault(key, Detail(b.job, b.attempt, round=self._first_id(key)))
         return list(detail.values())
 
+    def owns(self, job: str, attempt: int) -> bool:
+        """Whether this process owned the job at the last step: the digests it takes of it are
+        folded into its board at once, not read back from the feed."""
+        return (job, attempt) in self._owned
+
     def _first_id(self, key: tuple[str, int]) -> int:
         """The id of the round this process opens for a job it first hears of (random, as
         `Boards`' round ids: another process's differ)."""
@@ -139,6 +151,7 @@ class DigestShare:
         """Write what was taken, read the open rounds and the owned jobs' new digests (each at
         its pace); returns those digests, oldest first."""
         now = self._mono()
+        self._owned = frozenset(owned)
         if now - self._flushed >= FLUSH_EVERY_S:
             self._flushed = now
             self._flush()
@@ -183,7 +196,7 @@ class DigestShare:
         rows = [(job, attempt, encode_blocks(blocks)) for (job, attempt), blocks in out.items()]
         try:
             with self._db.write() as session, session.begin():
-                store.add_digests(session=session, rows=rows, received_ns=self._clock())
+                store.add_digests(session=session, rows=rows, received_ns=self._clock(), writer=self.writer)
         except OperationalError:
             # Lost, not retried: the ranks send their whole progress again next interval.
             self._on_db_error()
@@ -201,10 +214,17 @@ class DigestShare:
     def _read(self, owned: set[tuple[str, int]]) -> list[DigestBlock]:
         since = self._clock() - int(LOOKBACK_S * NS)
         after = min(self._after.get(k, 0) for k in owned)
+        # A job newly owned reads its own rows too: they were taken before it was owned.
+        fresh = [j for j, a in owned if (j, a) not in self._after]
         try:
             with self._db.read() as session:
                 rows = store.digests_after(
-                    session=session, after_id=after, since_ns=since, jobs=[j for j, _ in owned]
+                    session=session,
+                    after_id=after,
+                    since_ns=since,
+                    jobs=[j for j, _ in owned],
+                    not_writer=self.writer,
+                    all_of=fresh,
                 )
         except OperationalError:
             self._on_db_error()

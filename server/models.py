@@ -343,7 +343,10 @@ class DigestFeedRow(Base):
     attempt: Mapped[int] = mapped_column(Integer)
     #: Server clock (epoch ns) when the row was written.
     received_ns: Mapped[int] = mapped_column(BigInteger)
-    #: The job's digests of the interval, as checked columns (JSON: `digest_share.encode_block`).
+    #: The writing process's random id (`DigestShare.writer`): an owner folds the digests it took
+    #: itself at once, and skips its own rows.
+    writer: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    #: The job's digests of the interval, as checked columns (JSON: `digest_share.encode_blocks`).
     body: Mapped[bytes] = mapped_column(LargeBinary)
 
 

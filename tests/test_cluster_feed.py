@@ -1,6 +1,7 @@
-"""The cluster's feed (server/cluster.py, store/cluster.py) on a real PostgreSQL: the owner of a
-job reads each feed row once, when the transaction that wrote it has committed, whatever order
-the rows' ids commit in and however long a transaction ran."""
+"""The cluster's feeds on a real PostgreSQL. The ingest feed (server/cluster.py, store/cluster.py):
+the owner of a job reads each feed row once, when the transaction that wrote it has committed,
+whatever order the rows' ids commit in and however long a transaction ran. The digest feed
+(server/digest_share.py): the owner reads the digests the other processes took, not its own."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy.orm import Session
 
+from flightdeck.digest import DigestBlock, DigestRequest
 from flightdeck.server import store
 from flightdeck.server.cluster import Cluster
 from flightdeck.server.db import Database, connect, migrate
+from flightdeck.server.digest_share import DigestShare
 from flightdeck.server.models import Job
 from flightdeck.wire import Snapshot
 from tests.support.server_batches import body as batch_body
@@ -114,3 +117,50 @@ def test_a_takeover_reads_only_what_its_rebuild_did_not_see(db: Database) -> Non
     assert sorted(_ranks(fresh.read(jobs), job_id)) == [0, 1]
     cluster.close()
     fresh.close()
+
+
+def _digests(ranks: list[int], finished: int) -> DigestRequest:
+    """One host's digests of job "big": each rank in group "0", `finished` collectives done."""
+    n = len(ranks)
+    block = DigestBlock(
+        job="big", attempt=0, world_size=4, groups=["0"], rank=ranks, time_ns=[time.time_ns()] * n,
+        n=[1] * n, g=[0] * n, entered=[finished] * n, finished=[finished] * n, open_since_ns=[0] * n,
+        span=[-1] * n, span_fp=[0] * n,
+    )  # fmt: skip
+    return DigestRequest(host=f"host-{ranks[0]}", sent_ns=time.time_ns(), blocks=[block])
+
+
+def test_an_owner_reads_the_digests_others_took_and_a_takeover_reads_all(db: Database) -> None:
+    now = [0.0]
+
+    def share() -> DigestShare:
+        def db_error() -> None:
+            raise AssertionError("no database error expected")
+
+        return DigestShare(
+            db=db, clock=time.time_ns, monotonic=lambda: now[0], on_db_error=db_error, first_round_s=1
+        )
+
+    def ranks(blocks: list[DigestBlock]) -> list[int]:
+        return sorted(r for b in blocks for r in b.rank)
+
+    owner, other = share(), share()
+    key = {("big", 0)}
+    other.add(_digests([0, 1], 5))
+    owner.add(_digests([2, 3], 5))
+    assert other.step(set()) == []  # writes what it took; owns nothing
+    assert not owner.owns("big", 0)
+    # Newly owned: the board starts from every row of the last seconds, its own ones included
+    # (taken before it owned the job, so folded nowhere yet).
+    assert ranks(owner.step(key)) == [0, 1, 2, 3]
+    assert owner.owns("big", 0) and not other.owns("big", 0)
+    now[0] += 1
+    other.add(_digests([0, 1], 9))
+    owner.add(_digests([2, 3], 9))  # the owner folds these at once (LiveDiagnosis.take_digests)
+    other.step(set())
+    got = owner.step(key)
+    assert ranks(got) == [0, 1] and {b.finished[0] for b in got} == {9}
+    # The owner still writes its own rows: the process taking the job over reads both.
+    now[0] += 1
+    owner.step(set())  # lost the job: writes what it took
+    assert ranks(other.step(key)) == [0, 0, 1, 1, 2, 2, 3, 3]

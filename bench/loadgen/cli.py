@@ -30,7 +30,7 @@ def spawned(args: argparse.Namespace) -> Iterator[tuple[list[str], str, list[int
     }
     if args.inflight is not None:
         env["FLIGHTDECK_SERVER_MAX_INFLIGHT_INGESTS"] = str(args.inflight)
-    if args.servers > 1:
+    if args.servers > 1 or args.cluster:
         env["FLIGHTDECK_SERVER_CLUSTER"] = "true"
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as scratch:
         if args.spawn == "sqlite":
@@ -53,6 +53,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench.loadgen", description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--spawn", choices=["sqlite", "postgresql"], help="start servers on a fresh database")
     ap.add_argument("--servers", type=int, default=1, help="server processes to spawn (--spawn)")
+    ap.add_argument(
+        "--cluster",
+        action="store_true",
+        help="--spawn: run the servers in cluster mode even when there is one (what cluster mode "
+        "costs apart from splitting the requests)",
+    )
     ap.add_argument("--url", action="append", default=[], help="server base URL (repeat: round-robin)")
     ap.add_argument("--token", default=os.environ.get("FLIGHTDECK_TOKEN", ""), help="collector token")
     ap.add_argument("--server-pid", type=int, action="append", default=[], help="measure this pid")
@@ -143,6 +149,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error("--window-s must be positive")
     if args.kill_owner_at is not None and (not args.spawn or args.servers < 2):
         ap.error("--kill-owner-at needs --spawn and --servers >= 2")
+    if args.cluster and args.spawn != "postgresql":
+        ap.error("--cluster needs --spawn postgresql")
     if not args.spawn and not args.url:
         ap.error("give --spawn or --url")
     for u in args.url:
@@ -158,6 +166,7 @@ def main(argv: list[str] | None = None) -> None:
         with spawned(args) as (urls, token, pids, url):
             out = asyncio.run(drive(args, urls, token, pids, url))
             out["db"] = args.spawn
+            out["cluster"] = args.servers > 1 or args.cluster
     else:
         out = asyncio.run(drive(args, args.url, args.token, args.server_pid, args.database_url))
     print(json.dumps(out))

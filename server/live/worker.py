@@ -315,8 +315,12 @@ class LiveDiagnosis(ClusterSteps):
         """Fold a digest request into its jobs' boards (no transaction: see live/boards.py); the
         collector and the jobs count as heard from. Returns the jobs whose entries its collector
         is to ship now."""
-        if self.digest_share is not None:
-            detail = self.digest_share.add(request)
+        share = self.digest_share
+        if share is not None:
+            detail = share.add(request)
+            mine = [b for b in request.blocks if share.owns(b.job, b.attempt)]
+            if mine:
+                self.boards.fold_blocks(mine)
         else:
             detail = self.boards.take(request)
         now_ns = self._clock()

@@ -5,27 +5,40 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, or_, select
 from sqlalchemy.orm import Session
 
 from flightdeck.server.models import DigestFeedRow, DigestRound
 from flightdeck.server.store.common import _insert
 
 
-def add_digests(*, session: Session, rows: Sequence[tuple[str, int, bytes]], received_ns: int) -> None:
-    """Keep (job, attempt, body) digest rows in the feed, in one statement."""
+def add_digests(
+    *, session: Session, rows: Sequence[tuple[str, int, bytes]], received_ns: int, writer: int
+) -> None:
+    """Keep (job, attempt, body) digest rows written by process `writer` in the feed, in one
+    statement."""
     if rows:
         session.execute(
             _insert(session, DigestFeedRow),
-            [{"job": j, "attempt": a, "body": b, "received_ns": received_ns} for j, a, b in rows],
+            [
+                {"job": j, "attempt": a, "body": b, "received_ns": received_ns, "writer": writer}
+                for j, a, b in rows
+            ],
         )
 
 
 def digests_after(
-    *, session: Session, after_id: int, since_ns: int, jobs: Sequence[str]
+    *,
+    session: Session,
+    after_id: int,
+    since_ns: int,
+    jobs: Sequence[str],
+    not_writer: int = 0,
+    all_of: Sequence[str] = (),
 ) -> list[tuple[int, str, int, bytes]]:
     """(id, job, attempt, body) of the feed rows of these jobs with an id above `after_id`
-    received since `since_ns`, by id."""
+    received since `since_ns`, by id; but not those process `not_writer` wrote, except the rows
+    of the jobs `all_of`."""
     if not jobs:
         return []
     q = (
@@ -34,6 +47,9 @@ def digests_after(
         .where(DigestFeedRow.job.in_(sorted(set(jobs))))
         .order_by(DigestFeedRow.id)
     )
+    if not_writer:
+        mine = DigestFeedRow.writer == not_writer
+        q = q.where(or_(~mine, DigestFeedRow.job.in_(sorted(set(all_of)))) if all_of else ~mine)
     return [(int(i), str(j), int(a), bytes(b)) for i, j, a, b in session.execute(q).tuples()]
 
 
