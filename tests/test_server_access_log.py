@@ -23,8 +23,8 @@ def test_requests_are_logged_only_when_asked(tmp_path: Path, access_log: str | N
         server.start()
         r = httpx.post(f"{server.url}/api/v1/digest", content=b"{}", timeout=10)
         assert r.status_code == 401  # no token: refused, and counted
-        metrics = httpx.get(f"{server.url}/healthz", timeout=10)
-        assert metrics.status_code == 200
+        health = httpx.get(f"{server.url}/healthz", timeout=10)
+        assert health.status_code == 200
     said = log.read_text()
     assert "Uvicorn running" in said or "Application startup complete" in said  # the info level is on
     logged = [line for line in said.splitlines() if '"POST /api/v1/digest HTTP/1.1" 401' in line]

@@ -52,7 +52,7 @@ async def kill_owner(
         stats.failover = {"error": f"{len(owners)} servers export the job's series, not one"}
         return
     owner = owners[0]
-    later = [await diagnoses(client, u) for u in servers.urls]
+    before = [await diagnoses(client, u) for u in servers.urls]
     os.kill(servers.pids[owner], signal.SIGKILL)
     killed = time.perf_counter()
     servers.alive[owner] = False
@@ -60,7 +60,7 @@ async def kill_owner(
     while time.perf_counter() - killed < timeout_s:
         for i in others:
             c = await diagnoses(client, servers.urls[i])
-            if c is not None and c > (later[i] or 0):
+            if c is not None and c > (before[i] or 0):
                 stats.failover = {
                     "killed_server": owner,
                     "killed_at_s": round(killed - stats.start, 1),

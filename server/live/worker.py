@@ -84,7 +84,7 @@ def _kept_findings(
     keys: set[FindingKey] = set()
     kept: list[Finding] = []
     for row in store.open_findings(session=session, job_id=job_id):
-        key = (row.kind, row.group_key, row.seq_key, row.rank_key)
+        key = store.finding_row_key(row)
         if row.kind not in BOARD_KINDS and key not in current:
             keys.add(key)
             kept.append(_stored_finding(row.data))

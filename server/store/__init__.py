@@ -53,6 +53,7 @@ from flightdeck.server.store.entries import (
 from flightdeck.server.store.findings import (
     FindingEvent,
     apply_findings,
+    finding_row_key,
     findings_history,
     open_finding_counts,
     open_findings,
@@ -148,6 +149,7 @@ __all__ = [
     "feed_after",
     "feed_bodies",
     "feed_snapshot",
+    "finding_row_key",
     "findings_history",
     "get_job",
     "get_job_by_id",

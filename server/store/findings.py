@@ -36,6 +36,11 @@ def open_findings(*, session: Session, job_id: int) -> list[FindingRow]:
     return list(session.execute(q).scalars())
 
 
+def finding_row_key(row: FindingRow) -> FindingKey:
+    """A stored finding's identity, as `finding_key` gives it for a diagnosed one."""
+    return (row.kind, row.group_key, row.seq_key, row.rank_key)
+
+
 def open_finding_counts(*, session: Session, job_ids: Sequence[int] | None = None) -> dict[int, int]:
     """job id -> number of open findings (jobs without any are absent); of `job_ids` only when
     given."""
@@ -80,9 +85,7 @@ def apply_findings(
     current: dict[FindingKey, Finding] = {}
     for f in findings:
         current.setdefault(finding_key(f), f)  # identical identities in one report: keep the first
-    existing = {
-        (r.kind, r.group_key, r.seq_key, r.rank_key): r for r in open_findings(session=session, job_id=job_id)
-    }
+    existing = {finding_row_key(r): r for r in open_findings(session=session, job_id=job_id)}
     events: list[FindingEvent] = []
     for key, row in existing.items():
         seen = current.get(key)
