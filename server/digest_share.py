@@ -137,8 +137,8 @@ class DigestShare:
     def owns(self, job: str, attempt: int) -> bool:
         """Whether this process owned the job at the last step: the digests it takes of it are
         folded into its board at once, not read back from the feed (two processes of a
-        16,384-rank job: 0.38–0.40 core in 30 s windows without a round, 0.40–0.44 when the owner
-        read back and decoded its own rows too; 2026-12-07)."""
+        16,384-rank job: 0.39–0.40 core in 30 s windows without a round, 0.38–0.40 in two runs of
+        a variant, 0.40–0.44 when the owner read back and decoded its own rows too; 2026-12-07)."""
         return (job, attempt) in self._owned
 
     def _first_id(self, key: tuple[str, int]) -> int:
