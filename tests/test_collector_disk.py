@@ -71,6 +71,16 @@ def fill(directory: Path) -> Path:
     return filler
 
 
+def _settled(collector: Collector, before: float) -> bool:
+    """Whether the collector queued entries since `before` was read, and no more over the next
+    second (five of its 0.2 s flushes): what it had read is committed."""
+    now = collector.metric("flightdeck_collector_entries_enqueued_total")
+    if now <= before:
+        return False
+    time.sleep(1.0)
+    return collector.metric("flightdeck_collector_entries_enqueued_total") == now
+
+
 def test_full_disk_under_the_queue_loses_nothing_and_sends_nothing_twice(
     tmp_path: Path, server: Server, small_fs: Path
 ) -> None:
@@ -93,11 +103,19 @@ def test_full_disk_under_the_queue_loses_nothing_and_sends_nothing_twice(
 
         # Batches queued while the server is away; then the disk fills up under the queue.
         server.stop()
+        entries = collector.metric("flightdeck_collector_entries_enqueued_total")
         for f in feeders.values():
             f.write_early(7, age_s=2.0)
+        # Every rank's new snapshot read and committed to the queue before the disk fills: one
+        # batch queued is not enough (on a loaded machine the others were still unread, then held
+        # back by the full disk, and never reached the server before the test's room came back).
         wait_until(
-            lambda: collector.metric("flightdeck_collector_queue_depth_batches") >= 1, 30, "queued batches"
+            lambda: collector.metric("flightdeck_collector_files_seen_total") >= 2 * len(feeders),
+            30,
+            "the snapshots taken at the outage's start to be read",
         )
+        wait_until(lambda: _settled(collector, entries), 30, "the read snapshots queued")
+        assert collector.metric("flightdeck_collector_queue_depth_batches") >= 1
         filler = fill(small_fs)
         # Acknowledging the queued batches needs room in SQLite's WAL, which there is not.
         server.start()
