@@ -12,8 +12,8 @@ the split alone, not from Flightdeck's work.
     python bench/http_split.py [--hosts 2048] [--interval 2] [--seconds 30] [--runs 3] [--cpus 1]
 
 `--cpus 1` pins every server process to CPU 1 (the generator to the other CPUs); `--cpus 0,1`
-gives process i CPU i (mod the list), one process's alone. The pins tell apart what the
-processes' moves between CPUs and their sharing of one CPU cost.
+gives each process a CPU of its own (process i gets CPU i mod the list). The pins tell apart
+what the processes' moves between CPUs and their sharing of one CPU cost.
 """
 
 from __future__ import annotations
