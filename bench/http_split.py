@@ -35,6 +35,7 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 from bench.loadgen.resources import proc_cpu_s
 from bench.loadgen.transport import Connection
+from flightdeck.launch.demo.ranks import free_port
 
 #: A digest request's size at 16,384 ranks on 2,048 hosts (the load generator: 292 B a request).
 BODY = orjson.dumps({"host": "h", "blocks": [{"rank": r, "n": [r * 7, r * 11, r * 13]} for r in range(8)]})
@@ -66,13 +67,6 @@ def serve(port: int, cpu: int | None) -> None:
     uvicorn.run(
         app, host="127.0.0.1", port=port, log_level="warning", access_log=False, timeout_keep_alive=60
     )
-
-
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_listening(port: int, timeout_s: float = 30.0) -> None:
